@@ -1,0 +1,16 @@
+"""sslkit: contrastive self-supervised pretraining and metric learning.
+
+The package is organised one idea per module:
+
+- :mod:`sslkit.config`      YAML recipe -> typed dataclasses, dotted overrides, validation.
+- :mod:`sslkit.data`        datasets that hand uint8 image batches to the accelerator.
+- :mod:`sslkit.augment`     kornia two-view augmentation on the accelerator's device.
+- :mod:`sslkit.models`      torchvision ResNet backbones and MLP projection heads.
+- :mod:`sslkit.losses`      every loss, one per file, one registry (``sslkit.losses.build``).
+- :mod:`sslkit.distributed` rank helpers and the gradient-carrying all-gather.
+- :mod:`sslkit.optim`       optimizers (SGD, AdamW, LARS) and schedules as pure functions.
+- :mod:`sslkit.train`       the Accelerate training loop.
+- :mod:`sslkit.evaluation`  weighted kNN and linear probe.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,41 @@
+"""Run a function in two real processes (gloo on the CPU) and collect what each returns.
+
+Tests use this to check that a gathered loss gives, in 2 processes, the same value and
+gradient as 1 process on the concatenated batch. The function must live at module level
+(it is pickled by reference) and return something ``torch.save`` can write.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str, fn, args) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = fn(rank, world, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_in_processes(fn, *args, world: int = 2) -> list:
+    """Call ``fn(rank, world, *args)`` in ``world`` processes; return their results by rank."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_worker, args=(world, _free_port(), out_dir, fn, args), nprocs=world, join=True)
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]

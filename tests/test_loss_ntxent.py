@@ -1,0 +1,141 @@
+"""NT-Xent: value and gradient against a loop written from SimCLR eq. 1, against lightly and
+pytorch-metric-learning, across two real processes, and under fp16/bf16 autocast."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dist_utils import run_in_processes
+from sslkit.losses.ntxent import NTXentLoss, ntxent_loss
+
+
+def ntxent_reference(z1, z2, temperature, negatives=None):
+    """SimCLR eq. 1 (or MoCo eq. 1 with a bank) as plain Python loops, float64."""
+    z1 = F.normalize(z1.double(), dim=1)
+    z2 = F.normalize(z2.double(), dim=1)
+    if negatives is not None:
+        bank = F.normalize(negatives.double(), dim=1)
+        losses = []
+        for i in range(len(z1)):
+            pos = torch.exp(z1[i] @ z2[i] / temperature)
+            neg = sum(torch.exp(z1[i] @ bank[j] / temperature) for j in range(len(bank)))
+            losses.append(-torch.log(pos / (pos + neg)))
+        return torch.stack(losses).mean()
+    z = torch.cat([z1, z2])
+    n = len(z1)
+    losses = []
+    for i in range(2 * n):
+        p = (i + n) % (2 * n)
+        denominator = sum(torch.exp(z[i] @ z[k] / temperature) for k in range(2 * n) if k != i)
+        losses.append(-torch.log(torch.exp(z[i] @ z[p] / temperature) / denominator))
+    return torch.stack(losses).mean()
+
+
+def _value_and_grads(fn, z1, z2, **kwargs):
+    z1 = z1.clone().requires_grad_(True)
+    z2 = z2.clone().requires_grad_(True)
+    loss = fn(z1, z2, **kwargs)
+    loss.backward()
+    return loss.detach(), z1.grad, z2.grad
+
+
+@pytest.mark.parametrize("n,d", [(1, 3), (4, 8), (7, 16)])
+@pytest.mark.parametrize("temperature", [0.05, 0.2, 1.0])
+def test_matches_reference_value_and_gradient(n, d, temperature):
+    g = torch.Generator().manual_seed(n * 100 + d)
+    z1 = torch.randn(n, d, generator=g, dtype=torch.float64)
+    z2 = torch.randn(n, d, generator=g, dtype=torch.float64)
+    ours = _value_and_grads(ntxent_loss, z1, z2, temperature=temperature)
+    ref = _value_and_grads(ntxent_reference, z1, z2, temperature=temperature)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_bank_matches_moco_reference(k):
+    g = torch.Generator().manual_seed(k)
+    z1, z2 = torch.randn(2, 6, 8, generator=g, dtype=torch.float64)
+    bank = torch.randn(k, 8, generator=g, dtype=torch.float64)
+    ours = _value_and_grads(ntxent_loss, z1, z2, temperature=0.1, negatives=bank)
+    ref = _value_and_grads(ntxent_reference, z1, z2, temperature=0.1, negatives=bank)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_identical_embeddings_give_log_2n_minus_1():
+    z = torch.randn(1, 16).repeat(10, 1)
+    assert ntxent_loss(z, z.clone(), temperature=0.3).item() == pytest.approx(math.log(2 * 10 - 1), rel=1e-5)
+
+
+def test_symmetric_and_order_invariant():
+    z1, z2 = torch.randn(2, 12, 32, dtype=torch.float64)
+    perm = torch.randperm(12)
+    base = ntxent_loss(z1, z2, 0.2)
+    torch.testing.assert_close(base, ntxent_loss(z2, z1, 0.2))
+    torch.testing.assert_close(base, ntxent_loss(z1[perm], z2[perm], 0.2))
+
+
+@pytest.mark.parametrize("temperature", [0.1, 0.5])
+def test_matches_lightly(temperature):
+    lightly_loss = pytest.importorskip("lightly.loss").NTXentLoss
+    z1, z2 = torch.randn(2, 16, 32, dtype=torch.float64)
+    ours = _value_and_grads(ntxent_loss, z1, z2, temperature=temperature)
+    theirs = _value_and_grads(lightly_loss(temperature=temperature), z1, z2)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+def test_matches_pytorch_metric_learning():
+    pml = pytest.importorskip("pytorch_metric_learning.losses")
+    z1, z2 = torch.randn(2, 10, 16, dtype=torch.float64)
+    labels = torch.arange(10).repeat(2)
+    ours = _value_and_grads(ntxent_loss, z1, z2, temperature=0.2)
+    theirs = _value_and_grads(lambda a, b: pml.NTXentLoss(temperature=0.2)(torch.cat([a, b]), labels), z1, z2)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_autocast_is_finite_and_close(dtype):
+    z1, z2 = torch.randn(2, 64, 32)
+    expected = ntxent_loss(z1, z2, 0.05)
+    with torch.autocast("cpu", dtype=dtype):
+        got = ntxent_loss(z1.to(dtype), z2.to(dtype), 0.05)
+    assert got.dtype == torch.float32 and torch.isfinite(got)
+    # the only error left is the embeddings' own rounding to half precision
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, float("nan")])
+def test_rejects_bad_temperature(bad):
+    with pytest.raises(ValueError, match="temperature"):
+        NTXentLoss(temperature=bad)
+
+
+def test_rejects_mismatched_views():
+    with pytest.raises(ValueError, match="z1 and z2"):
+        ntxent_loss(torch.randn(4, 8), torch.randn(5, 8))
+    with pytest.raises(ValueError, match="negatives"):
+        ntxent_loss(torch.randn(4, 8), torch.randn(4, 8), negatives=torch.randn(3, 7))
+
+
+def _two_process_ntxent(rank, world, z1, z2):
+    n = z1.shape[0] // world
+    local1 = z1[rank * n:(rank + 1) * n].clone().requires_grad_(True)
+    local2 = z2[rank * n:(rank + 1) * n].clone().requires_grad_(True)
+    loss = NTXentLoss(temperature=0.3)(local1, local2)
+    loss.backward()
+    return loss.detach(), local1.grad, local2.grad
+
+
+def test_two_processes_match_one_process_on_whole_batch():
+    z1, z2 = torch.randn(2, 8, 16, dtype=torch.float64)
+    loss, g1, g2 = _value_and_grads(ntxent_loss, z1, z2, temperature=0.3)
+    results = run_in_processes(_two_process_ntxent, z1, z2)
+    # Each process averages over its own anchors; the mean over processes is the global loss.
+    torch.testing.assert_close(torch.stack([r[0] for r in results]).mean(), loss)
+    # A process's gradient is world_size x the 1-process gradient of its slice (DDP averages it back).
+    torch.testing.assert_close(torch.cat([r[1] for r in results]) / 2, g1)
+    torch.testing.assert_close(torch.cat([r[2] for r in results]) / 2, g2)
