@@ -1,0 +1,82 @@
+"""The interface every classification head (its own class weights) shares.
+
+A head owns parameters (class weights, proxies), so unlike the pair losses it is called with
+``(embeddings, labels)`` and must also give a trainer:
+
+* ``head.logits(embeddings) -> (N, C)``: inference scores with no margin, for accuracy/eval;
+* ``head.param_groups() -> list[dict]``: ``{"params": [...], "lr_scale": float, "name": str}``
+  so the trainer builds one optimizer group per entry (Proxy-Anchor trains its proxies at
+  100x the backbone's learning rate, so the scale cannot be a trainer-wide constant);
+* ``head.num_classes``.
+
+The weights are ordinary parameters: under DDP they are averaged like the backbone's, so no
+head needs a cross-process gather.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sslkit.losses._common import check_embeddings_labels
+
+
+def check_positive_int(value: int, name: str, minimum: int = 1) -> int:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an integer >= ``minimum``."""
+    if isinstance(value, bool) or int(value) != value or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_class_labels(labels: torch.Tensor, num_classes: int) -> None:
+    """Raise ``ValueError`` naming ``labels`` unless every label is in ``[0, num_classes)``.
+
+    Without this, an out-of-range label reaches ``cross_entropy``/``gather`` and fails with an
+    index error far from the cause (or, on CUDA, a device-side assert).
+    """
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(
+            f"labels must be in [0, num_classes) = [0, {num_classes}), "
+            f"got min {int(labels.min())} and max {int(labels.max())}"
+        )
+
+
+class Head(nn.Module):
+    """Base of every classification head: sizes, label checks, optimizer groups.
+
+    Subclasses implement ``forward(embeddings, labels) -> scalar loss`` and
+    ``logits(embeddings) -> (N, C)``, and call :meth:`check_inputs` first in both.
+
+    Args:
+        embedding_dim: D, the size of each embedding.
+        num_classes: C, the number of training classes.
+    """
+
+    def __init__(self, embedding_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.embedding_dim = check_positive_int(embedding_dim, "embedding_dim")
+        self.num_classes = check_positive_int(num_classes, "num_classes")
+
+    def check_inputs(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> None:
+        """(N, D) floating embeddings with this head's D; if given, (N,) labels in [0, C)."""
+        if labels is None:
+            if embeddings.dim() != 2 or not embeddings.is_floating_point():
+                raise ValueError(
+                    f"embeddings must be floating point (N, D), got shape {tuple(embeddings.shape)} "
+                    f"and {embeddings.dtype}"
+                )
+        else:
+            check_embeddings_labels(embeddings, labels)
+            check_class_labels(labels, self.num_classes)
+        if embeddings.shape[1] != self.embedding_dim:
+            raise ValueError(
+                f"embeddings must have embedding_dim = {self.embedding_dim} columns, got {embeddings.shape[1]}"
+            )
+
+    def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """(N, D) -> (N, C) inference scores (no margin)."""
+        raise NotImplementedError
+
+    def param_groups(self) -> list[dict]:
+        """One optimizer group per entry; by default every parameter at the trainer's learning rate."""
+        return [{"params": list(self.parameters()), "lr_scale": 1.0, "name": type(self).__name__}]
