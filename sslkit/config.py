@@ -1,0 +1,364 @@
+"""Recipes: YAML -> typed dataclasses, with dotted ``key=value`` overrides.
+
+A recipe is a YAML file whose top-level sections match the dataclasses below. Loading is
+strict, because a typo that is silently ignored costs a user a whole training run:
+
+- an unknown key is an error naming the key, the file and the valid keys;
+- a value of the wrong type is an error naming the key, the expected type and the file;
+- an unknown name (dataset, backbone, loss, optimizer, method) is an error listing the choices.
+
+All of these raise :class:`sslkit.errors.UserError` with one line; entry points print it
+without a traceback. Nothing rewrites a value silently: derived values (the scaled learning
+rate, the per-process batch) are computed in the trainer and logged.
+
+>>> cfg = load_config("recipes/quickstart.yaml", ["train.epochs=2", "loss.temperature=0.2"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sslkit.errors import UserError
+
+
+@dataclass
+class RunConfig:
+    """Where a run writes, and how it starts."""
+
+    name: str = "run"
+    output_dir: str = "runs"
+    seed: int = 0
+    resume: str | None = None  # None, "auto" (latest checkpoint in the run directory) or a checkpoint path
+    init_from: str | None = None  # a run directory or checkpoint whose backbone starts this run
+
+
+@dataclass
+class DataConfig:
+    """Which images to train on. Images reach the device as uint8; augmentation happens there."""
+
+    name: str = "digits"
+    root: str | None = None  # None: the dataset's standard place (see sslkit.data)
+    download: bool = False  # only torchvision datasets download, and only when asked
+    image_size: int | None = None  # imagefolder: resize decoded images to this square size
+    num_workers: int = 0
+    holdout_classes: list[int] = field(default_factory=list)  # classes kept out of training (retrieval on unseen classes)
+
+
+@dataclass
+class AugmentConfig:
+    """The SimCLR augmentation set, applied on the accelerator with per-sample parameters.
+
+    ``*_view2`` fields, when set, give the second view its own probability (asymmetric,
+    BYOL-style views: blur 1.0 / 0.1, solarize 0.0 / 0.2).
+    """
+
+    image_size: int = 32  # output size of the random resized crop (may upsample small images)
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    crop_ratio: tuple[float, float] = (0.75, 4.0 / 3.0)
+    hflip_p: float = 0.5
+    jitter_p: float = 0.8
+    brightness: float = 0.4
+    contrast: float = 0.4
+    saturation: float = 0.4
+    hue: float = 0.1
+    grayscale_p: float = 0.2
+    blur_p: float = 0.5
+    blur_p_view2: float | None = None
+    blur_kernel: int = 0  # 0: about 10% of image_size, rounded to odd (SimCLR)
+    blur_sigma: tuple[float, float] = (0.1, 2.0)
+    solarize_p: float = 0.0
+    solarize_p_view2: float | None = None
+    normalize: bool = True  # subtract the dataset's mean, divide by its std
+
+
+@dataclass
+class ModelConfig:
+    """Backbone and projection head."""
+
+    backbone: str = "resnet18"
+    cifar_stem: bool = True  # 3x3 stride-1 first conv and no max-pool, for small images
+    width: int = 64  # channels of the first stage (torchvision: 64); 16 trains on a CPU
+    projector_hidden: int = 2048
+    projector_out: int = 128
+    projector_layers: int = 2
+    channels_last: bool = False
+
+
+@dataclass
+class MethodConfig:
+    """How a batch becomes a loss."""
+
+    name: str = "simclr"
+
+
+@dataclass
+class LossConfig:
+    """A loss from :mod:`sslkit.losses` by name; other keys are its constructor's arguments."""
+
+    name: str = "ntxent"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule (a pure function of the step, see sslkit.optim)."""
+
+    name: str = "sgd"
+    lr: float = 0.3
+    lr_scaling: str = "none"  # "none", "linear" (lr * batch / 256) or "sqrt" (lr * sqrt(batch / 256))
+    momentum: float = 0.9
+    weight_decay: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    trust_coefficient: float = 0.001  # LARS
+    exclude_bias_and_norm: bool = True  # no weight decay (and no LARS adaptation) on biases and norms
+    warmup_epochs: float = 10.0
+    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
+
+
+@dataclass
+class TrainConfig:
+    """The loop. ``batch_size`` is global: it is split over processes."""
+
+    epochs: int = 100
+    batch_size: int = 256
+    grad_accum_steps: int = 1
+    mixed_precision: str = "no"  # "no", "fp16" or "bf16"
+    max_steps: int | None = None  # stop early after this many optimizer steps (smoke runs)
+    log_every_steps: int = 10
+    checkpoint_every_epochs: int = 1
+    knn_every_epochs: int = 1  # online kNN monitor at epoch ends; 0 turns it off
+    keep_checkpoints: int = 2
+    tensorboard: bool = False
+    threads: int | None = None  # torch.set_num_threads per process; None leaves torch's default
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation at the end of a run and in ``sslkit/evaluate.py``."""
+
+    knn_k: int = 200
+    knn_temperature: float = 0.07
+    linear_epochs: int = 100
+    linear_lr: float = 0.1
+    linear_batch_size: int = 512
+    linear_weight_decay: float = 0.0
+    compare_random_init: bool = False  # also evaluate the same encoder at random init
+    batch_size: int = 512
+
+
+@dataclass
+class Config:
+    """A whole recipe."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; int is accepted for float, lists for tuples."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, key, source)
+            except UserError:
+                pass
+        raise UserError(f"{source}: '{key}' must be {' or '.join(_type_name(o) for o in options)}, got {value!r}")
+    if origin in (tuple, list):
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise UserError(f"{source}: '{key}' must be a list, got {value!r}")
+        if origin is tuple and len(args) != len(value):
+            raise UserError(f"{source}: '{key}' must be a list of {len(args)} values, got {value!r}")
+        items = [_coerce(v, args[i] if origin is tuple else args[0], key, source) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{source}: '{key}' must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and isinstance(value, bool):
+        return value
+    if tp in (int, str) and isinstance(value, tp) and not isinstance(value, bool):
+        return value
+    raise UserError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
+
+
+def _fill(instance: Any, values: dict, prefix: str, source: str) -> None:
+    """Set fields of a dataclass ``instance`` from ``values``, strictly."""
+    hints = typing.get_type_hints(type(instance))
+    names = [f.name for f in dataclasses.fields(instance)]
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if key not in names:
+            raise UserError(f"{source}: unknown key '{path}'; valid keys in '{prefix.rstrip('.') or 'recipe'}': {', '.join(names)}")
+        current = getattr(instance, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise UserError(f"{source}: '{path}' must be a section (a mapping), got {value!r}")
+            _fill(current, value, f"{path}.", source)
+        else:
+            setattr(instance, key, _coerce(value, hints[key], path, source))
+
+
+def _split_loss_section(raw: dict) -> dict:
+    """``loss: {name: ntxent, temperature: 0.2}`` -> ``{name: ntxent, kwargs: {temperature: 0.2}}``."""
+    if "loss" in raw and isinstance(raw["loss"], dict):
+        section = dict(raw["loss"])
+        name = section.pop("name", LossConfig.name)
+        kwargs = section.pop("kwargs", {}) or {}
+        kwargs.update(section)
+        raw = {**raw, "loss": {"name": name, "kwargs": kwargs}}
+    return raw
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise UserError(f"override '{text}' must look like key.sub=value, e.g. train.epochs=5")
+    key, _, raw_value = text.partition("=")
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else None
+    except yaml.YAMLError:
+        value = raw_value
+    return key.strip().split("."), value
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply dotted ``key=value`` overrides to a raw recipe dict (values parsed as YAML)."""
+    raw = _to_mutable(raw)
+    for text in overrides:
+        keys, value = _parse_override(text)
+        node = raw
+        for part in keys[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserError(f"override '{text}': '{part}' is not a section")
+        node[keys[-1]] = value
+    return raw
+
+
+def _to_mutable(raw: dict) -> dict:
+    return {k: _to_mutable(v) if isinstance(v, dict) else v for k, v in raw.items()}
+
+
+def config_from_dict(raw: dict, source: str = "recipe") -> Config:
+    """Build and validate a :class:`Config` from a plain dict (YAML content plus overrides)."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: a recipe must be a mapping of sections (run, data, model, ...), got {type(raw).__name__}")
+    cfg = Config()
+    _fill(cfg, _split_loss_section(raw), "", source)
+    validate(cfg, source)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a YAML recipe, apply ``key=value`` overrides, and validate it."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"recipe '{path}' not found; recipes live in recipes/, e.g. recipes/quickstart.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}: not valid YAML{where}: {getattr(error, 'problem', error)}") from None
+    source = str(path) + (" (with command-line overrides)" if overrides else "")
+    return config_from_dict(apply_overrides(raw, overrides or []), source)
+
+
+def to_dict(cfg: Config) -> dict:
+    """Plain-dict form of a config (the loss kwargs flattened back into the loss section)."""
+    data = dataclasses.asdict(cfg)
+    loss = data.pop("loss")
+    data["loss"] = {"name": loss["name"], **loss["kwargs"]}
+    return _plain(data)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the fully resolved config as YAML next to the run's checkpoints."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_choice(value: str, choices: typing.Iterable[str], key: str, source: str) -> None:
+    choices = sorted(choices)
+    if value not in choices:
+        raise UserError(f"{source}: unknown {key} '{value}'; choose one of: {', '.join(choices)}")
+
+
+def _check_range(value: float, key: str, source: str, low: float | None = None, high: float | None = None) -> None:
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"in [{low}, {high}]" if low is not None and high is not None else (f">= {low}" if low is not None else f"<= {high}")
+        raise UserError(f"{source}: '{key}' must be {bounds}, got {value}")
+
+
+def validate(cfg: Config, source: str = "recipe") -> None:
+    """Check names against the registries and numbers against their valid ranges."""
+    # Imported here: the registries import torch-heavy modules that plain YAML parsing does not need.
+    from sslkit import data, losses, methods, models, optim
+
+    _check_choice(cfg.data.name, data.DATASETS, "data.name", source)
+    _check_choice(cfg.model.backbone, models.BACKBONES, "model.backbone", source)
+    _check_choice(cfg.method.name, methods.METHODS, "method.name", source)
+    _check_choice(cfg.loss.name, losses.LOSSES, "loss.name", source)
+    _check_choice(cfg.optim.name, optim.OPTIMIZERS, "optim.name", source)
+    _check_choice(cfg.optim.lr_scaling, ("none", "linear", "sqrt"), "optim.lr_scaling", source)
+    _check_choice(cfg.train.mixed_precision, ("no", "fp16", "bf16"), "train.mixed_precision", source)
+    if cfg.run.resume not in (None, "auto") and not Path(cfg.run.resume).exists():
+        raise UserError(f"{source}: run.resume '{cfg.run.resume}' does not exist; use 'auto' or a checkpoint path")
+    for key, value in (("augment.hflip_p", cfg.augment.hflip_p), ("augment.jitter_p", cfg.augment.jitter_p),
+                       ("augment.grayscale_p", cfg.augment.grayscale_p), ("augment.blur_p", cfg.augment.blur_p),
+                       ("augment.solarize_p", cfg.augment.solarize_p)):
+        _check_range(value, key, source, 0.0, 1.0)
+    low, high = cfg.augment.crop_scale
+    if not 0 < low <= high <= 1:
+        raise UserError(f"{source}: 'augment.crop_scale' must be [low, high] with 0 < low <= high <= 1, got {[low, high]}")
+    for key, value in (("train.epochs", cfg.train.epochs), ("train.batch_size", cfg.train.batch_size),
+                       ("train.grad_accum_steps", cfg.train.grad_accum_steps), ("augment.image_size", cfg.augment.image_size),
+                       ("model.width", cfg.model.width), ("eval.knn_k", cfg.eval.knn_k)):
+        _check_range(value, key, source, 1)
+    for key, value in (("optim.lr", cfg.optim.lr), ("eval.knn_temperature", cfg.eval.knn_temperature)):
+        if not value > 0:
+            raise UserError(f"{source}: '{key}' must be > 0, got {value}")
+    losses.check_loss_kwargs(cfg.loss.name, cfg.loss.kwargs, source)
