@@ -1,0 +1,143 @@
+"""Checkpoints that a crash cannot harm, resume look-up, and backbone export.
+
+Layout of a run directory::
+
+    runs/<name>/
+        config.yaml              the fully resolved recipe
+        metrics.jsonl            one JSON object per logged step / epoch
+        checkpoints/step-00000420/   accelerator.save_state + progress.json
+        backbone.safetensors     the exported encoder (torchvision state_dict keys)
+        results.json             final evaluation
+
+Atomicity: a checkpoint is written into a hidden ``.tmp-step-N`` directory and renamed to
+``step-N`` only after every process has finished writing (a directory rename is atomic on
+POSIX). ``progress.json`` is written last, inside the temporary directory. A SIGKILL during
+a save leaves a ``.tmp-*`` directory that resume ignores and the next save removes; the
+last complete checkpoint is untouched.
+
+Loading uses ``weights_only=True`` everywhere (Accelerate's ``load_state`` does by default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from sslkit.errors import UserError
+
+PROGRESS_FILE = "progress.json"
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    done = [p for p in root.glob("step-*") if (p / PROGRESS_FILE).is_file()]
+    return sorted(done, key=lambda p: int(p.name.split("-")[1]))
+
+
+def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
+    """``None`` -> None; ``"auto"`` -> the run's latest complete checkpoint (or None); a path -> that checkpoint."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        found = list_checkpoints(run_dir)
+        return found[-1] if found else None
+    path = Path(resume)
+    if (path / PROGRESS_FILE).is_file():
+        return path
+    found = list_checkpoints(path)
+    if found:
+        return found[-1]
+    raise UserError(f"run.resume '{resume}' is neither a checkpoint (a directory with {PROGRESS_FILE}) nor a run directory with checkpoints")
+
+
+def read_progress(path: Path) -> dict:
+    return json.loads((Path(path) / PROGRESS_FILE).read_text())
+
+
+def save_checkpoint(accelerator, run_dir: Path, progress: dict, keep: int = 2) -> Path:
+    """Save model, optimizer, scaler and RNG states of every process, atomically.
+
+    ``progress`` holds the loop counters (``step``, ``epoch``, ``batch_in_epoch``).
+    All processes must call this (each saves its own RNG state).
+    """
+    root = checkpoint_dir(run_dir)
+    final = root / f"step-{progress['step']:08d}"
+    tmp = root / f".tmp-step-{progress['step']:08d}"
+    if accelerator.is_main_process:
+        for stale in root.glob(".tmp-step-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp), safe_serialization=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        _write_atomic(tmp / PROGRESS_FILE, json.dumps(progress))
+        if final.exists():  # the same step saved twice (e.g. epoch end == step cadence): replace
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def export_backbone(backbone: torch.nn.Module, path: Path) -> Path:
+    """Save the encoder as a plain state_dict (torchvision keys) in safetensors, atomically."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    state = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
+    save_file(state, str(tmp))
+    os.replace(tmp, path)
+    return path
+
+
+def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """Backbone weights from an export (``.safetensors`` or a weights-only ``.pt``), a checkpoint or a run directory.
+
+    From a checkpoint directory, Accelerate's ``model.safetensors`` holds the whole method;
+    its ``backbone.`` entries are returned with the prefix removed.
+    """
+    path = Path(path)
+    if path.is_dir():
+        if (path / "backbone.safetensors").is_file():
+            return load_file(str(path / "backbone.safetensors"))
+        found = [path] if (path / PROGRESS_FILE).is_file() else list_checkpoints(path)
+        if not found:
+            raise UserError(f"'{path}' holds no backbone.safetensors and no checkpoint; give a run directory, a checkpoint or an exported backbone file")
+        path = found[-1] / "model.safetensors"
+        if not path.is_file():
+            raise UserError(f"checkpoint '{path.parent}' has no model.safetensors; it may be from an older sslkit or incomplete")
+        state = load_file(str(path))
+        return {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+    if not path.is_file():
+        raise UserError(f"'{path}' not found; give a run directory, a checkpoint directory, or a .safetensors/.pt backbone file")
+    if path.suffix == ".safetensors":
+        return load_file(str(path))
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # unpickling refused or a corrupt file: the user's file, one line
+        raise UserError(f"'{path}' could not be loaded as a weights-only state_dict ({type(error).__name__}); export it as safetensors or a plain state_dict") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"'{path}' is not a plain state_dict of tensors")
+    return state

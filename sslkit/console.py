@@ -1,0 +1,33 @@
+"""Terminal output with rich: the resolved config, result tables, one-line errors."""
+
+from __future__ import annotations
+
+import yaml
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.table import Table
+
+console = Console()
+error_console = Console(stderr=True)
+
+
+def print_config(config_dict: dict, title: str = "resolved config") -> None:
+    console.rule(f"[bold]{title}")
+    console.print(Syntax(yaml.safe_dump(config_dict, sort_keys=False), "yaml", background_color="default"))
+
+
+def results_table(rows: dict[str, dict[str, float]], title: str = "results") -> Table:
+    """A table with one row per encoder (e.g. "trained", "random init") and one column per metric."""
+    metrics = sorted({m for values in rows.values() for m in values})
+    table = Table(title=title)
+    table.add_column("encoder")
+    for metric in metrics:
+        table.add_column(metric, justify="right")
+    for name, values in rows.items():
+        table.add_row(name, *(f"{values[m]:.4f}" if m in values else "-" for m in metrics))
+    return table
+
+
+def print_user_error(error: Exception) -> None:
+    """One line, no traceback: a user's mistake, and what to do about it."""
+    error_console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)

@@ -1,0 +1,72 @@
+"""Every sslkit loss, re-exported flat, and one registry: ``sslkit.losses.build(name, **kwargs)``.
+
+Three call forms (``KIND[name]`` says which):
+
+- ``"two_view"``: ``loss(z1, z2, negatives=None)`` — self-supervised, no labels.
+- ``"label"``: ``loss(embeddings, labels)`` — pair-based metric learning.
+- ``"head"``: ``head(embeddings, labels)`` with its own weights, ``head.logits(embeddings)``,
+  built with ``embedding_dim`` and ``num_classes``; ``head.param_groups()`` names parameters
+  that want their own learning rate.
+
+The registry is a plain dict filled here, explicitly (no import side effects).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from torch import nn
+
+from sslkit.errors import UserError
+from sslkit.losses.ntxent import NTXentLoss, ntxent_loss
+
+LOSSES: dict[str, type[nn.Module]] = {
+    "ntxent": NTXentLoss,
+    "infonce": NTXentLoss,
+}
+
+KIND: dict[str, str] = {
+    "ntxent": "two_view",
+    "infonce": "two_view",
+}
+
+
+def build(name: str, **kwargs) -> nn.Module:
+    """Build a loss by registry name; an unknown name lists the valid ones.
+
+    >>> build("ntxent", temperature=0.2)
+    NTXentLoss(temperature=0.2, gather_distributed=True)
+    """
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; choose one of: {', '.join(sorted(LOSSES))}")
+    return LOSSES[name](**kwargs)
+
+
+def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> None:
+    """Recipe-time check of a loss's keyword arguments: unknown keys and wrong types are UserErrors."""
+    signature = inspect.signature(LOSSES[name].__init__)
+    # Heads get these from the model and dataset, not from the recipe.
+    supplied_by_trainer = {"self", "embedding_dim", "num_classes"}
+    valid = {k: p for k, p in signature.parameters.items() if k not in supplied_by_trainer and p.kind is p.POSITIONAL_OR_KEYWORD}
+    for key, value in kwargs.items():
+        if key not in valid:
+            raise UserError(f"{source}: unknown key 'loss.{key}' for loss '{name}'; valid keys: {', '.join(['name', *valid]) }")
+        default = valid[key].default
+        if default is inspect.Parameter.empty or default is None:
+            continue
+        expected = float if isinstance(default, float) else type(default)
+        ok = isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            raise UserError(f"{source}: 'loss.{key}' must be {expected.__name__} (default {default!r}), got {value!r}")
+    try:
+        build_for_check = {k: v for k, v in kwargs.items()}
+        if KIND[name] == "head":
+            build_for_check.update(embedding_dim=2, num_classes=3)
+        build(name, **build_for_check)
+    except ValueError as error:  # the loss's own validation, e.g. temperature <= 0
+        raise UserError(f"{source}: loss '{name}': {error}") from None
+
+
+__all__ = ["LOSSES", "KIND", "build", "check_loss_kwargs", "NTXentLoss", "ntxent_loss"]

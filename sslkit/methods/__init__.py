@@ -1,0 +1,27 @@
+"""Methods: how a batch of augmented views (and maybe labels) becomes a loss.
+
+A method is an ``nn.Module`` holding everything that trains — backbone, projection head,
+and the loss (with any parameters of its own, such as a classification head) — so one
+``accelerator.prepare(method)`` and one optimizer cover every parameter.
+
+Interface: ``method(view1, view2, labels) -> loss``; ``method.backbone`` is the encoder to
+evaluate and export; ``method.needs_labels`` says whether the dataset must be labelled.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from sslkit.methods.simclr import SimCLR
+
+METHODS: dict[str, type[nn.Module]] = {
+    "simclr": SimCLR,
+}
+
+
+def build_method(cfg, backbone: nn.Module, num_classes: int) -> nn.Module:
+    """The method named by ``cfg.method.name`` around ``backbone``, with ``cfg.loss``."""
+    return METHODS[cfg.method.name].from_config(cfg, backbone, num_classes)
+
+
+__all__ = ["METHODS", "build_method", "SimCLR"]
