@@ -1,0 +1,145 @@
+"""Proxy-NCA: Neighbourhood Component Analysis against one learned proxy per class.
+
+References:
+    [0] No Fuss Distance Metric Learning using Proxies, Movshovitz-Attias et al. 2017,
+        https://arxiv.org/abs/1703.07464 (Section 3, the NCA loss written on proxies)
+    [1] ProxyNCA++, Teh et al. 2020, https://arxiv.org/abs/2004.01113 (temperature T = 1/9,
+        fast-moving proxies)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sslkit.losses._common import check_positive, full_precision, upcast
+from sslkit.losses.head import Head
+
+
+def _unit_pair(embeddings: torch.Tensor, proxies: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """L2-normalised embeddings and proxies in one common float dtype (fp32 at least)."""
+    dtype = torch.promote_types(upcast(embeddings).dtype, upcast(proxies).dtype)
+    return F.normalize(embeddings.to(dtype), dim=1), F.normalize(proxies.to(dtype), dim=1)
+
+
+def proxy_nca_logits(embeddings: torch.Tensor, proxies: torch.Tensor, scale: float = 9.0) -> torch.Tensor:
+    """``-scale * ||x/|x| - p/|p| ||^2`` for every embedding and proxy.
+
+    For unit vectors ``||x - p||^2 = 2 - 2 cos(x, p)``, so one matmul gives all squared
+    distances exactly, without the (N, C, D) difference tensor or ``cdist``'s sqrt (whose
+    gradient is infinite at distance 0).
+
+    Shape:
+        embeddings: (N, D); proxies: (C, D); returns (N, C).
+    """
+    with full_precision(embeddings.device):
+        x, p = _unit_pair(embeddings, proxies)
+        return (2.0 * scale) * (x @ p.T - 1.0)  # (N, C) = -scale * (2 - 2 cos)
+
+
+def proxy_nca_loss(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    proxies: torch.Tensor,
+    scale: float = 9.0,
+    include_positive_in_denominator: bool = False,
+) -> torch.Tensor:
+    """Proxy-NCA loss of [0], averaged over the batch.
+
+    With ``d`` the squared Euclidean distance between the L2-normalised embedding ``x`` and
+    the L2-normalised proxies ``p_c``, and ``s`` = ``scale``::
+
+        l(x, y) = -log( exp(-s d(x, p_y)) / sum_{c != y} exp(-s d(x, p_c)) )
+                = s d(x, p_y) + LSE_{c != y}( -s d(x, p_c) ),        loss = mean over x
+
+    The denominator leaves the positive proxy out, as the NCA loss of [0] does (its Z is the
+    set of negatives). ``include_positive_in_denominator=True`` gives the softmax
+    cross-entropy form used by pytorch-metric-learning's ``ProxyNCALoss`` and by ProxyNCA++
+    [1]; it is bounded below by 0, the paper's form is not (it keeps pushing negatives away).
+
+    Shape:
+        embeddings: (N, D), any float dtype; labels: (N,) integers in [0, C);
+        proxies: (C, D), one row per class; returns a scalar.
+    """
+    labels = labels.long()
+    with full_precision(embeddings.device):
+        logits = proxy_nca_logits(embeddings, proxies, scale)  # (N, C)
+        if include_positive_in_denominator:
+            return F.cross_entropy(logits, labels)
+        positive = logits.gather(1, labels[:, None]).squeeze(1)  # (N,)
+        # -inf is safe: the logits are fp32/fp64 and each row keeps C - 1 >= 1 negatives.
+        negatives = logits.scatter(1, labels[:, None], float("-inf"))  # (N, C)
+        return (torch.logsumexp(negatives, dim=1) - positive).mean()
+
+
+class ProxyNCAHead(Head):
+    """Proxy-NCA [0]: one learned proxy per class, NCA over distances to the proxies.
+
+    Args:
+        embedding_dim: D.
+        num_classes: C >= 2 (the paper's denominator needs at least one negative proxy).
+        scale: s > 0 multiplying the squared distances, i.e. 1 / temperature. [0] writes the
+            loss unscaled (s = 1) on unit-norm embeddings and proxies, which bounds the
+            logits to [-4, 0] and trains poorly; the default 9 is ProxyNCA++'s T = 1/9 [1],
+            which is also the widely used re-implementation's norm of 3 for both embeddings
+            and proxies (3^2 = 9). pytorch-metric-learning calls it ``softmax_scale``
+            (default 1 there).
+        proxy_lr_scale: learning-rate multiplier of the proxies, returned by
+            :meth:`param_groups`. [0] gives no value; ProxyNCA++ [1] shows proxies must move
+            much faster than the backbone ("fast moving proxies": proxies at 4e2 vs 4e-3 with
+            Adam) and the dichotomies/proxy-nca re-implementation uses 5.0 vs 0.045 (~110x).
+            The default 100 follows the latter and matches Proxy-Anchor's 100x.
+        include_positive_in_denominator: see :func:`proxy_nca_loss`. Default False, the
+            paper's form; True matches pytorch-metric-learning and ProxyNCA++.
+
+    The proxies are a (C, D) parameter (one row per class) initialised N(0, 1/64) as in the
+    reference implementations (``randn / 8``). Only their direction matters to the loss;
+    their norm sets how fast the direction moves for a given learning rate.
+
+    Shape:
+        embeddings: (N, D); labels: (N,) in [0, C); returns a scalar.
+        logits(embeddings): (N, C), ``-scale * squared distance`` (higher is closer).
+
+    >>> head = ProxyNCAHead(embedding_dim=16, num_classes=5)
+    >>> loss = head(torch.randn(8, 16), torch.randint(0, 5, (8,)))
+    >>> head.logits(torch.randn(8, 16)).shape
+    torch.Size([8, 5])
+    """
+
+    def __init__(
+        self,
+        embedding_dim: int,
+        num_classes: int,
+        scale: float = 9.0,
+        proxy_lr_scale: float = 100.0,
+        include_positive_in_denominator: bool = False,
+    ) -> None:
+        super().__init__(embedding_dim, num_classes)
+        if not include_positive_in_denominator and self.num_classes < 2:
+            raise ValueError(
+                f"num_classes must be >= 2: Proxy-NCA's denominator sums over the other classes' "
+                f"proxies, got {num_classes}"
+            )
+        self.scale = check_positive(scale, "scale")
+        self.proxy_lr_scale = check_positive(proxy_lr_scale, "proxy_lr_scale")
+        self.include_positive_in_denominator = bool(include_positive_in_denominator)
+        self.proxies = nn.Parameter(torch.randn(self.num_classes, self.embedding_dim) / 8)  # (C, D)
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        self.check_inputs(embeddings, labels)
+        return proxy_nca_loss(embeddings, labels, self.proxies, self.scale, self.include_positive_in_denominator)
+
+    def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
+        self.check_inputs(embeddings)
+        return proxy_nca_logits(embeddings, self.proxies, self.scale)
+
+    def param_groups(self) -> list[dict]:
+        return [{"params": [self.proxies], "lr_scale": self.proxy_lr_scale, "name": "proxy_nca.proxies"}]
+
+    def extra_repr(self) -> str:
+        return (
+            f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, scale={self.scale}, "
+            f"proxy_lr_scale={self.proxy_lr_scale}, "
+            f"include_positive_in_denominator={self.include_positive_in_denominator}"
+        )
