@@ -133,6 +133,7 @@ class TrainConfig:
     max_steps: int | None = None  # stop early after this many optimizer steps (smoke runs)
     log_every_steps: int = 10
     checkpoint_every_epochs: int = 1
+    checkpoint_every_steps: int = 0  # also save every N optimizer steps (0: off), for long epochs
     knn_every_epochs: int = 1  # online kNN monitor at epoch ends; 0 turns it off
     keep_checkpoints: int = 2
     tensorboard: bool = False

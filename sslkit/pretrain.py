@@ -1,0 +1,46 @@
+"""Pretrain an encoder from a recipe.
+
+    accelerate launch sslkit/pretrain.py recipes/simclr.yaml [key.sub=value ...]
+    python sslkit/pretrain.py recipes/quickstart.yaml train.epochs=5 loss.temperature=0.2
+
+A user's mistake (unknown key, wrong type, missing dataset, ...) prints one line and exits
+with status 2; nothing half-done is written.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a script: put the repository root first on the path, not sslkit/ itself (whose
+    # module names, e.g. data.py, would shadow other packages' imports).
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import argparse  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sslkit/pretrain.py", description="Pretrain an encoder from a YAML recipe.")
+    parser.add_argument("recipe", help="a YAML recipe, e.g. recipes/quickstart.yaml")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.epochs=5 loss.temperature=0.2")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from sslkit.config import load_config
+    from sslkit.console import print_user_error
+    from sslkit.errors import UserError
+    from sslkit.train import train
+
+    try:
+        train(load_config(args.recipe, args.overrides))
+    except UserError as error:
+        print_user_error(error)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

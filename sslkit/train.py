@@ -1,0 +1,300 @@
+"""The training loop: one readable function in Accelerate's idiom.
+
+``train(cfg)`` runs unchanged in one CPU process, on one GPU, or under
+``accelerate launch --num_processes N``: the accelerator places tensors, wraps the method in
+DDP, shards the loader, and saves/loads state. Sections, in order:
+
+    set-up -> data -> model, loss, optimizer -> prepare -> resume -> epochs -> export, evaluate
+
+Exactness of resume: the data order of epoch ``e`` is a pure function of ``(seed, e)``
+(:class:`EpochShuffleSampler`), the learning rate a pure function of the step, and
+``accelerator.save_state`` stores model, optimizer, scaler and every process's RNG states
+(kornia draws augmentation parameters from the torch RNG). A run resumed from a checkpoint
+therefore continues with the same batches, augmentations and updates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, set_seed
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from torch.utils.data import DataLoader, Sampler
+
+from sslkit import checkpoint, data, evaluation, methods, models, optim
+from sslkit.augment import EvalTransform, TwoViewAugment
+from sslkit.config import Config, save_config, to_dict
+from sslkit.console import console, print_config, results_table
+from sslkit.errors import UserError
+
+
+class EpochShuffleSampler(Sampler[int]):
+    """A permutation of the dataset that depends only on ``(seed, epoch)``.
+
+    Why not ``RandomSampler``: its order depends on the global RNG at the moment the epoch
+    starts, so a resumed run would see different batches. Here ``set_epoch`` picks the order.
+    """
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return iter(torch.randperm(self.size, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.size
+
+
+@dataclass
+class LoopState:
+    """Loop counters saved with every checkpoint."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # current epoch
+    batch_in_epoch: int = 0  # batches of the current epoch already consumed
+
+
+class MetricsLog:
+    """Appends one JSON object per line to ``metrics.jsonl`` (main process only) and to trackers."""
+
+    def __init__(self, path: Path, accelerator: Accelerator) -> None:
+        self.path, self.accelerator = path, accelerator
+
+    def __call__(self, record: dict, step: int) -> None:
+        if self.accelerator.is_main_process:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        numeric = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k not in ("step",)}
+        self.accelerator.log(numeric, step=step)
+
+
+def make_run_dir(cfg: Config) -> Path:
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
+def eval_loaders(cfg: Config, train_set, test_set, batch_size: int) -> tuple[DataLoader, DataLoader]:
+    """Unshuffled loaders over train (the kNN memory) and test, for feature extraction."""
+    make = lambda ds: data.build_loader(ds, batch_size, shuffle=False, drop_last=False, num_workers=cfg.data.num_workers)
+    return make(train_set), make(test_set)
+
+
+def evaluate_backbone(backbone, cfg: Config, preprocess, train_loader, test_loader, num_classes: int,
+                      accelerator: Accelerator, linear: bool = True) -> dict[str, float]:
+    """kNN (and optionally linear-probe) accuracy of ``backbone`` on frozen features."""
+    train_x, train_y = evaluation.extract_features(backbone, train_loader, preprocess, accelerator)
+    test_x, test_y = evaluation.extract_features(backbone, test_loader, preprocess, accelerator)
+    e = cfg.eval
+    results = {"knn_top1": evaluation.knn_accuracy(train_x, train_y, test_x, num_classes, e.knn_k, e.knn_temperature, test_labels=test_y)}
+    if linear:
+        probe = evaluation.linear_probe(train_x, train_y, test_x, test_y, num_classes, epochs=e.linear_epochs, lr=e.linear_lr,
+                                        batch_size=e.linear_batch_size, weight_decay=e.linear_weight_decay, seed=cfg.run.seed)
+        results.update({f"linear_{k}": v for k, v in probe.items()})
+    return results
+
+
+def train(cfg: Config) -> dict:
+    """Pretrain an encoder as ``cfg`` says; returns the final evaluation results."""
+    # ------------------------------------------------------------------ set-up
+    run_dir = make_run_dir(cfg)
+    accelerator = Accelerator(
+        mixed_precision=cfg.train.mixed_precision,
+        gradient_accumulation_steps=cfg.train.grad_accum_steps,
+        log_with="tensorboard" if cfg.train.tensorboard else None,
+        project_dir=str(run_dir),
+        # Our sampler already orders data by (seed, epoch): keep it rather than substituting Accelerate's.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False),
+    )
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    set_seed(cfg.run.seed, device_specific=True)
+    main = accelerator.is_main_process
+
+    # ------------------------------------------------------------------ data
+    d = cfg.data
+    train_set = data.build_dataset(d.name, "train", d.root, d.download, d.image_size)
+    test_set = data.build_dataset(d.name, "test", d.root, d.download, d.image_size)
+    info = train_set.info
+    if d.holdout_classes:
+        train_set = train_set.select_classes(d.holdout_classes, keep=False)
+        test_set = test_set.select_classes(d.holdout_classes, keep=False)
+    world = accelerator.num_processes
+    if cfg.train.batch_size % world:
+        raise UserError(f"train.batch_size {cfg.train.batch_size} must be divisible by the number of processes ({world})")
+    if cfg.train.batch_size > len(train_set):
+        raise UserError(f"train.batch_size {cfg.train.batch_size} is larger than the dataset's {len(train_set)} training images; lower train.batch_size")
+    local_batch = cfg.train.batch_size // world
+    # Only now, with the recipe and data known to be good, does the run directory appear.
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+        print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
+    log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
+    sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
+    train_loader = DataLoader(train_set, batch_size=local_batch, sampler=sampler, drop_last=True,
+                              collate_fn=data.collate_batch, num_workers=d.num_workers,
+                              persistent_workers=d.num_workers > 0)
+
+    # ------------------------------------------------------------------ model, loss, optimizer
+    augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
+    preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize).to(accelerator.device)
+    backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, augment.out_channels)
+    method = methods.build_method(cfg, backbone, info.num_classes)
+    if method.needs_labels and bool((train_set.labels < 0).any()):
+        raise UserError(f"method '{cfg.method.name}' needs labels but dataset '{d.name}' has unlabelled images; use a labelled split or a self-supervised method")
+    if cfg.model.channels_last:
+        models.to_channels_last(method)
+    initial_backbone = {k: v.clone() for k, v in backbone.state_dict().items()} if cfg.eval.compare_random_init else None
+
+    lr = optim.scaled_lr(cfg.optim.lr, cfg.train.batch_size, cfg.optim.lr_scaling)
+    if main and cfg.optim.lr_scaling != "none":
+        console.print(f"learning rate: {cfg.optim.lr} x {cfg.optim.lr_scaling}(batch {cfg.train.batch_size} / 256) = {lr:.5g}")
+    lr_scales = {f"loss.{name}": scale for name, scale in _loss_lr_scales(method.loss).items()}
+    groups = optim.parameter_groups(method, cfg.optim.weight_decay, cfg.optim.exclude_bias_and_norm, lr_scales)
+    optimizer = optim.build_optimizer(cfg.optim.name, groups, lr, cfg.optim.momentum, cfg.optim.weight_decay,
+                                      cfg.optim.betas, cfg.optim.trust_coefficient)
+
+    # ------------------------------------------------------------------ prepare
+    method, optimizer, train_loader = accelerator.prepare(method, optimizer, train_loader)
+    batches_per_epoch = len(train_loader)
+    # Accelerate syncs at the end of the loader too, so a short last window still makes a step.
+    steps_per_epoch = math.ceil(batches_per_epoch / cfg.train.grad_accum_steps)
+    total_steps = cfg.train.epochs * steps_per_epoch
+    if cfg.train.max_steps is not None:
+        total_steps = min(total_steps, cfg.train.max_steps)
+    warmup_steps = min(int(cfg.optim.warmup_epochs * steps_per_epoch), total_steps // 2)
+    knn_train_loader, knn_test_loader = accelerator.prepare(*eval_loaders(cfg, train_set, test_set, cfg.eval.batch_size))
+    if cfg.train.tensorboard:
+        accelerator.init_trackers(cfg.run.name, config=_flat(to_dict(cfg)))
+
+    # ------------------------------------------------------------------ resume
+    progress = LoopState()
+    resume_from = checkpoint.resolve_resume(cfg.run.resume, run_dir)
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))
+        progress = LoopState(**checkpoint.read_progress(resume_from))
+        if main:
+            console.print(f"resumed from {resume_from} at step {progress.step} (epoch {progress.epoch}, batch {progress.batch_in_epoch})")
+    elif cfg.run.resume == "auto" and main:
+        console.print(f"no checkpoint in {checkpoint.checkpoint_dir(run_dir)}: starting fresh")
+    last_good = resume_from
+
+    def save() -> Path:
+        return checkpoint.save_checkpoint(accelerator, run_dir, vars(progress), cfg.train.keep_checkpoints)
+
+    # ------------------------------------------------------------------ epochs
+    bar = Progress(TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.4f}"),
+                   TextColumn("lr {task.fields[lr]:.2e}"), TextColumn("{task.fields[ips]:.0f} img/s"), TimeElapsedColumn(),
+                   TimeRemainingColumn(), console=console, disable=not main)
+    task = bar.add_task("train", total=total_steps, completed=progress.step, epoch=progress.epoch, loss=float("nan"), lr=0.0, ips=0.0)
+    method.train()
+    unwrapped = accelerator.unwrap_model(method)
+    images_per_step = cfg.train.batch_size * cfg.train.grad_accum_steps
+    with bar:
+        while progress.step < total_steps and progress.epoch < cfg.train.epochs:
+            sampler.set_epoch(progress.epoch)
+            loader = accelerator.skip_first_batches(train_loader, progress.batch_in_epoch) if progress.batch_in_epoch else train_loader
+            window_start, data_wait, window_steps, window_loss = time.perf_counter(), 0.0, 0, 0.0
+            fetch_start = time.perf_counter()
+            for images, labels in loader:
+                data_wait += time.perf_counter() - fetch_start
+                progress.batch_in_epoch += 1
+                with accelerator.accumulate(method):
+                    with torch.no_grad():
+                        view1, view2 = augment(images)
+                    with accelerator.autocast():
+                        loss = method(view1, view2, labels)
+                    # One host sync per step: the price of never stepping on a NaN (all processes agree).
+                    loss_value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
+                    if not math.isfinite(loss_value):
+                        where = f"last good checkpoint: {last_good}" if last_good else "no checkpoint was written yet"
+                        raise UserError(f"loss became {loss_value} at step {progress.step} (epoch {progress.epoch}); training stopped, {where}; "
+                                        f"try a lower optim.lr, a higher loss temperature, or train.mixed_precision=no")
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients:
+                        optim.set_learning_rate(optimizer, optim.cosine_lr(progress.step, total_steps, lr, warmup_steps, cfg.optim.min_lr_ratio))
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                window_loss += loss_value
+                if not accelerator.sync_gradients:
+                    fetch_start = time.perf_counter()
+                    continue
+                progress.step += 1
+                window_steps += 1
+                if progress.step % cfg.train.log_every_steps == 0 or progress.step == total_steps:
+                    elapsed = time.perf_counter() - window_start
+                    record = {"step": progress.step, "epoch": progress.epoch, "loss": window_loss / (window_steps * cfg.train.grad_accum_steps),
+                              "lr": optimizer.param_groups[0]["lr"] / optimizer.param_groups[0].get("lr_scale", 1.0),
+                              "images_per_s": window_steps * images_per_step / elapsed, "data_wait_share": data_wait / elapsed}
+                    log(record, progress.step)
+                    bar.update(task, completed=progress.step, epoch=progress.epoch, loss=record["loss"], lr=record["lr"], ips=record["images_per_s"])
+                    window_start, data_wait, window_steps, window_loss = time.perf_counter(), 0.0, 0, 0.0
+                else:
+                    bar.update(task, completed=progress.step)
+                if cfg.train.checkpoint_every_steps and progress.step % cfg.train.checkpoint_every_steps == 0:
+                    last_good = save()
+                if progress.step >= total_steps:
+                    break
+                fetch_start = time.perf_counter()
+            else:
+                # The epoch ran to its end: the next one starts at its first batch.
+                progress.epoch += 1
+                progress.batch_in_epoch = 0
+                bar.update(task, epoch=progress.epoch)
+                if cfg.train.knn_every_epochs and progress.epoch % cfg.train.knn_every_epochs == 0 and progress.epoch < cfg.train.epochs:
+                    knn = evaluate_backbone(unwrapped.backbone, cfg, preprocess, knn_train_loader, knn_test_loader, info.num_classes, accelerator, linear=False)
+                    method.train()
+                    log({"step": progress.step, "epoch": progress.epoch, **knn}, progress.step)
+                    if main:
+                        bar.console.print(f"epoch {progress.epoch}: kNN top-1 {knn['knn_top1']:.4f}")
+                if progress.epoch % cfg.train.checkpoint_every_epochs == 0 or progress.epoch == cfg.train.epochs:
+                    last_good = save()
+                continue
+            break  # max_steps reached mid-epoch
+
+    # ------------------------------------------------------------------ export, evaluate
+    if last_good is None or checkpoint.read_progress(last_good)["step"] != progress.step:
+        last_good = save()
+    if main:
+        checkpoint.export_backbone(unwrapped.backbone, run_dir / "backbone.safetensors")
+    results = {"trained": evaluate_backbone(unwrapped.backbone, cfg, preprocess, knn_train_loader, knn_test_loader, info.num_classes, accelerator)}
+    if initial_backbone is not None:
+        random_init = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, augment.out_channels)
+        random_init.load_state_dict(initial_backbone)
+        results["random init"] = evaluate_backbone(random_init.to(accelerator.device), cfg, preprocess, knn_train_loader,
+                                                   knn_test_loader, info.num_classes, accelerator)
+    log({"step": progress.step, "epoch": progress.epoch, **{f"final_{k}": v for k, v in results["trained"].items()}}, progress.step)
+    if main:
+        (run_dir / "results.json").write_text(json.dumps({"results": results, "step": progress.step, "checkpoint": str(last_good),
+                                                           "backbone": str(run_dir / "backbone.safetensors")}, indent=2))
+        console.print(results_table(results, f"{cfg.run.name}: {d.name}, {cfg.model.backbone} (width {cfg.model.width})"))
+        console.print(f"run directory: {run_dir}  (backbone.safetensors, checkpoints/, metrics.jsonl, config.yaml, results.json)")
+    accelerator.end_training()
+    return results
+
+
+def _loss_lr_scales(loss: torch.nn.Module) -> dict[str, float]:
+    """Per-parameter lr multipliers a head declares through ``param_groups()`` (e.g. proxies at 100x)."""
+    if not hasattr(loss, "param_groups"):
+        return {}
+    names = {id(p): n for n, p in loss.named_parameters()}
+    return {names[id(p)]: float(g.get("lr_scale", 1.0)) for g in loss.param_groups() for p in g["params"]}
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        elif isinstance(value, (int, float, str, bool)):
+            out[f"{prefix}{key}"] = value
+    return out
