@@ -12,6 +12,8 @@ import contextlib
 
 import torch
 
+from sslkit import distributed
+
 
 def upcast(x: torch.Tensor) -> torch.Tensor:
     """fp16/bf16 -> fp32; fp32 and fp64 unchanged."""
@@ -78,3 +80,73 @@ def check_embeddings_labels(embeddings: torch.Tensor, labels: torch.Tensor | Non
         )
     if labels.is_floating_point() or labels.is_complex():
         raise ValueError(f"labels must be integer class ids, got {labels.dtype}")
+
+
+def check_nonnegative(value: float, name: str) -> float:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite number >= 0."""
+    value = float(value)
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    return value
+
+
+def pairwise_distance(x: torch.Tensor, y: torch.Tensor, squared: bool = False) -> torch.Tensor:
+    """Euclidean distances between the rows of ``x`` and the rows of ``y``.
+
+    Expanded as ``|x|^2 + |y|^2 - 2 x.y``: one matmul instead of an (n, m, D) difference
+    tensor. Rounding can push that below 0, hence the clamp. ``sqrt`` has an infinite slope
+    at 0 (a sample against itself, an exact duplicate), so the root is taken of
+    ``max(d^2, tiny)``: such entries get a finite (zero) gradient, not inf or NaN, which
+    matters even for masked-out entries because ``0 * inf`` is NaN.
+
+    Shape:
+        x: (n, D); y: (m, D); returns (n, m).
+    """
+    sq = (x * x).sum(dim=1, keepdim=True) + (y * y).sum(dim=1) - 2.0 * (x @ y.T)  # (n, m)
+    sq = sq.clamp_min(0.0)
+    if squared:
+        return sq
+    return sq.clamp_min(torch.finfo(sq.dtype).tiny).sqrt()
+
+
+def gather_labelled(
+    embeddings: torch.Tensor, labels: torch.Tensor, gather_distributed: bool
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Candidates for a label loss's local anchors: every process's embeddings and labels.
+
+    Embeddings are gathered with gradient, labels without. ``offset`` is the row of this
+    process's first sample among the candidates, so local anchor ``i`` is candidate
+    ``i + offset`` (to exclude it as its own positive). Without a process group, or with
+    ``gather_distributed=False``, the candidates are the local batch and ``offset`` is 0.
+
+    Shape:
+        embeddings: (n, D); labels: (n,).
+        returns: candidates (N, D), candidate labels (N,), offset; N = world_size * n.
+    """
+    if gather_distributed and distributed.is_distributed():
+        return (
+            distributed.gather_with_grad(embeddings),
+            distributed.gather_no_grad(labels),
+            distributed.local_offset(embeddings.shape[0]),
+        )
+    return embeddings, labels, 0
+
+
+def mean_over_processes(local_sum: torch.Tensor, local_count: torch.Tensor, gather_distributed: bool) -> torch.Tensor:
+    """This process's share of a mean over terms that every process holds a part of.
+
+    Returns ``local_sum * world_size / global_count``, so that the mean over processes of the
+    returned values is ``sum of all terms / number of all terms``: the 1-process loss on the
+    whole batch, even when processes hold different numbers of terms (mined triplets,
+    positive pairs). The count is summed over processes (no gradient needed: it is
+    piecewise constant). With no terms anywhere the loss is 0, not NaN.
+
+    Shape:
+        local_sum, local_count: scalars; returns a scalar.
+    """
+    count = local_count.to(local_sum.dtype).reshape(1)
+    scale = 1
+    if gather_distributed and distributed.is_distributed():
+        count = distributed.gather_no_grad(count).sum()
+        scale = distributed.world_size()
+    return (local_sum * scale / count.clamp_min(1)).reshape(())
