@@ -1,0 +1,89 @@
+"""Recipes load strictly: every user mistake is one UserError naming the key, the file and the choices."""
+
+import textwrap
+
+import pytest
+
+from sslkit.config import config_from_dict, load_config, save_config, to_dict
+from sslkit.errors import UserError
+
+
+def write(tmp_path, text):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_every_recipe_loads():
+    from pathlib import Path
+
+    recipes = sorted(Path(__file__).parents[1].joinpath("recipes").glob("*.yaml"))
+    assert recipes, "no recipes found"
+    for recipe in recipes:
+        load_config(recipe)
+
+
+def test_overrides_are_typed_and_dotted(tmp_path):
+    path = write(tmp_path, "train: {epochs: 3}\nloss: {name: ntxent, temperature: 0.5}\n")
+    cfg = load_config(path, ["train.epochs=5", "loss.temperature=0.2", "augment.crop_scale=[0.2, 1.0]", "run.resume=auto"])
+    assert cfg.train.epochs == 5
+    assert cfg.loss.kwargs == {"temperature": 0.2}
+    assert cfg.augment.crop_scale == (0.2, 1.0)
+    assert cfg.run.resume == "auto"
+
+
+def test_int_is_accepted_for_float(tmp_path):
+    cfg = load_config(write(tmp_path, "optim: {lr: 1}\n"))
+    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("train: {epoch: 3}\n", ["unknown key 'train.epoch'", "epochs", "recipe.yaml"]),
+        ("trian: {epochs: 3}\n", ["unknown key 'trian'", "train"]),
+        ("train: {epochs: three}\n", ["'train.epochs' must be int", "three"]),
+        ("train: {epochs: 2.5}\n", ["'train.epochs' must be int"]),
+        ("data: {name: mnist}\n", ["unknown data.name 'mnist'", "digits", "fashion_mnist"]),
+        ("model: {backbone: vgg}\n", ["unknown model.backbone 'vgg'", "resnet18"]),
+        ("loss: {name: ntx}\n", ["unknown loss.name 'ntx'", "ntxent"]),
+        ("optim: {name: adam}\n", ["unknown optim.name 'adam'", "adamw", "lars"]),
+        ("loss: {name: ntxent, temprature: 0.1}\n", ["unknown key 'loss.temprature'", "temperature"]),
+        ("loss: {name: ntxent, temperature: 0}\n", ["temperature", "> 0"]),
+        ("loss: {name: ntxent, temperature: hot}\n", ["'loss.temperature' must be float"]),
+        ("augment: {crop_scale: [0.5]}\n", ["'augment.crop_scale' must be a list of 2"]),
+        ("augment: {hflip_p: 1.5}\n", ["'augment.hflip_p' must be in [0.0, 1.0]"]),
+        ("train: 3\n", ["'train' must be a section"]),
+        ("train: {mixed_precision: fp8}\n", ["train.mixed_precision", "bf16"]),
+        ("train: {epochs: [1\n", ["not valid YAML"]),
+    ],
+)
+def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
+    with pytest.raises(UserError) as info:
+        load_config(write(tmp_path, text))
+    message = str(info.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message
+
+
+def test_missing_recipe_says_where_recipes_are(tmp_path):
+    with pytest.raises(UserError, match="recipes/"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_bad_override_syntax(tmp_path):
+    with pytest.raises(UserError, match="key.sub=value"):
+        load_config(write(tmp_path, ""), ["train.epochs"])
+
+
+def test_round_trip_through_saved_config(tmp_path):
+    cfg = load_config(write(tmp_path, "loss: {name: ntxent, temperature: 0.3}\ntrain: {epochs: 7}\n"))
+    save_config(cfg, tmp_path / "saved.yaml")
+    again = load_config(tmp_path / "saved.yaml")
+    assert to_dict(again) == to_dict(cfg)
+
+
+def test_empty_dict_gives_defaults():
+    cfg = config_from_dict({})
+    assert cfg.data.name == "digits" and cfg.loss.name == "ntxent"
