@@ -1,0 +1,181 @@
+"""DCL: value and gradient against a loop written from eq. 6 of Yeh et al. 2021, against lightly,
+across two real processes, and under fp16/bf16 autocast."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dist_utils import run_in_processes
+from sslkit.losses.dcl import DCLLoss, dcl_loss
+from sslkit.losses.ntxent import ntxent_loss
+
+
+def dcl_reference(z1, z2, temperature, negatives=None, weights=None):
+    """DCL eq. 6 (mean over the 2N anchors), or one direction against a bank, as plain loops in float64."""
+    z1 = F.normalize(z1.double(), dim=1)
+    z2 = F.normalize(z2.double(), dim=1)
+    n = len(z1)
+    w = [1.0] * n if weights is None else weights
+    if negatives is not None:
+        bank = F.normalize(negatives.double(), dim=1)
+        losses = []
+        for i in range(n):
+            denominator = sum(torch.exp(z1[i] @ bank[j] / temperature) for j in range(len(bank)))
+            losses.append(-w[i] * (z1[i] @ z2[i]) / temperature + torch.log(denominator))
+        return torch.stack(losses).mean()
+    views = (z1, z2)
+    losses = []
+    for k in range(2):
+        for i in range(n):
+            anchor = views[k][i]
+            denominator = sum(
+                torch.exp(anchor @ views[l][j] / temperature) for l in range(2) for j in range(n) if j != i
+            )
+            losses.append(-w[i] * (z1[i] @ z2[i]) / temperature + torch.log(denominator))
+    return torch.stack(losses).mean()
+
+
+HALF_RTOL = {torch.float16: 5e-4, torch.bfloat16: 3e-3}
+
+
+def _value_and_grads(fn, z1, z2, **kwargs):
+    z1 = z1.clone().requires_grad_(True)
+    z2 = z2.clone().requires_grad_(True)
+    loss = fn(z1, z2, **kwargs)
+    loss.backward()
+    return loss.detach(), z1.grad, z2.grad
+
+
+@pytest.mark.parametrize("n,d", [(2, 3), (4, 8), (7, 16)])
+@pytest.mark.parametrize("temperature", [0.05, 0.2, 1.0])
+def test_matches_reference_value_and_gradient(n, d, temperature):
+    g = torch.Generator().manual_seed(n * 100 + d)
+    z1 = torch.randn(n, d, generator=g, dtype=torch.float64)
+    z2 = torch.randn(n, d, generator=g, dtype=torch.float64)
+    ours = _value_and_grads(dcl_loss, z1, z2, temperature=temperature)
+    ref = _value_and_grads(dcl_reference, z1, z2, temperature=temperature)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (6, 5)])
+def test_bank_matches_reference(n, k):
+    g = torch.Generator().manual_seed(k)
+    z1, z2 = torch.randn(2, n, 8, generator=g, dtype=torch.float64)
+    bank = torch.randn(k, 8, generator=g, dtype=torch.float64)
+    ours = _value_and_grads(dcl_loss, z1, z2, temperature=0.1, negatives=bank)
+    ref = _value_and_grads(dcl_reference, z1, z2, temperature=0.1, negatives=bank)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_positive_weight_scales_only_the_positive_term():
+    z1, z2 = torch.randn(2, 5, 8, dtype=torch.float64)
+    w = torch.tensor([0.5, 1.5, 1.0, 2.0, 0.0], dtype=torch.float64)
+    ours = _value_and_grads(dcl_loss, z1, z2, temperature=0.2, positive_weight=w)
+    ref = _value_and_grads(dcl_reference, z1, z2, temperature=0.2, weights=w.tolist())
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_identical_embeddings_give_log_2n_minus_2():
+    # Every similarity is 1: -1/T + log((2N - 2) e^{1/T}) = log(2N - 2).
+    z = torch.randn(1, 16).repeat(10, 1)
+    assert dcl_loss(z, z.clone(), temperature=0.3).item() == pytest.approx(math.log(2 * 10 - 2), rel=1e-5)
+
+
+def test_is_ntxent_without_the_positive_in_the_denominator():
+    # Per anchor, DCL = NT-Xent + log(1 - p_i), p_i the softmax probability of the positive; so DCL < NT-Xent.
+    z1, z2 = torch.randn(2, 6, 8, dtype=torch.float64)
+    z = F.normalize(torch.cat([z1, z2]), dim=1)
+    logits = z @ z.T / 0.2
+    logits.fill_diagonal_(float("-inf"))
+    p = logits.softmax(dim=1)[torch.arange(12), (torch.arange(12) + 6) % 12]
+    torch.testing.assert_close(dcl_loss(z1, z2, 0.2), ntxent_loss(z1, z2, 0.2) + torch.log1p(-p).mean())
+
+
+def test_symmetric_and_order_invariant():
+    z1, z2 = torch.randn(2, 12, 32, dtype=torch.float64)
+    perm = torch.randperm(12)
+    base = dcl_loss(z1, z2, 0.2)
+    torch.testing.assert_close(base, dcl_loss(z2, z1, 0.2))
+    torch.testing.assert_close(base, dcl_loss(z1[perm], z2[perm], 0.2))
+
+
+@pytest.mark.parametrize("temperature", [0.1, 0.5])
+def test_matches_lightly(temperature):
+    # lightly averages the two view directions, each a mean over N anchors: the same mean over 2N.
+    lightly_loss = pytest.importorskip("lightly.loss").DCLLoss
+    z1, z2 = torch.randn(2, 16, 32, dtype=torch.float64)
+    ours = _value_and_grads(dcl_loss, z1, z2, temperature=temperature)
+    theirs = _value_and_grads(lightly_loss(temperature=temperature), z1, z2)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("with_bank", [False, True])
+def test_half_precision_autocast_is_finite_and_close(dtype, with_bank):
+    z1, z2, bank = torch.randn(3, 64, 32)
+    bank = bank if with_bank else None
+    expected = dcl_loss(z1, z2, 0.05, negatives=bank)
+    halves = [z1.to(dtype).requires_grad_(True), z2.to(dtype).requires_grad_(True)]
+    with torch.autocast("cpu", dtype=dtype):
+        got = dcl_loss(*halves, 0.05, negatives=None if bank is None else bank.to(dtype))
+    assert got.dtype == torch.float32 and torch.isfinite(got)
+    # The only error left is the embeddings' own rounding to half precision: measured at most
+    # 5e-5 (fp16) and 3e-4 (bf16) relative over 20 random draws; the tolerance keeps a 10x margin.
+    torch.testing.assert_close(got, expected, rtol=HALF_RTOL[dtype], atol=0)
+    got.backward()
+    assert all(torch.isfinite(x.grad).all() for x in halves)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, float("nan"), float("inf")])
+def test_rejects_bad_temperature(bad):
+    with pytest.raises(ValueError, match="temperature"):
+        DCLLoss(temperature=bad)
+
+
+def test_rejects_bad_inputs():
+    loss_fn = DCLLoss()
+    with pytest.raises(ValueError, match="z1 and z2"):
+        loss_fn(torch.randn(4, 8), torch.randn(5, 8))
+    with pytest.raises(ValueError, match="z1 and z2"):
+        loss_fn(torch.randn(4, 8), torch.randn(4, 7))
+    with pytest.raises(ValueError, match="negatives"):
+        loss_fn(torch.randn(4, 8), torch.randn(4, 8), negatives=torch.randn(3, 7))
+    with pytest.raises(ValueError, match="negatives"):
+        loss_fn(torch.randn(4, 8), torch.randn(4, 8), negatives=torch.randn(0, 8))
+    # one image has no negative at all: the denominator would be empty
+    with pytest.raises(ValueError, match="at least 2"):
+        loss_fn(torch.randn(1, 8), torch.randn(1, 8))
+    with pytest.raises(ValueError, match="positive_weight"):
+        dcl_loss(torch.randn(4, 8), torch.randn(4, 8), positive_weight=torch.ones(3))
+
+
+def _two_process_dcl(rank, world, cases):
+    results = []
+    for z1, z2, negatives in cases:
+        n = z1.shape[0] // world
+        local1 = z1[rank * n:(rank + 1) * n].clone().requires_grad_(True)
+        local2 = z2[rank * n:(rank + 1) * n].clone().requires_grad_(True)
+        loss = DCLLoss(temperature=0.3)(local1, local2, negatives)
+        loss.backward()
+        results.append((loss.detach(), local1.grad, local2.grad))
+    return results
+
+
+def test_two_processes_match_one_process_on_whole_batch():
+    # n = 1 per process is valid: the negatives come from the other process.
+    bank = torch.randn(5, 16, dtype=torch.float64)
+    cases = [(*torch.randn(2, 2 * n, 16, dtype=torch.float64), negatives) for n in (1, 4) for negatives in (None, bank)]
+    results = run_in_processes(_two_process_dcl, cases)  # one spawn for all cases: it is the slow part
+    for c, (z1, z2, negatives) in enumerate(cases):
+        loss, g1, g2 = _value_and_grads(dcl_loss, z1, z2, temperature=0.3, negatives=negatives)
+        # Each process averages over its own anchors; the mean over processes is the global loss.
+        torch.testing.assert_close(torch.stack([r[c][0] for r in results]).mean(), loss)
+        # A process's gradient is world_size x the 1-process gradient of its slice.
+        torch.testing.assert_close(torch.cat([r[c][1] for r in results]) / 2, g1)
+        torch.testing.assert_close(torch.cat([r[c][2] for r in results]) / 2, g2)
