@@ -18,16 +18,25 @@ import inspect
 from torch import nn
 
 from sslkit.errors import UserError
+from sslkit.losses.dcl import DCLLoss, dcl_loss
+from sslkit.losses.dclw import DCLWLoss, dclw_loss
+from sslkit.losses.nce import NCELoss, nce_loss
 from sslkit.losses.ntxent import NTXentLoss, ntxent_loss
 
 LOSSES: dict[str, type[nn.Module]] = {
     "ntxent": NTXentLoss,
     "infonce": NTXentLoss,
+    "dcl": DCLLoss,
+    "dclw": DCLWLoss,
+    "nce": NCELoss,
 }
 
 KIND: dict[str, str] = {
     "ntxent": "two_view",
     "infonce": "two_view",
+    "dcl": "two_view",
+    "dclw": "two_view",
+    "nce": "two_view",
 }
 
 
@@ -69,4 +78,7 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> None:
         raise UserError(f"{source}: loss '{name}': {error}") from None
 
 
-__all__ = ["LOSSES", "KIND", "build", "check_loss_kwargs", "NTXentLoss", "ntxent_loss"]
+__all__ = [
+    "LOSSES", "KIND", "build", "check_loss_kwargs",
+    "NTXentLoss", "ntxent_loss", "DCLLoss", "dcl_loss", "DCLWLoss", "dclw_loss", "NCELoss", "nce_loss",
+]
