@@ -1,0 +1,63 @@
+"""tools/bench/losses.py --quick runs end to end in a subprocess and writes the JSON it promises.
+
+Only the shape of the report and the figures that do not depend on timing noise are checked
+(a smoke run's ratios at tiny sizes mean nothing).
+"""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCH = ["ntxent", "dcl", "supcon"]
+HEADS = ["arcface", "cosface", "sphereface", "proxy_nca", "proxy_anchor"]
+PAIRWISE = BATCH + ["contrastive", "triplet", "lifted", "npair", "angular", "soft_nn", "circle"]
+
+
+def _positive(x):
+    return isinstance(x, float) and math.isfinite(x) and x > 0
+
+
+@pytest.mark.slow
+def test_quick_run_writes_every_section(tmp_path):
+    out = tmp_path / "losses.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools/bench/losses.py"), "--quick", "--threads", "1", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "(a) batch losses" in proc.stdout
+    report = json.loads(out.read_text())
+
+    assert set(report) == {"meta", "batch_losses", "heads", "pairwise", "pml_ntxent"}
+    meta = report["meta"]
+    assert meta["quick"] is True and meta["threads"] == 1 and meta["dtype"] == "float32"
+    assert {"batch", "heads", "pairwise", "pml_ntxent_sizes"} <= set(meta["sizes"])
+    assert meta["memory_method"] != "not measured"
+
+    # Every loss has a row, measured or saying why not (files still landing are "not available").
+    assert [r["loss"] for r in report["batch_losses"]] == BATCH
+    assert [r["loss"] for r in report["heads"]] == HEADS
+    assert [r["loss"] for r in report["pairwise"]] == PAIRWISE
+    for row in report["batch_losses"] + report["heads"]:
+        if row["available"] and "errors" not in row:
+            assert all(_positive(row[k]) for k in ("sslkit_over_matmul3", "peer_over_matmul3", "sslkit_over_peer"))
+        else:
+            assert row.get("note") or row.get("errors")
+    for row in report["pairwise"]:
+        if "note" not in row:
+            assert _positive(row["over_matmul3"]) and row["peak_over_matrix"] >= 0
+
+    # Losses that exist in this repo are measured, and sslkit's NT-Xent equals lightly's.
+    ntxent = report["batch_losses"][0]
+    assert ntxent["available"] and ntxent["abs_value_diff_vs_peer"] < 1e-4
+    for row in report["heads"][3:]:
+        assert row["available"] and _positive(row["sslkit_over_peer"])
+    assert "note" not in report["pairwise"][0]
+
+    assert report["pml_ntxent"] and report["pml_ntxent"][0]["survived"]
+    assert report["pml_ntxent"][0]["pml_peak_over_matrix"] >= 0
