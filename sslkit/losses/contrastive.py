@@ -1,0 +1,144 @@
+"""Contrastive loss over every pair of the batch (Hadsell, Chopra, LeCun).
+
+References:
+    [0] Dimensionality Reduction by Learning an Invariant Mapping, Hadsell, Chopra, LeCun 2006,
+        http://yann.lecun.com/exdb/publis/pdf/hadsell-chopra-lecun-06.pdf (eq. 4; no arXiv version)
+    [1] pytorch-metric-learning ``ContrastiveLoss``,
+        https://kevinmusgrave.github.io/pytorch-metric-learning/losses/#contrastiveloss
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sslkit.losses._common import (
+    check_embeddings_labels,
+    check_nonnegative,
+    full_precision,
+    gather_labelled,
+    mean_over_processes,
+    pairwise_distance,
+    upcast,
+)
+
+
+def contrastive_loss(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor | None,
+    pos_margin: float = 0.0,
+    neg_margin: float = 1.0,
+    squared: bool = True,
+    normalize: bool = True,
+    gather_distributed: bool = True,
+) -> torch.Tensor:
+    """Contrastive loss averaged over every ordered pair ``(i, j)``, ``i != j``, of the batch.
+
+    With ``y_ij = 1`` when ``i`` and ``j`` share a label, ``d_ij = ||x_i - x_j||_2`` and
+    ``squared=True`` ([0], eq. 4, without its factor 1/2, which only rescales the loss)::
+
+        l_ij = y_ij max(0, d_ij - m_pos)^2 + (1 - y_ij) max(0, m_neg - d_ij)^2
+        loss = 1 / (N (N - 1)) sum_{i != j} l_ij
+
+    ``m_pos = 0`` is the paper's form (``y d^2``). ``squared=False`` drops the squares, which is
+    pytorch-metric-learning's form [1]. Each unordered pair appears twice with the same term,
+    so this is also the mean over unordered pairs. Every pair counts, including those already
+    beyond the margin (they add 0): that is the paper's sum over pairs. pytorch-metric-learning
+    instead averages by default over the *non-zero* positive terms and, separately, over the
+    non-zero negative terms, then adds the two; with ``reducer=SumReducer()`` its sum divided
+    by ``N (N - 1)`` is this loss.
+
+    ``x`` is L2-normalised first when ``normalize`` (so ``d`` lies in [0, 2] and ``m_neg = 1``
+    is a meaningful default); the paper uses raw outputs. Across processes each process
+    takes its local samples as ``i`` and every process's samples as ``j``.
+
+    Shape:
+        embeddings: (N, D), any float dtype; labels: (N,) integer class ids.
+        returns: scalar (0 for a batch of one sample).
+    """
+    check_embeddings_labels(embeddings, labels)
+    with full_precision(embeddings.device):
+        x = upcast(embeddings)
+        if normalize:
+            x = F.normalize(x, dim=1)
+        candidates, candidate_labels, offset = gather_labelled(x, labels, gather_distributed)
+        n = x.shape[0]
+        dist = pairwise_distance(x, candidates)  # (n, N)
+        same = labels[:, None] == candidate_labels[None, :]  # (n, N)
+        not_self = torch.ones_like(same)
+        not_self[torch.arange(n, device=x.device), torch.arange(n, device=x.device) + offset] = False
+
+        pos = (dist - pos_margin).clamp_min(0.0)
+        neg = (neg_margin - dist).clamp_min(0.0)
+        if squared:
+            pos, neg = pos.square(), neg.square()
+        per_pair = torch.where(same, pos, neg)  # (n, N)
+        # where, not multiply: the self-distance is not a real pair and must give no gradient.
+        total = torch.where(not_self, per_pair, torch.zeros_like(per_pair)).sum()
+        return mean_over_processes(total, not_self.sum(), gather_distributed)
+
+
+class ContrastiveLoss(nn.Module):
+    """Contrastive loss of Hadsell, Chopra and LeCun [0] over all pairs of a labelled batch.
+
+    Pulls same-label pairs within ``pos_margin`` of each other and pushes different-label
+    pairs at least ``neg_margin`` apart; see :func:`contrastive_loss` for the exact form and
+    the reduction (mean over all ordered pairs).
+
+    Args:
+        pos_margin: m_pos >= 0; same-label pairs closer than this cost nothing (paper: 0).
+        neg_margin: m_neg > pos_margin; different-label pairs farther than this cost nothing.
+            1.0 on L2-normalised embeddings (distances in [0, 2]), as pytorch-metric-learning.
+        squared: square each pair's term (the paper's eq. 4). ``False`` gives
+            pytorch-metric-learning's unsquared ``ContrastiveLoss``.
+        normalize: L2-normalise the embeddings before measuring distances.
+        gather_distributed: across processes, compare local samples with every process's
+            samples (see :mod:`sslkit.distributed`).
+
+    Shape:
+        embeddings: (N, D); labels: (N,) integer; returns a scalar.
+
+    >>> loss_fn = ContrastiveLoss(neg_margin=1.0)
+    >>> embeddings, labels = torch.randn(8, 16), torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    >>> loss_fn(embeddings, labels).shape
+    torch.Size([])
+    """
+
+    def __init__(
+        self,
+        pos_margin: float = 0.0,
+        neg_margin: float = 1.0,
+        squared: bool = True,
+        normalize: bool = True,
+        gather_distributed: bool = True,
+    ) -> None:
+        super().__init__()
+        self.pos_margin = check_nonnegative(pos_margin, "pos_margin")
+        self.neg_margin = check_nonnegative(neg_margin, "neg_margin")
+        if not self.neg_margin > self.pos_margin:
+            raise ValueError(
+                f"neg_margin must be greater than pos_margin (different-label pairs are pushed beyond "
+                f"neg_margin, same-label pairs pulled within pos_margin), got neg_margin={self.neg_margin}, "
+                f"pos_margin={self.pos_margin}"
+            )
+        self.squared = squared
+        self.normalize = normalize
+        self.gather_distributed = gather_distributed
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        return contrastive_loss(
+            embeddings,
+            labels,
+            self.pos_margin,
+            self.neg_margin,
+            self.squared,
+            self.normalize,
+            self.gather_distributed,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"pos_margin={self.pos_margin}, neg_margin={self.neg_margin}, squared={self.squared}, "
+            f"normalize={self.normalize}, gather_distributed={self.gather_distributed}"
+        )

@@ -1,0 +1,129 @@
+"""Lifted structured loss: each positive pair against every negative of either of its ends.
+
+References:
+    [0] Deep Metric Learning via Lifted Structured Feature Embedding, Song, Xiang, Jegelka,
+        Savarese 2016, https://arxiv.org/abs/1511.06452 (eq. 4)
+    [1] pytorch-metric-learning ``LiftedStructureLoss``,
+        https://kevinmusgrave.github.io/pytorch-metric-learning/losses/#liftedstructureloss
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sslkit import distributed
+from sslkit.losses._common import (
+    check_embeddings_labels,
+    check_nonnegative,
+    full_precision,
+    gather_labelled,
+    mean_over_processes,
+    pairwise_distance,
+    upcast,
+)
+
+
+def lifted_structure_loss(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor | None,
+    margin: float = 1.0,
+    normalize: bool = True,
+    gather_distributed: bool = True,
+) -> torch.Tensor:
+    """Smooth lifted structured loss, eq. 4 of [0].
+
+    For the set P of positive pairs ``(i, j)`` (same label, ``i != j``), with
+    ``d`` the (non-squared) Euclidean distance and ``neg(i)`` the samples whose label differs
+    from ``i``'s::
+
+        J_ij = log( sum_{k in neg(i)} exp(m - d_ik) + sum_{l in neg(j)} exp(m - d_jl) ) + d_ij
+        loss = 1 / (2 |P|) sum_{(i, j) in P} max(0, J_ij)^2
+
+    The log of the sum is a logsumexp of the two per-sample logsumexps, so nothing is
+    exponentiated directly. ``J_ij`` is symmetric, so reading P as ordered or unordered pairs
+    gives the same loss; here it holds ordered pairs. A pair whose two ends have no negative
+    at all (a batch of one class) has ``J_ij = -inf`` and adds 0; a batch without positive
+    pairs gives 0.
+
+    Embeddings are L2-normalised first when ``normalize``; the paper leaves this open, and
+    pytorch-metric-learning's default distance (``LpDistance(normalize_embeddings=True)``) does
+    it. pytorch-metric-learning's ``LiftedStructureLoss(neg_margin=m, pos_margin=0)`` [1]
+    implements this same eq. 4 (its mean over ordered pairs of ``max(0, J)^2 / 2`` is the
+    ``1 / (2|P|)`` above); the tests compare against it.
+
+    Across processes: a local anchor ``i`` pairs with positives ``j`` from every process, and
+    ``j``'s negative sum comes from the process that holds ``j`` (each process computes the
+    sums of its own samples and gathers them with gradient), so no process builds the full
+    (N, N) distance matrix.
+
+    Shape:
+        embeddings: (N, D), any float dtype; labels: (N,) integer class ids.
+        returns: scalar.
+    """
+    check_embeddings_labels(embeddings, labels)
+    with full_precision(embeddings.device):
+        x = upcast(embeddings)
+        if normalize:
+            x = F.normalize(x, dim=1)
+        candidates, candidate_labels, offset = gather_labelled(x, labels, gather_distributed)
+        n = x.shape[0]
+        dist = pairwise_distance(x, candidates)  # (n, N)
+        same = labels[:, None] == candidate_labels[None, :]  # (n, N)
+        positive = same.clone()
+        local = torch.arange(n, device=x.device)
+        positive[local, local + offset] = False
+        negative = ~same
+
+        # log sum_{k in neg(i)} exp(m - d_ik) for each local i. A row without negatives would be a
+        # logsumexp over only -inf, whose gradient is NaN: give it finite logits, then overwrite.
+        has_negative = negative.any(dim=1, keepdim=True)  # (n, 1)
+        logits = (margin - dist).masked_fill(~negative, float("-inf"))  # (n, N)
+        logits = torch.where(has_negative, logits, torch.zeros_like(logits))
+        # The most negative finite number stands for log(0): logaddexp(-inf, -inf) has a NaN
+        # gradient, this gives J far below 0, so the hinge is 0 with a zero gradient.
+        log_zero = torch.finfo(x.dtype).min
+        negative_lse = torch.where(has_negative[:, 0], logits.logsumexp(dim=1), torch.full_like(dist[:, 0], log_zero))
+        if gather_distributed and distributed.is_distributed():
+            candidate_lse = distributed.gather_with_grad(negative_lse)  # (N,)
+        else:
+            candidate_lse = negative_lse  # (N,)
+
+        j = torch.logaddexp(negative_lse[:, None], candidate_lse[None, :]) + dist  # (n, N)
+        per_pair = torch.where(positive, j.clamp_min(0.0).square(), torch.zeros_like(j))
+        return mean_over_processes(per_pair.sum() / 2, positive.sum(), gather_distributed)
+
+
+class LiftedStructureLoss(nn.Module):
+    """Lifted structured loss of Song et al. [0] (the smooth form, eq. 4).
+
+    Every positive pair is pushed to be ``margin`` closer than the closest (softly: logsumexp)
+    negative of either of its two samples. See :func:`lifted_structure_loss`.
+
+    Args:
+        margin: m >= 0 (``alpha`` in [0]); 1.0 as pytorch-metric-learning's ``neg_margin``.
+        normalize: L2-normalise the embeddings first.
+        gather_distributed: across processes, pair local samples with every process's
+            samples (see :mod:`sslkit.distributed`).
+
+    Shape:
+        embeddings: (N, D); labels: (N,) integer; returns a scalar.
+
+    >>> loss_fn = LiftedStructureLoss(margin=1.0)
+    >>> embeddings, labels = torch.randn(8, 16), torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    >>> loss_fn(embeddings, labels).shape
+    torch.Size([])
+    """
+
+    def __init__(self, margin: float = 1.0, normalize: bool = True, gather_distributed: bool = True) -> None:
+        super().__init__()
+        self.margin = check_nonnegative(margin, "margin")
+        self.normalize = normalize
+        self.gather_distributed = gather_distributed
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        return lifted_structure_loss(embeddings, labels, self.margin, self.normalize, self.gather_distributed)
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}, normalize={self.normalize}, gather_distributed={self.gather_distributed}"
