@@ -1,0 +1,350 @@
+"""Two-view SimCLR augmentation of whole uint8 batches, on the device the batch is on.
+
+Images reach the accelerator as uint8 and are augmented there with per-sample random
+parameters (kornia), so data-loader workers only decode and collate. Per view, in order
+(SimCLR [0] appendix A, BYOL [1] table 6 for the asymmetric blur and solarize)::
+
+    uint8 -> float in [0, 1]
+    RandomResizedCrop(S, scale, ratio)        may upsample small images (8x8 digits -> 16)
+    horizontal flip                           p = hflip_p
+    ColorJitter(brightness, contrast,
+                saturation, hue)              p = jitter_p, the four steps in random order
+    RandomGrayscale                           p = grayscale_p
+    GaussianBlur(kernel, sigma)               p = blur_p      (view 2: blur_p_view2)
+    Solarize(threshold 0.5)                   p = solarize_p  (view 2: solarize_p_view2)
+    Normalize(mean, std)                      if normalize
+
+Why it is fast (``tools/bench/augment.py`` measures it against per-image torchvision and a
+plain sequence of kornia modules):
+
+- Both views are one pipeline over the (2B, ...) batch: every probability that differs between
+  the views is a per-sample probability, so no op runs twice for the two views.
+- Each random op runs only on the samples its coin selects (a gather, the kornia op at p=1,
+  a scatter). kornia itself computes a gated op on the whole batch and blends with
+  ``torch.where``, which at ``grayscale_p=0.2`` is five times the work. The coins are drawn on
+  the CPU, so selecting samples never waits for the device. Ops with p=0 are not built.
+- The crop is one batched ``torchvision.ops.roi_align`` call on boxes that kornia's
+  ``ResizedCropGenerator`` draws (torchvision's RandomResizedCrop sampling). kornia's own crop
+  either resizes image by image in a Python loop (``cropping_mode="slice"``) or warps without
+  antialiasing (``"resample"``, and slower on CPU); ``roi_align`` averages
+  ``ceil(crop / S)`` samples per output pixel, so shrinking a large crop does not alias, and it
+  reads both views' crops from the one float copy of the batch.
+- Everything runs under ``torch.no_grad`` (not ``inference_mode``: inference tensors cannot be
+  saved for the encoder's backward pass).
+
+Differences from torchvision's per-image pipeline, on purpose:
+
+- ColorJitter's random order of the four steps is drawn once per call (kornia), so every image
+  of a batch shares it; each image still sees every order with the same probability, as with
+  torchvision, and the factors are drawn per image.
+- Grayscale data (C = 1) stays one channel (``out_channels == 1``): saturation, hue and
+  grayscale are the identity on a grey image, so they are skipped rather than computed on three
+  copies of it; brightness and contrast apply as usual. The encoder is built with
+  ``out_channels`` input channels.
+
+References:
+    [0] SimCLR, Chen et al. 2020, https://arxiv.org/abs/2002.05709 (appendix A)
+    [1] BYOL, Grill et al. 2020, https://arxiv.org/abs/2006.07733 (table 6)
+
+>>> augment = TwoViewAugment(AugmentConfig(image_size=16), channels=1, mean=(0.3,), std=(0.3,))
+>>> view1, view2 = augment(torch.zeros(4, 1, 8, 8, dtype=torch.uint8))
+>>> view1.shape, view2.dtype
+(torch.Size([4, 1, 16, 16]), torch.float32)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import kornia.augmentation as K
+import torch
+import torch.nn.functional as F
+from kornia.augmentation.random_generator import ColorJitterGenerator, ResizedCropGenerator
+from torch import nn
+from torchvision.ops import roi_align
+
+from sslkit.config import AugmentConfig
+
+SUPPORTED_CHANNELS = (1, 3)
+
+
+def kernel_size_for(image_size: int) -> int:
+    """SimCLR's blur kernel: the odd integer nearest to 10% of the image side, at least 3.
+
+    224 -> 23 (as in SimCLR), 96 -> 9, 64 -> 7, 32 -> 3, 16 -> 3.
+    """
+    nearest_odd = 2 * math.floor((0.1 * image_size - 1) / 2 + 0.5) + 1
+    return max(3, nearest_odd)
+
+
+def _check_channels(channels: int, mean: Sequence[float], std: Sequence[float], normalize: bool) -> None:
+    if channels not in SUPPORTED_CHANNELS:
+        raise ValueError(f"channels must be 1 (grey) or 3 (RGB), got {channels}")
+    if normalize:
+        if len(mean) != channels or len(std) != channels:
+            raise ValueError(f"mean and std need one value per channel ({channels}), got mean={tuple(mean)}, std={tuple(std)}")
+        if min(std) <= 0:
+            raise ValueError(f"std must be > 0 in every channel, got {tuple(std)}")
+
+
+def _check_images(images: torch.Tensor, channels: int) -> None:
+    if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != channels:
+        raise ValueError(
+            f"expected a uint8 batch of shape (B, {channels}, H, W), got {images.dtype} of shape {tuple(images.shape)}"
+        )
+
+
+def _to_unit_float(images: torch.Tensor) -> torch.Tensor:
+    return images.to(torch.float32).div_(255.0)
+
+
+# torchvision's luma weights (``rgb_to_grayscale``), so the colour steps match it to rounding.
+_LUMA = (0.2989, 0.587, 0.114)
+
+
+def _luma(images: torch.Tensor) -> torch.Tensor:
+    red, green, blue = images.unbind(1)
+    return (_LUMA[0] * red + _LUMA[1] * green + _LUMA[2] * blue).unsqueeze(1)  # (N, 1, H, W)
+
+
+def _per_sample(factor: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+    return factor.to(images.device, images.dtype, non_blocking=True).view(-1, 1, 1, 1)  # (N, 1, 1, 1)
+
+
+def adjust_brightness(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """torchvision's brightness: ``clamp(x * f)``. Shape: images (N, C, H, W); factor (N,)."""
+    return (images * _per_sample(factor, images)).clamp_(0.0, 1.0)
+
+
+def adjust_contrast(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """torchvision's contrast: blend with the mean luma of each image. Shape: images (N, C, H, W); factor (N,)."""
+    grey = _luma(images) if images.shape[1] == 3 else images
+    mean = grey.mean(dim=(1, 2, 3), keepdim=True)  # (N, 1, 1, 1)
+    return torch.lerp(mean, images, _per_sample(factor, images)).clamp_(0.0, 1.0)
+
+
+def adjust_saturation(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """torchvision's saturation: blend with the luma image. Shape: images (N, 3, H, W); factor (N,)."""
+    return torch.lerp(_luma(images), images, _per_sample(factor, images)).clamp_(0.0, 1.0)
+
+
+def adjust_hue(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """torchvision's hue: rotate the HSV hue of image i by ``factor[i]`` turns of the colour circle.
+
+    A hue rotation keeps each pixel's max ``M`` and min ``m``. With ``C = M - m`` and the hue
+    ``h`` in sextants, HSV -> RGB is ``channel_n = M - C * clamp(min(k, 4 - k), 0, 1)`` with
+    ``k = (n + h) mod 6`` and n = 5, 3, 1 for R, G, B, so no HSV image is built.
+
+    Shape:
+        images: (N, 3, H, W) in [0, 1]; factor: (N,) in [-0.5, 0.5]; returns (N, 3, H, W).
+    """
+    red, green, blue = images.unbind(1)  # (N, H, W) each
+    top = images.amax(1)
+    chroma = top - images.amin(1)
+    # Hue in sextants, in [-1, 5): the channel holding the max picks the sector, red first on
+    # ties, as in torchvision's RGB -> HSV. Blended with 0/1 masks: torch.where measured ten
+    # times slower than lerp on a CPU. A grey pixel (chroma 0) gets hue 0 and comes out as M.
+    hue = torch.lerp(torch.add(red - green, chroma, alpha=4), torch.add(blue - red, chroma, alpha=2), (top == green).to(images.dtype))
+    hue = torch.lerp(hue, green - blue, (top == red).to(images.dtype))
+    hue = hue.div_(chroma.clamp_min(1e-12)).add_(6 * _per_sample(factor, images).view(-1, 1, 1))
+    out = torch.empty_like(images)
+    for channel, offset in enumerate((5.0, 3.0, 1.0)):
+        k = torch.remainder(hue + offset, 6.0)
+        weight = torch.minimum(k, 4.0 - k).clamp_(0.0, 1.0)
+        torch.addcmul(top, chroma, weight, value=-1, out=out[:, channel])
+    return out
+
+
+class ColorJitter(nn.Module):
+    """torchvision's ColorJitter on a batch, with per-sample factors.
+
+    kornia's ``ColorJitterGenerator`` draws the factors (brightness, contrast and saturation in
+    ``[max(0, 1 - x), 1 + x]``, hue in ``[-x, x]`` turns) and the order of the four steps; the
+    steps are torchvision's formulas (:func:`adjust_brightness`, :func:`adjust_contrast`,
+    :func:`adjust_saturation`, :func:`adjust_hue`), tested against
+    ``torchvision.transforms.v2.functional`` image by image. As in kornia, the order is drawn
+    once per call (torchvision draws it per image): each image still sees every order with the
+    same probability. A step whose strength is 0 is not run, so brightness and contrast alone
+    work on one-channel images.
+
+    Why the steps are written here rather than taken from ``kornia.augmentation.ColorJitter``:
+    colour jitter is most of the augmentation's time on a CPU, and kornia's (same draw, same
+    formulas) measured 2.2x slower on 512 32x32 images: its hue step converts to HSV and back
+    through a dozen full-size intermediates, and it clamps and copies the batch between steps.
+
+    Shape:
+        images: (N, C, H, W) in [0, 1], C = 3 when saturation or hue is set; returns the same shape.
+    """
+
+    def __init__(self, brightness: float = 0.0, contrast: float = 0.0, saturation: float = 0.0, hue: float = 0.0) -> None:
+        super().__init__()
+        self.draw = ColorJitterGenerator(brightness, contrast, saturation, hue)
+        self.draw.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
+        steps = (
+            ("brightness_factor", brightness, adjust_brightness),
+            ("contrast_factor", contrast, adjust_contrast),
+            ("saturation_factor", saturation, adjust_saturation),
+            ("hue_factor", hue, adjust_hue),
+        )
+        # Indexed as kornia's ``order``: 0 brightness, 1 contrast, 2 saturation, 3 hue; None: not run.
+        self.steps = [(key, adjust) if strength > 0 else None for key, strength, adjust in steps]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        params = self.draw(images.shape)
+        for index in params["order"].tolist():
+            if self.steps[index] is not None:
+                key, adjust = self.steps[index]
+                images = adjust(images, params[key])
+        return images
+
+    def extra_repr(self) -> str:
+        return repr(self.draw)
+
+
+def _apply_to_some(op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, probability: torch.Tensor) -> torch.Tensor:
+    """Apply ``op`` to the samples a coin with per-sample ``probability`` selects; keep the rest.
+
+    The coins and indices live on the CPU and travel to ``x``'s device without a sync.
+
+    Shape:
+        x: (N, C, H, W); probability: (N,) on the CPU; returns (N, C, H, W).
+    """
+    chosen = (torch.rand(probability.shape) < probability).nonzero().squeeze(1)  # (n,)
+    if chosen.numel() == 0:
+        return x
+    if chosen.numel() == x.shape[0]:
+        return op(x)
+    index = chosen.to(x.device, non_blocking=True)
+    # In place: x is always this pipeline's own intermediate, never the caller's tensor.
+    return x.index_copy_(0, index, op(x.index_select(0, index)))
+
+
+class TwoViewAugment(nn.Module):
+    """Two independently augmented views of a uint8 batch (the SimCLR set, see the module doc).
+
+    Args:
+        cfg: the recipe's augmentation section.
+        channels: input channels, 1 (grey) or 3 (RGB).
+        mean, std: the dataset's per-channel statistics in [0, 1] units (used if
+            ``cfg.normalize``).
+
+    Attributes:
+        out_channels: channels of each view, equal to ``channels`` (see the module doc).
+
+    Shape:
+        images: (B, C, H, W) uint8 on any device.
+        returns: two (B, C, S, S) float32 tensors on the same device, S = ``cfg.image_size``.
+    """
+
+    def __init__(self, cfg: AugmentConfig, channels: int, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        _check_channels(channels, mean, std, cfg.normalize)
+        self.cfg = cfg
+        self.channels = channels
+        self.out_channels = channels
+        size = cfg.image_size
+        self.crop_boxes = ResizedCropGenerator((size, size), scale=tuple(cfg.crop_scale), ratio=tuple(cfg.crop_ratio))
+        self.crop_boxes.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
+
+        rgb = channels == 3
+        # Each step: (name, kornia op at p=1, probability for view 1, for view 2).
+        steps: list[tuple[str, nn.Module, float, float]] = []
+
+        def add(name: str, op: nn.Module, p1: float, p2: float | None = None) -> None:
+            p2 = p1 if p2 is None else p2
+            if p1 > 0 or p2 > 0:
+                steps.append((name, op, p1, p2))
+
+        add("hflip", K.RandomHorizontalFlip(p=1.0), cfg.hflip_p)
+        saturation, hue = (cfg.saturation, cfg.hue) if rgb else (0.0, 0.0)
+        if any(f > 0 for f in (cfg.brightness, cfg.contrast, saturation, hue)):
+            add("jitter", ColorJitter(cfg.brightness, cfg.contrast, saturation, hue), cfg.jitter_p)
+        if rgb:
+            add("grayscale", K.RandomGrayscale(p=1.0), cfg.grayscale_p)
+        kernel = cfg.blur_kernel or kernel_size_for(size)
+        add("blur", K.RandomGaussianBlur(kernel, tuple(cfg.blur_sigma), p=1.0), cfg.blur_p, cfg.blur_p_view2)
+        # thresholds=0, additions=0: a fixed threshold at 0.5 and nothing added, as in BYOL.
+        add("solarize", K.RandomSolarize(thresholds=0.0, additions=0.0, p=1.0), cfg.solarize_p, cfg.solarize_p_view2)
+
+        self.step_names = [name for name, *_ in steps]
+        self.steps = nn.ModuleList(op for _, op, _, _ in steps)
+        self.step_probabilities = [(p1, p2) for *_, p1, p2 in steps]
+        self.normalize = K.Normalize(torch.tensor(mean), torch.tensor(std)) if cfg.normalize else None
+
+    def _apply(self, fn, *args, **kwargs):
+        # Keep every random draw on the CPU when the module moves to an accelerator (kornia's
+        # modules would follow it): one RNG stream whatever the device, so runs reproduce across
+        # devices and resume exactly, and kornia's Python-level checks on drawn factors (such as
+        # ColorJitter's ``.any()`` guards and its ``order.tolist()``) never wait for the device.
+        # The draws are a few small tensors a step; the images stay on the device.
+        module = super()._apply(fn, *args, **kwargs)
+        for child in self.modules():
+            if child is not self and hasattr(child, "set_rng_device_and_dtype"):
+                child.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
+        return module
+
+    def _crop(self, x: torch.Tensor) -> torch.Tensor:
+        """Both views' random resized crops of ``x`` in one ``roi_align`` call.
+
+        Shape:
+            x: (B, C, H, W) float; returns (2B, C, S, S), view 1 first.
+        """
+        batch, size = x.shape[0], self.cfg.image_size
+        corners = self.crop_boxes((2 * batch, *x.shape[1:]))["src"]  # (2B, 4, 2): inclusive pixel corners (x, y)
+        # Inclusive pixel indices -> continuous coordinates: the crop [x0, x1] covers [x0, x1 + 1).
+        boxes = torch.cat([corners[:, 0], corners[:, 2] + 1], dim=1)  # (2B, 4): x0, y0, x1 + 1, y1 + 1
+        image_index = torch.arange(batch, dtype=boxes.dtype).repeat(2)[:, None]  # (2B, 1): both views crop image i
+        rois = torch.cat([image_index, boxes], dim=1).to(x.device, non_blocking=True)  # (2B, 5)
+        # aligned=True puts pixel centres at +0.5 (as F.interpolate with align_corners=False);
+        # sampling_ratio=-1 averages ceil(crop / S) bilinear samples per output pixel.
+        return roi_align(x, rois, (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_images(images, self.channels)
+        batch = images.shape[0]
+        x = self._crop(_to_unit_float(images))  # (2B, C, S, S)
+        for op, (p1, p2) in zip(self.steps, self.step_probabilities):
+            probability = torch.cat([torch.full((batch,), p1), torch.full((batch,), p2)])  # (2B,)
+            x = _apply_to_some(op, x, probability)
+        if self.normalize is not None:
+            x = self.normalize(x)
+        return x[:batch], x[batch:]
+
+    def extra_repr(self) -> str:
+        probabilities = ", ".join(f"{name} {p1}/{p2}" for name, (p1, p2) in zip(self.step_names, self.step_probabilities))
+        return f"out_channels={self.out_channels}, p view 1/view 2: {probabilities or 'none'}"
+
+
+class EvalTransform(nn.Module):
+    """Deterministic counterpart of :class:`TwoViewAugment` for kNN and linear evaluation.
+
+    Resizes the whole image to S x S (bilinear, antialiased when shrinking), keeps the channel
+    count as :class:`TwoViewAugment` does, and normalises.
+
+    Shape:
+        images: (B, C, H, W) uint8; returns (B, C, S, S) float32 on the same device.
+    """
+
+    def __init__(
+        self, image_size: int, channels: int, mean: Sequence[float], std: Sequence[float], normalize: bool = True
+    ) -> None:
+        super().__init__()
+        _check_channels(channels, mean, std, normalize)
+        self.image_size = image_size
+        self.channels = channels
+        self.out_channels = channels
+        self.normalize = K.Normalize(torch.tensor(mean), torch.tensor(std)) if normalize else None
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        _check_images(images, self.channels)
+        x = _to_unit_float(images)
+        size = self.image_size
+        if x.shape[-2:] != (size, size):
+            shrinking = size < max(x.shape[-2:])
+            x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=shrinking)
+        if self.normalize is not None:
+            x = self.normalize(x)
+        return x
