@@ -16,19 +16,33 @@ from sslkit.losses._common import check_in_range, check_positive, full_precision
 from sslkit.losses.head import Head
 
 
-def _log1p_sum_exp(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
-    """``log(1 + sum_{mask} exp(x))`` along ``dim``, finite (0) and differentiable for an empty mask.
+def _log1p_sum_exp(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``log(1 + sum exp(x))`` along ``dim``; ``-inf`` entries are left out of the sum.
 
-    This is ``softplus(logsumexp(x[mask]))`` written as one logsumexp over ``{0} U x[mask]``:
-    shifting by ``m = max(0, max x[mask])`` keeps every exponent <= 0, and the ``exp(-m)`` term
-    (the "1") keeps the sum > 0, so an empty set gives log(1) = 0 with a zero gradient instead
+    This is ``softplus(logsumexp(x))`` written as one logsumexp over ``{0} U x``: shifting by
+    ``m = max(0, max x)`` keeps every exponent <= 0, and the ``exp(-m)`` term (the "1") keeps
+    the sum > 0, so a set with no finite entry gives log(1) = 0 with a zero gradient instead
     of ``softplus(-inf)``, whose backward through logsumexp is ``0 * nan``.
     """
-    x = x.masked_fill(~mask, float("-inf"))
     # The result does not depend on the shift, so it carries no gradient.
     m = x.amax(dim=dim, keepdim=True).clamp_min(0.0).detach()
-    total = torch.exp(-m).squeeze(dim) + torch.exp(x - m).sum(dim=dim)
+    total = torch.exp(-m).squeeze(dim) + (x - m).exp_().sum(dim=dim)
     return torch.log(total) + m.squeeze(dim)
+
+
+def _log1p_sum_exp_by_class(v: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``log(1 + sum_{i: labels_i = c} exp(v_i))`` for every class c, 0 for an absent class.
+
+    The same shifted form as :func:`_log1p_sum_exp`, with the max and the sum taken per class
+    by scatter instead of over a masked (N, C) matrix.
+
+    Shape:
+        v: (N,); labels: (N,); returns (C,).
+    """
+    # include_self with zeros: the shift is max(0, max of the class), as above.
+    m = v.new_zeros(num_classes).scatter_reduce(0, labels, v.detach(), reduce="amax", include_self=True)  # (C,)
+    total = torch.exp(-m).index_add(0, labels, torch.exp(v - m[labels]))  # (C,)
+    return torch.log(total) + m
 
 
 def proxy_anchor_logits(embeddings: torch.Tensor, proxies: torch.Tensor) -> torch.Tensor:
@@ -38,8 +52,14 @@ def proxy_anchor_logits(embeddings: torch.Tensor, proxies: torch.Tensor) -> torc
         embeddings: (N, D); proxies: (C, D); returns (N, C).
     """
     with full_precision(embeddings.device):
-        dtype = torch.promote_types(upcast(embeddings).dtype, upcast(proxies).dtype)
-        return F.normalize(embeddings.to(dtype), dim=1) @ F.normalize(proxies.to(dtype), dim=1).T
+        x, p = _unit_pair(embeddings, proxies)
+        return x @ p.T
+
+
+def _unit_pair(embeddings: torch.Tensor, proxies: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """L2-normalised embeddings and proxies in one common float dtype (fp32 at least)."""
+    dtype = torch.promote_types(upcast(embeddings).dtype, upcast(proxies).dtype)
+    return F.normalize(embeddings.to(dtype), dim=1), F.normalize(proxies.to(dtype), dim=1)
 
 
 def proxy_anchor_loss(
@@ -56,24 +76,30 @@ def proxy_anchor_loss(
 
     ``s`` is the cosine similarity, ``P`` all C proxies, ``P+`` the proxies of the classes
     present in the batch, ``X_p+`` the batch embeddings of p's class and ``X_p-`` the others.
-    Each ``log(1 + sum exp(a))`` is ``softplus(LSE(a))``, computed as one
-    logsumexp over ``{0} U a`` so it is exact, finite, and 0 for an empty set (a class absent
-    from the batch, or a batch holding a single class). The two divisors are those of eq. 4
-    and of the official code: ``|P+|`` for the positive term, all ``C`` for the negative one.
+    Each ``log(1 + sum exp(a))`` is ``softplus(LSE(a))``, computed as one logsumexp over
+    ``{0} U a`` so it is exact, finite, and 0 for an empty set (a class absent from the batch,
+    or a batch holding a single class). The two divisors are those of eq. 4 and of the
+    official code: ``|P+|`` for the positive term, all ``C`` for the negative one.
 
     Shape:
         embeddings: (N, D), any float dtype; labels: (N,) integers in [0, C);
         proxies: (C, D), one row per class; returns a scalar.
     """
     labels = labels.long()
+    num_classes = proxies.shape[0]
     with full_precision(embeddings.device):
-        cos = proxy_anchor_logits(embeddings, proxies)  # (N, C)
-        positive = F.one_hot(labels, proxies.shape[0]).bool()  # (N, C)
-        pos_term = _log1p_sum_exp(-alpha * (cos - delta), positive, dim=0)  # (C,), 0 where absent
-        neg_term = _log1p_sum_exp(alpha * (cos + delta), ~positive, dim=0)  # (C,)
+        x, p = _unit_pair(embeddings, proxies)
+        # Positive pairs are (sample, its own class's proxy): N of them, not N x C, so the
+        # positive term is a per-class reduction over N values.
+        positive_cos = (x * p[labels]).sum(dim=1)  # (N,)
+        pos_term = _log1p_sum_exp_by_class(-alpha * (positive_cos - delta), labels, num_classes)  # (C,)
+        # Every other pair is negative: one (N, C) pass with the N positive pairs set to -inf.
+        # In place is safe: neither the add, the scalar multiply nor the scatter needs its input.
+        negative = (x @ p.T).add_(delta).mul_(alpha).scatter_(1, labels[:, None], float("-inf"))  # (N, C)
+        neg_term = _log1p_sum_exp(negative, dim=0)  # (C,)
         # max(1, .) only matters for an empty batch, where both sums are 0 anyway.
-        num_present = positive.any(dim=0).sum().clamp_min(1)
-        return pos_term.sum() / num_present + neg_term.sum() / proxies.shape[0]
+        num_present = (torch.bincount(labels, minlength=num_classes) > 0).sum().clamp_min(1)
+        return pos_term.sum() / num_present + neg_term.sum() / num_classes
 
 
 class ProxyAnchorHead(Head):

@@ -64,13 +64,17 @@ def proxy_nca_loss(
     """
     labels = labels.long()
     with full_precision(embeddings.device):
-        logits = proxy_nca_logits(embeddings, proxies, scale)  # (N, C)
+        x, p = _unit_pair(embeddings, proxies)
+        # -s d = 2 s cos - 2 s: the constant 2 s cancels between numerator and denominator, and
+        # the factor 2 s goes on the (N, D) side, not on the (N, C) product.
+        x = x * (2.0 * scale)
+        logits = x @ p.T  # (N, C)
         if include_positive_in_denominator:
             return F.cross_entropy(logits, labels)
-        positive = logits.gather(1, labels[:, None]).squeeze(1)  # (N,)
+        positive = (x * p[labels]).sum(dim=1)  # (N,), read from the inputs so the scatter below can be in place
         # -inf is safe: the logits are fp32/fp64 and each row keeps C - 1 >= 1 negatives.
-        negatives = logits.scatter(1, labels[:, None], float("-inf"))  # (N, C)
-        return (torch.logsumexp(negatives, dim=1) - positive).mean()
+        logits.scatter_(1, labels[:, None], float("-inf"))
+        return (torch.logsumexp(logits, dim=1) - positive).mean()
 
 
 class ProxyNCAHead(Head):
