@@ -1,8 +1,8 @@
 """Two-view SimCLR augmentation of whole uint8 batches, on the device the batch is on.
 
 Images reach the accelerator as uint8 and are augmented there with per-sample random
-parameters (kornia), so data-loader workers only decode and collate. Per view, in order
-(SimCLR [0] appendix A, BYOL [1] table 6 for the asymmetric blur and solarize)::
+parameters, so data-loader workers only decode and collate. Per view, in order (SimCLR [0]
+appendix A; BYOL [1] table 6 for the asymmetric blur and solarize)::
 
     uint8 -> float in [0, 1]
     RandomResizedCrop(S, scale, ratio)        may upsample small images (8x8 digits -> 16)
@@ -14,29 +14,32 @@ parameters (kornia), so data-loader workers only decode and collate. Per view, i
     Solarize(threshold 0.5)                   p = solarize_p  (view 2: solarize_p_view2)
     Normalize(mean, std)                      if normalize
 
-Why it is fast (``tools/bench/augment.py`` measures it against per-image torchvision and a
-plain sequence of kornia modules):
+kornia draws every random parameter (crop boxes with torchvision's RandomResizedCrop sampling,
+jitter factors and order, blur sigmas) and does the flip, grayscale, blur and solarize. Three
+pieces are written here, each because it measured faster and each tested against its
+reference: the crop (:func:`resized_crop`, one ``torchvision.ops.roi_align`` call), the colour
+jitter (:class:`ColorJitter`, torchvision's formulas) and :class:`Normalize`.
 
-- Both views are one pipeline over the (2B, ...) batch: every probability that differs between
-  the views is a per-sample probability, so no op runs twice for the two views.
-- Each random op runs only on the samples its coin selects (a gather, the kornia op at p=1,
-  a scatter). kornia itself computes a gated op on the whole batch and blends with
-  ``torch.where``, which at ``grayscale_p=0.2`` is five times the work. The coins are drawn on
-  the CPU, so selecting samples never waits for the device. Ops with p=0 are not built.
-- The crop is one batched ``torchvision.ops.roi_align`` call on boxes that kornia's
-  ``ResizedCropGenerator`` draws (torchvision's RandomResizedCrop sampling). kornia's own crop
-  either resizes image by image in a Python loop (``cropping_mode="slice"``) or warps without
-  antialiasing (``"resample"``, and slower on CPU); ``roi_align`` averages
-  ``ceil(crop / S)`` samples per output pixel, so shrinking a large crop does not alias, and it
-  reads both views' crops from the one float copy of the batch.
+Why it is fast (``tools/bench/augment.py`` measures it against per-image torchvision and a
+plain ``nn.Sequential`` of kornia modules):
+
+- Both views are one pipeline over the (2B, ...) batch: a probability that differs between the
+  views (``*_view2``) is a per-sample probability, so no op runs twice for the two views, and
+  both views crop from the one float copy of the batch.
+- Each random op runs only on the samples its coin selects (gather, op, scatter). kornia
+  computes a gated op on the whole batch and blends with ``torch.where``: at
+  ``grayscale_p=0.2`` five times the work. The coins are drawn on the CPU, so selecting samples
+  never waits for the device. Ops with probability 0 are not built.
 - Everything runs under ``torch.no_grad`` (not ``inference_mode``: inference tensors cannot be
   saved for the encoder's backward pass).
 
 Differences from torchvision's per-image pipeline, on purpose:
 
-- ColorJitter's random order of the four steps is drawn once per call (kornia), so every image
-  of a batch shares it; each image still sees every order with the same probability, as with
-  torchvision, and the factors are drawn per image.
+- The random order of the four jitter steps is drawn once per call, so the images of a batch
+  share it; each image still sees every order with the same probability, and the factors are
+  drawn per image.
+- Near the edge of a crop, bilinear samples blend with the pixels just outside it (the crop is
+  a window on the image, see :func:`resized_crop`); torchvision repeats the crop's edge pixels.
 - Grayscale data (C = 1) stays one channel (``out_channels == 1``): saturation, hue and
   grayscale are the identity on a grey image, so they are skipped rather than computed on three
   copies of it; brightness and contrast apply as usual. The encoder is built with
@@ -142,11 +145,12 @@ def adjust_hue(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     red, green, blue = images.unbind(1)  # (N, H, W) each
     top = images.amax(1)
     chroma = top - images.amin(1)
-    # Hue in sextants, in [-1, 5): the channel holding the max picks the sector, red first on
-    # ties, as in torchvision's RGB -> HSV. Blended with 0/1 masks: torch.where measured ten
-    # times slower than lerp on a CPU. A grey pixel (chroma 0) gets hue 0 and comes out as M.
+    # Hue in sextants, in [-1, 5]: the channel holding the max picks the sector, red first on
+    # ties, as in torchvision's RGB -> HSV. The sectors are blended with 0/1 masks because
+    # torch.where measured 3.5x slower than a cast and a lerp on a CPU.
     hue = torch.lerp(torch.add(red - green, chroma, alpha=4), torch.add(blue - red, chroma, alpha=2), (top == green).to(images.dtype))
     hue = torch.lerp(hue, green - blue, (top == red).to(images.dtype))
+    # A grey pixel has chroma 0 and numerator 0: the clamp turns 0/0 into hue 0 (it comes out as M).
     hue = hue.div_(chroma.clamp_min(1e-12)).add_(6 * _per_sample(factor, images).view(-1, 1, 1))
     out = torch.empty_like(images)
     for channel, offset in enumerate((5.0, 3.0, 1.0)):
@@ -202,6 +206,37 @@ class ColorJitter(nn.Module):
         return repr(self.draw)
 
 
+def resized_crop(images: torch.Tensor, boxes: torch.Tensor, image_index: torch.Tensor, size: int) -> torch.Tensor:
+    """Crop ``boxes`` out of ``images`` and resize each crop to ``size x size``, in one call.
+
+    ``torchvision.ops.roi_align`` with ``aligned=True`` samples bilinearly at pixel centres
+    (as ``F.interpolate(..., align_corners=False)``), and with ``sampling_ratio=-1`` averages
+    ``ceil(crop side / size)`` samples per output pixel along each axis, so a crop larger than
+    ``size`` is shrunk without aliasing. One kernel for the whole batch, where kornia's
+    RandomResizedCrop resizes crop by crop in a Python loop (``cropping_mode="slice"``) or warps
+    without antialiasing (``"resample"``, also slower on a CPU).
+
+    The box is a window on the image: output pixels within half a source pixel of its edge
+    blend with the pixels just outside it, where torchvision's crop-then-resize repeats the
+    crop's edge pixels. Inside that band the two agree; a box covering the whole image gives
+    exactly ``F.interpolate(images, size, mode="bilinear", align_corners=False)``.
+
+    Args:
+        images: float images.
+        boxes: inclusive pixel corners ``x0, y0, x1, y1`` of each crop (the crop is
+            ``images[..., y0:y1 + 1, x0:x1 + 1]``).
+        image_index: which image each box crops.
+        size: output side.
+
+    Shape:
+        images: (B, C, H, W); boxes: (N, 4); image_index: (N,); returns (N, C, size, size).
+    """
+    # Inclusive pixel indices -> continuous coordinates: pixel x covers [x, x + 1).
+    regions = torch.cat([image_index[:, None].to(boxes.dtype), boxes[:, :2], boxes[:, 2:] + 1], dim=1)  # (N, 5)
+    regions = regions.to(images.device, images.dtype, non_blocking=True)
+    return roi_align(images, regions, (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+
+
 def _apply_to_some(op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, probability: torch.Tensor) -> torch.Tensor:
     """Apply ``op`` to the samples a coin with per-sample ``probability`` selects; keep the rest.
 
@@ -218,6 +253,29 @@ def _apply_to_some(op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, 
     index = chosen.to(x.device, non_blocking=True)
     # In place: x is always this pipeline's own intermediate, never the caller's tensor.
     return x.index_copy_(0, index, op(x.index_select(0, index)))
+
+
+class Normalize(nn.Module):
+    """``(x - mean) / std`` per channel, with the statistics kept on the images' device.
+
+    Why not ``kornia.augmentation.Normalize``: it moves its statistics to the device on every
+    call and measured 3x slower than this on a CPU.
+
+    Shape:
+        images: (N, C, H, W) float; returns the same shape.
+    """
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        # Not persistent: derived from the dataset, not learned, and kept out of checkpoints.
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return (images - self.mean).div_(self.std)
+
+    def extra_repr(self) -> str:
+        return f"mean={self.mean.flatten().tolist()}, std={self.std.flatten().tolist()}"
 
 
 class TwoViewAugment(nn.Module):
@@ -248,7 +306,7 @@ class TwoViewAugment(nn.Module):
         self.crop_boxes.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
 
         rgb = channels == 3
-        # Each step: (name, kornia op at p=1, probability for view 1, for view 2).
+        # Each step: (name, op applied to every sample it gets, probability for view 1, for view 2).
         steps: list[tuple[str, nn.Module, float, float]] = []
 
         def add(name: str, op: nn.Module, p1: float, p2: float | None = None) -> None:
@@ -270,41 +328,29 @@ class TwoViewAugment(nn.Module):
         self.step_names = [name for name, *_ in steps]
         self.steps = nn.ModuleList(op for _, op, _, _ in steps)
         self.step_probabilities = [(p1, p2) for *_, p1, p2 in steps]
-        self.normalize = K.Normalize(torch.tensor(mean), torch.tensor(std)) if cfg.normalize else None
+        self.normalize = Normalize(mean, std) if cfg.normalize else None
 
     def _apply(self, fn, *args, **kwargs):
         # Keep every random draw on the CPU when the module moves to an accelerator (kornia's
-        # modules would follow it): one RNG stream whatever the device, so runs reproduce across
-        # devices and resume exactly, and kornia's Python-level checks on drawn factors (such as
-        # ColorJitter's ``.any()`` guards and its ``order.tolist()``) never wait for the device.
-        # The draws are a few small tensors a step; the images stay on the device.
+        # modules would otherwise draw there): one RNG stream whatever the device, so runs
+        # reproduce across devices and resume exactly, and reading drawn values in Python (the
+        # jitter order, the coins of _apply_to_some) never waits for the device. The draws are a
+        # few small tensors a step; the images stay on the device.
         module = super()._apply(fn, *args, **kwargs)
         for child in self.modules():
             if child is not self and hasattr(child, "set_rng_device_and_dtype"):
                 child.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
         return module
 
-    def _crop(self, x: torch.Tensor) -> torch.Tensor:
-        """Both views' random resized crops of ``x`` in one ``roi_align`` call.
-
-        Shape:
-            x: (B, C, H, W) float; returns (2B, C, S, S), view 1 first.
-        """
-        batch, size = x.shape[0], self.cfg.image_size
-        corners = self.crop_boxes((2 * batch, *x.shape[1:]))["src"]  # (2B, 4, 2): inclusive pixel corners (x, y)
-        # Inclusive pixel indices -> continuous coordinates: the crop [x0, x1] covers [x0, x1 + 1).
-        boxes = torch.cat([corners[:, 0], corners[:, 2] + 1], dim=1)  # (2B, 4): x0, y0, x1 + 1, y1 + 1
-        image_index = torch.arange(batch, dtype=boxes.dtype).repeat(2)[:, None]  # (2B, 1): both views crop image i
-        rois = torch.cat([image_index, boxes], dim=1).to(x.device, non_blocking=True)  # (2B, 5)
-        # aligned=True puts pixel centres at +0.5 (as F.interpolate with align_corners=False);
-        # sampling_ratio=-1 averages ceil(crop / S) bilinear samples per output pixel.
-        return roi_align(x, rois, (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
-
     @torch.no_grad()
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         _check_images(images, self.channels)
         batch = images.shape[0]
-        x = self._crop(_to_unit_float(images))  # (2B, C, S, S)
+        x = _to_unit_float(images)
+        # Both views' crops of image i come from the one float copy of the batch.
+        corners = self.crop_boxes((2 * batch, *x.shape[1:]))["src"]  # (2B, 4, 2): inclusive (x, y) pixel corners
+        boxes = torch.cat([corners[:, 0], corners[:, 2]], dim=1)  # (2B, 4): x0, y0, x1, y1
+        x = resized_crop(x, boxes, torch.arange(batch).repeat(2), self.cfg.image_size)  # (2B, C, S, S), view 1 first
         for op, (p1, p2) in zip(self.steps, self.step_probabilities):
             probability = torch.cat([torch.full((batch,), p1), torch.full((batch,), p2)])  # (2B,)
             x = _apply_to_some(op, x, probability)
@@ -335,7 +381,7 @@ class EvalTransform(nn.Module):
         self.image_size = image_size
         self.channels = channels
         self.out_channels = channels
-        self.normalize = K.Normalize(torch.tensor(mean), torch.tensor(std)) if normalize else None
+        self.normalize = Normalize(mean, std) if normalize else None
 
     @torch.no_grad()
     def forward(self, images: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,101 @@
+"""Save a grid of a recipe's augmented views, to see what the encoder will be shown.
+
+    python tools/show_augmentations.py RECIPE [key.sub=value ...] [--out PATH] [--images N] [--views K]
+    python tools/show_augmentations.py recipes/quickstart.yaml augment.crop_scale=[0.08,1.0]
+
+Each row is one training image (resized to the crop size), then K augmented views of it, as
+:class:`sslkit.augment.TwoViewAugment` makes them (normalisation undone for display). A
+user's mistake prints one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a script: the repository root first on the path, so `sslkit` imports from here.
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import torch  # noqa: E402
+from torchvision.utils import save_image  # noqa: E402
+
+from sslkit.augment import EvalTransform, TwoViewAugment  # noqa: E402
+from sslkit.config import load_config  # noqa: E402
+from sslkit.console import console, print_user_error  # noqa: E402
+from sslkit.errors import UserError  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tools/show_augmentations.py", description="Save a PNG grid of a recipe's augmented views.")
+    parser.add_argument("recipe", help="a YAML recipe, e.g. recipes/quickstart.yaml")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. augment.blur_p=1.0")
+    parser.add_argument("--out", type=Path, default=None, help="PNG to write (default: outputs/augmentations-<run name>.png)")
+    parser.add_argument("--images", type=int, default=8, help="rows: how many training images (default 8)")
+    parser.add_argument("--views", type=int, default=6, help="augmented views per image (default 6)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: the recipe's run.seed)")
+    return parser.parse_args(argv)
+
+
+def first_images(dataset, count: int) -> torch.Tensor:
+    """The first ``count`` images of a dataset as one uint8 (N, C, H, W) batch."""
+    count = min(count, len(dataset))
+    if hasattr(dataset, "images"):
+        return dataset.images[:count]
+    return torch.stack([dataset[i][0] for i in range(count)])
+
+
+def augmentation_grid(images: torch.Tensor, augment: TwoViewAugment, original: EvalTransform, views: int,
+                      mean: tuple[float, ...], std: tuple[float, ...], normalized: bool) -> torch.Tensor:
+    """Rows of [original, view 1, ..., view K] in [0, 1], for ``torchvision.utils.save_image``.
+
+    Shape:
+        images: (N, C, H, W) uint8; returns (N * (K + 1), C, S, S).
+    """
+    made = []
+    for _ in range((views + 1) // 2):  # each call makes two views
+        made.extend(augment(images))
+    columns = [original(images), *made[:views]]  # (K + 1) tensors of shape (N, C, S, S)
+    if normalized:
+        mean_ = torch.tensor(mean).view(1, -1, 1, 1)
+        std_ = torch.tensor(std).view(1, -1, 1, 1)
+        columns = [column * std_ + mean_ for column in columns]
+    grid = torch.stack(columns, dim=1)  # (N, K + 1, C, S, S): image-major, so each row is one image
+    return grid.flatten(0, 1).clamp(0.0, 1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.images < 1 or args.views < 1:
+            raise UserError(f"--images and --views must be >= 1, got --images {args.images} --views {args.views}")
+        cfg = load_config(args.recipe, args.overrides)
+        from sslkit.data import build_dataset
+
+        dataset = build_dataset(cfg.data.name, "train", cfg.data.root, cfg.data.download, cfg.data.image_size)
+    except UserError as error:
+        print_user_error(error)
+        return 2
+
+    info = dataset.info
+    torch.manual_seed(cfg.run.seed if args.seed is None else args.seed)
+    a = cfg.augment
+    augment = TwoViewAugment(a, info.channels, info.mean, info.std)
+    original = EvalTransform(a.image_size, info.channels, info.mean, info.std, a.normalize)
+    images = first_images(dataset, args.images)
+    grid = augmentation_grid(images, augment, original, args.views, info.mean, info.std, a.normalize)
+
+    out = args.out or Path("outputs") / f"augmentations-{cfg.run.name}.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A little upscaling so 16x16 crops are visible; nearest keeps the pixels honest.
+    scale = max(1, 64 // a.image_size)
+    if scale > 1:
+        grid = torch.nn.functional.interpolate(grid, scale_factor=scale, mode="nearest")
+    save_image(grid, out, nrow=args.views + 1, padding=2, pad_value=1.0)
+    console.print(f"{len(images)} images x (original + {args.views} views) from {cfg.data.name} -> [bold]{out}[/]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
