@@ -207,6 +207,12 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         return value
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):
+        # YAML 1.1 reads 1e-3 (no dot) as a string; every user writes it that way.
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if tp is bool and isinstance(value, bool):
         return value
     if tp in (int, str) and isinstance(value, tp) and not isinstance(value, bool):

@@ -30,4 +30,9 @@ def results_table(rows: dict[str, dict[str, float]], title: str = "results") -> 
 
 def print_user_error(error: Exception) -> None:
     """One line, no traceback: a user's mistake, and what to do about it."""
-    error_console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+    message = str(error).strip()
+    if "\n" in message:
+        # Raised in a DataLoader worker: PyTorch re-raises it with the worker's traceback in the
+        # message; the user's line is the last one.
+        message = message.splitlines()[-1].split("UserError: ", 1)[-1]
+    error_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)

@@ -94,7 +94,7 @@ def evaluate_backbone(backbone, cfg: Config, preprocess, train_loader, test_load
     train_x, train_y = evaluation.extract_features(backbone, train_loader, preprocess, accelerator)
     test_x, test_y = evaluation.extract_features(backbone, test_loader, preprocess, accelerator)
     e = cfg.eval
-    results = {"knn_top1": evaluation.knn_accuracy(train_x, train_y, test_x, num_classes, e.knn_k, e.knn_temperature, test_labels=test_y)}
+    results = {"knn_top1": evaluation.knn_accuracy(train_x, train_y, test_x, test_y, num_classes, k=e.knn_k, temperature=e.knn_temperature)}
     if linear:
         probe = evaluation.linear_probe(train_x, train_y, test_x, test_y, num_classes, epochs=e.linear_epochs, lr=e.linear_lr,
                                         batch_size=e.linear_batch_size, weight_decay=e.linear_weight_decay, seed=cfg.run.seed)
@@ -142,7 +142,10 @@ def train(cfg: Config) -> dict:
     sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
     train_loader = DataLoader(train_set, batch_size=local_batch, sampler=sampler, drop_last=True,
                               collate_fn=data.collate_batch, num_workers=d.num_workers,
-                              persistent_workers=d.num_workers > 0)
+                              persistent_workers=d.num_workers > 0,
+                              # Its own generator: otherwise starting an epoch's iterator draws from the global
+                              # RNG (worker base seed), and a resumed run would augment with shifted random numbers.
+                              generator=torch.Generator().manual_seed(cfg.run.seed))
 
     # ------------------------------------------------------------------ model, loss, optimizer
     augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
@@ -189,6 +192,11 @@ def train(cfg: Config) -> dict:
     last_good = resume_from
 
     def save() -> Path:
+        # A finite loss can still be followed by an update that overflows the weights: never save those.
+        if not all(bool(torch.isfinite(p).all()) for p in method.parameters()):
+            where = f"last good checkpoint: {last_good}" if last_good else "no checkpoint was written yet"
+            raise UserError(f"the weights became non-finite at step {progress.step} (epoch {progress.epoch}); training stopped, {where}; "
+                            f"try a lower optim.lr or train.mixed_precision=no")
         return checkpoint.save_checkpoint(accelerator, run_dir, vars(progress), cfg.train.keep_checkpoints)
 
     # ------------------------------------------------------------------ epochs
@@ -201,8 +209,11 @@ def train(cfg: Config) -> dict:
     images_per_step = cfg.train.batch_size * cfg.train.grad_accum_steps
     with bar:
         while progress.step < total_steps and progress.epoch < cfg.train.epochs:
-            sampler.set_epoch(progress.epoch)
             loader = accelerator.skip_first_batches(train_loader, progress.batch_in_epoch) if progress.batch_in_epoch else train_loader
+            # Accelerate's loader counts its own iterations and passes that count to the sampler as
+            # the epoch when iteration starts; after a resume the count would be wrong, so set it.
+            loader.set_epoch(progress.epoch)
+            sampler.set_epoch(progress.epoch)
             window_start, data_wait, window_steps, window_loss = time.perf_counter(), 0.0, 0, 0.0
             fetch_start = time.perf_counter()
             for images, labels in loader:

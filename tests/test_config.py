@@ -37,6 +37,12 @@ def test_int_is_accepted_for_float(tmp_path):
     assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
 
 
+def test_exponent_without_dot_is_a_float(tmp_path):
+    """YAML 1.1 reads 1e-3 as a string; a float field takes it as the number the user meant."""
+    cfg = load_config(write(tmp_path, "optim: {lr: 1e-3}\n"), ["optim.weight_decay=5e-4"])
+    assert cfg.optim.lr == 1e-3 and cfg.optim.weight_decay == 5e-4
+
+
 @pytest.mark.parametrize(
     "text, words",
     [

@@ -1,0 +1,176 @@
+"""End to end, as a user runs it: ``sslkit/pretrain.py`` in real subprocesses, one process and two
+(``accelerate launch --cpu --num_processes 2``), SIGKILL and resume, and every bad input a user
+is likely to type, each of which must give one line and leave nothing half-done.
+
+The runs are tiny (digits, a width-4 ResNet-18 on 8x8 crops, a handful of steps) so the whole
+file stays around a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+PRETRAIN = ROOT / "sslkit" / "pretrain.py"
+QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
+
+TINY = [
+    "model.width=4", "model.projector_hidden=32", "model.projector_out=16", "augment.image_size=8",
+    "train.batch_size=64", "train.log_every_steps=1", "train.threads=1", "train.knn_every_epochs=1",
+    "eval.linear_epochs=3", "eval.compare_random_init=false", "optim.warmup_epochs=0",
+]
+
+
+def env() -> dict:
+    e = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    e.pop("CUDA_VISIBLE_DEVICES", None)
+    return e
+
+
+def pretrain(tmp_path: Path, *overrides: str, recipe: Path = QUICKSTART, launcher: list[str] | None = None,
+             timeout: float = 240) -> subprocess.CompletedProcess:
+    command = [*(launcher or [sys.executable]), str(PRETRAIN), str(recipe), f"run.output_dir={tmp_path}", *TINY, *overrides]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env(), cwd=tmp_path)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_one_process_run_writes_everything(tmp_path):
+    result = pretrain(tmp_path, "run.name=one", "train.epochs=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "one"
+    assert (run / "config.yaml").is_file() and (run / "backbone.safetensors").is_file()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert len(steps) == 2 * (1437 // 64) and all(r["loss"] > 0 and r["images_per_s"] > 0 for r in steps)
+    assert any("knn_top1" in r for r in records)
+    results = json.loads((run / "results.json").read_text())["results"]["trained"]
+    assert 0.0 <= results["knn_top1"] <= 1.0 and "linear_top1" in results
+    assert "knn_top1" in result.stdout and "linear_top1" in result.stdout
+    # the exported backbone loads into a freshly built model with torchvision's keys
+    from sslkit.models import build_backbone
+
+    build_backbone("resnet18", width=4, cifar_stem=True, in_channels=1).load_state_dict(load_file(run / "backbone.safetensors"))
+
+
+def test_two_processes_with_accelerate_launch(tmp_path):
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    result = pretrain(tmp_path, "run.name=two", "train.epochs=1", "train.max_steps=4", launcher=launcher)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "two"
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]  # written once, by the main process
+    assert (run / "backbone.safetensors").is_file()
+
+
+def _wait_for(path_glob: Path, pattern: str, process: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if list(path_glob.glob(pattern)):
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"run ended before {pattern} appeared: {process.stderr.read()[-2000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"{pattern} did not appear in {timeout} s")
+
+
+def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
+    common = ["train.epochs=2", "train.checkpoint_every_steps=3", "train.knn_every_epochs=1"]
+    reference = pretrain(tmp_path, "run.name=straight", *common)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    command = [sys.executable, str(PRETRAIN), str(QUICKSTART), f"run.output_dir={tmp_path}", *TINY, "run.name=killed", *common]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(), cwd=tmp_path)
+    # 22 batches an epoch: step 3 is early in epoch 0, so the kill lands mid-epoch
+    _wait_for(tmp_path / "killed" / "checkpoints", "step-00000003", process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "killed" / "backbone.safetensors").exists()
+
+    resumed = pretrain(tmp_path, "run.name=killed", "run.resume=auto", *common)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    straight = load_file(tmp_path / "straight" / "backbone.safetensors")
+    again = load_file(tmp_path / "killed" / "backbone.safetensors")
+    assert straight.keys() == again.keys()
+    for key in straight:
+        assert torch.equal(straight[key], again[key]), key
+
+
+def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
+    """A half-written checkpoint (.tmp-*) is ignored by resume and cleaned by the next save."""
+    first = pretrain(tmp_path, "run.name=crash", "train.epochs=1", "train.max_steps=2", "train.checkpoint_every_steps=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    checkpoints = tmp_path / "crash" / "checkpoints"
+    half = checkpoints / ".tmp-step-00000099"
+    shutil.copytree(checkpoints / "step-00000002", half)
+    (half / "progress.json").unlink()
+    (half / "model.safetensors").write_bytes(b"\0" * 10)  # torn write
+    resumed = pretrain(tmp_path, "run.name=crash", "run.resume=auto", "train.epochs=1", "train.max_steps=3",
+                       "train.checkpoint_every_steps=1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "step 2" in resumed.stdout
+    assert not half.exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["train.epoch=3"], ["unknown key 'train.epoch'", "epochs"]),
+        (["train.epochs=three"], ["'train.epochs' must be int"]),
+        (["data.name=fashion_mnist", "data.root=/nonexistent/fmnist"], ["/nonexistent/fmnist", "dataset-fashion-mnist"]),
+        (["train.batch_size=4096"], ["train.batch_size", "1437"]),
+        (["loss.temperature=0"], ["temperature", "> 0"]),
+        (["loss.name=arc"], ["unknown loss.name 'arc'"]),
+    ],
+)
+def test_bad_input_gives_one_line_and_writes_nothing(tmp_path, overrides, words):
+    result = pretrain(tmp_path, "run.name=bad", *overrides, timeout=120)
+    assert_one_line_error(result, *words)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_corrupt_image_in_folder_names_the_file(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for cls in ("cats", "dogs"):
+            folder = tmp_path / "images" / split / cls
+            folder.mkdir(parents=True)
+            for i in range(40 if split == "train" else 4):
+                Image.new("RGB", (12, 12), (i * 6, 100, 200 if cls == "cats" else 0)).save(folder / f"{i}.png")
+    (tmp_path / "images" / "train" / "dogs" / "broken.png").write_bytes(b"this is not a png")
+    result = pretrain(tmp_path, "run.name=folder", "data.name=imagefolder", f"data.root={tmp_path / 'images'}",
+                      "data.image_size=12", "train.batch_size=16", "augment.saturation=0.4", timeout=120)
+    assert_one_line_error(result, "broken.png")
+    assert not list((tmp_path / "folder").glob("checkpoints/step-*"))
+
+
+def test_nan_loss_stops_with_checkpoint_intact(tmp_path):
+    result = pretrain(tmp_path, "run.name=nan", "train.epochs=1", "optim.name=sgd", "optim.lr=1e30",
+                      "train.checkpoint_every_steps=1", "optim.exclude_bias_and_norm=false")
+    assert_one_line_error(result, "loss became", "optim.lr")
+    checkpoints = sorted((tmp_path / "nan" / "checkpoints").glob("step-*"))
+    assert checkpoints, "the last good checkpoint should remain"
+    state = load_file(checkpoints[-1] / "model.safetensors")
+    assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+    assert not (tmp_path / "nan" / "backbone.safetensors").exists()
