@@ -239,6 +239,9 @@ def train(cfg: Config) -> dict:
                 if not accelerator.sync_gradients:
                     fetch_start = time.perf_counter()
                     continue
+                # Methods with state outside the optimizer (MoCo's momentum encoder) update it here.
+                if hasattr(unwrapped, "after_optimizer_step"):
+                    unwrapped.after_optimizer_step(progress.step, total_steps)
                 progress.step += 1
                 window_steps += 1
                 if progress.step % cfg.train.log_every_steps == 0 or progress.step == total_steps:

@@ -5,7 +5,11 @@ and the loss (with any parameters of its own, such as a classification head) —
 ``accelerator.prepare(method)`` and one optimizer cover every parameter.
 
 Interface: ``method(view1, view2, labels) -> loss``; ``method.backbone`` is the encoder to
-evaluate and export; ``method.needs_labels`` says whether the dataset must be labelled.
+evaluate and export; ``method.needs_labels`` says whether the dataset must be labelled;
+``Method.from_config(cfg, backbone, num_classes)`` builds it from a recipe. Optional:
+``method.after_optimizer_step(step, total_steps)``, called by the trainer after every optimizer
+step (``step`` counts the steps before this one), for state the optimizer does not own — MoCo's
+momentum encoder and queue.
 """
 
 from __future__ import annotations
