@@ -18,10 +18,15 @@ import inspect
 from torch import nn
 
 from sslkit.errors import UserError
+from sslkit.losses.angular import AngularLoss
+from sslkit.losses.contrastive import ContrastiveLoss
 from sslkit.losses.dcl import DCLLoss, dcl_loss
 from sslkit.losses.dclw import DCLWLoss, dclw_loss
+from sslkit.losses.lifted import LiftedStructureLoss
 from sslkit.losses.nce import NCELoss, nce_loss
+from sslkit.losses.npair import NPairLoss
 from sslkit.losses.ntxent import NTXentLoss, ntxent_loss
+from sslkit.losses.triplet import TripletLoss
 
 LOSSES: dict[str, type[nn.Module]] = {
     "ntxent": NTXentLoss,
@@ -29,6 +34,12 @@ LOSSES: dict[str, type[nn.Module]] = {
     "dcl": DCLLoss,
     "dclw": DCLWLoss,
     "nce": NCELoss,
+    "contrastive": ContrastiveLoss,
+    "triplet": TripletLoss,
+    "lifted": LiftedStructureLoss,
+    "lifted_structure": LiftedStructureLoss,
+    "npair": NPairLoss,
+    "angular": AngularLoss,
 }
 
 KIND: dict[str, str] = {
@@ -37,6 +48,12 @@ KIND: dict[str, str] = {
     "dcl": "two_view",
     "dclw": "two_view",
     "nce": "two_view",
+    "contrastive": "label",
+    "triplet": "label",
+    "lifted": "label",
+    "lifted_structure": "label",
+    "npair": "label",
+    "angular": "label",
 }
 
 
@@ -81,4 +98,5 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> None:
 __all__ = [
     "LOSSES", "KIND", "build", "check_loss_kwargs",
     "NTXentLoss", "ntxent_loss", "DCLLoss", "dcl_loss", "DCLWLoss", "dclw_loss", "NCELoss", "nce_loss",
+    "ContrastiveLoss", "TripletLoss", "LiftedStructureLoss", "NPairLoss", "AngularLoss",
 ]
