@@ -6,5 +6,6 @@ processes too), and the rest work on the features it returns.
 
 from sslkit.evaluation.knn import knn_accuracy, weighted_knn_predict
 from sslkit.evaluation.linear import linear_probe
+from sslkit.evaluation.retrieval import retrieval_metrics
 
-__all__ = ["knn_accuracy", "linear_probe", "weighted_knn_predict"]
+__all__ = ["knn_accuracy", "linear_probe", "retrieval_metrics", "weighted_knn_predict"]
