@@ -93,9 +93,17 @@ class ModelConfig:
 
 @dataclass
 class MethodConfig:
-    """How a batch becomes a loss."""
+    """How a batch becomes a loss. Fields after ``name`` are options of the methods named in their comments."""
 
     name: str = "simclr"
+    # moco, mocov3: the momentum encoder's EMA momentum follows optim.cosine_momentum from momentum to momentum_final
+    momentum: float = 0.99
+    momentum_final: float = 1.0  # set equal to momentum for a constant one (MoCo v2: 0.999)
+    queue_size: int = 65536  # moco: keys kept as negatives (MoCo v2: 65536)
+    symmetric: bool = True  # moco: loss on (q1, k2) and (q2, k1); the MoCo CIFAR colab: kNN 85.3 vs 82.6 asymmetric
+    bn_splits: int = 8  # moco: BatchNorm statistics over this many sub-batches, keys shuffled (ShuffleBN in one process)
+    predictor_hidden: int = 4096  # mocov3: hidden width of the 2-layer predictor
+    num_negatives: int = 4096  # nce: noise samples drawn from the memory bank per step (NPID: 4096)
 
 
 @dataclass
