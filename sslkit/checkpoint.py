@@ -141,3 +141,22 @@ def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"'{path}' is not a plain state_dict of tensors")
     return state
+
+
+def init_backbone(backbone: torch.nn.Module, source: str | Path) -> list[str]:
+    """Load a previous run's backbone into ``backbone`` (``run.init_from``); returns the keys it did not use.
+
+    Missing keys (the new backbone expects weights the source lacks) or a shape that does not
+    fit are the user's to fix (a different ``model.backbone`` / ``width`` / stem): one line.
+    """
+    state = load_backbone_state(source)
+    own = backbone.state_dict()
+    wrong_shape = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+    missing = [k for k in own if k not in state]
+    if wrong_shape or missing:
+        detail = (f"shape mismatch at {wrong_shape[0]} ({tuple(state[wrong_shape[0]].shape)} vs {tuple(own[wrong_shape[0]].shape)})"
+                  if wrong_shape else f"{len(missing)} weights missing, e.g. {missing[0]}")
+        raise UserError(f"run.init_from '{source}' does not fit this model.backbone / model.width / model.cifar_stem: {detail}; "
+                        f"use the same model settings as the run it comes from")
+    backbone.load_state_dict({k: v for k, v in state.items() if k in own})
+    return sorted(k for k in state if k not in own)

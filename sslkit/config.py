@@ -127,6 +127,8 @@ class OptimConfig:
     trust_coefficient: float = 0.001  # LARS
     exclude_bias_and_norm: bool = True  # no weight decay (and no LARS adaptation) on biases and norms
     warmup_epochs: float = 10.0
+    backbone_lr_scale: float = 1.0  # the backbone's lr = scheduled lr x this (fine-tuning: often 0.1)
+    head_lr_scale: float = 1.0  # a head's lr = scheduled lr x this x what the head declares (Proxy-Anchor proxies: 100)
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
 
 
@@ -136,6 +138,7 @@ class TrainConfig:
 
     epochs: int = 100
     batch_size: int = 256
+    freeze_backbone_epochs: int = 0  # train only the heads for the first N epochs (no gradient reaches the backbone)
     grad_accum_steps: int = 1
     mixed_precision: str = "no"  # "no", "fp16" or "bf16"
     max_steps: int | None = None  # stop early after this many optimizer steps (smoke runs)

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from sslkit.config import load_config
     from sslkit.console import console, print_user_error, results_table
     from sslkit.errors import UserError
-    from sslkit.train import eval_loaders, evaluate_backbone
+    from sslkit.train import eval_loaders, evaluate_backbone, evaluate_unseen
 
     try:
         target = Path(args.target)
@@ -61,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         train_set = data.build_dataset(d.name, "train", d.root, d.download, d.image_size)
         test_set = data.build_dataset(d.name, "test", d.root, d.download, d.image_size)
         info = train_set.info
+        unseen_set = None
+        if d.holdout_classes:  # as in training: kNN / linear on seen classes, retrieval on the unseen ones
+            unseen_set = test_set.select_classes(d.holdout_classes, keep=True)
+            train_set = train_set.select_classes(d.holdout_classes, keep=False)
+            test_set = test_set.select_classes(d.holdout_classes, keep=False)
         preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize).to(accelerator.device)
         backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, preprocess.out_channels)
         state = checkpoint.load_backbone_state(target)
@@ -74,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         train_loader, test_loader = accelerator.prepare(*eval_loaders(cfg, train_set, test_set, cfg.eval.batch_size))
         results = {"encoder": evaluate_backbone(backbone, cfg, preprocess, train_loader, test_loader, info.num_classes,
                                                 accelerator, linear=not args.no_linear)}
+        if unseen_set is not None:
+            unseen_loader = accelerator.prepare(eval_loaders(cfg, unseen_set, unseen_set, cfg.eval.batch_size)[0])
+            results["encoder"].update(evaluate_unseen(backbone, preprocess, unseen_loader, accelerator))
     except UserError as error:
         print_user_error(error)
         return 2

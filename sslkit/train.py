@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, set_seed
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader, Sampler
 
@@ -102,6 +102,12 @@ def evaluate_backbone(backbone, cfg: Config, preprocess, train_loader, test_load
     return results
 
 
+def evaluate_unseen(backbone, preprocess, unseen_loader, accelerator: Accelerator) -> dict[str, float]:
+    """Retrieval among classes never trained on (the CUB/Cars protocol): Recall@K, MAP@R, NMI."""
+    features, labels = evaluation.extract_features(backbone, unseen_loader, preprocess, accelerator)
+    return {f"unseen_{k}": v for k, v in evaluation.retrieval_metrics(features, labels).items()}
+
+
 def train(cfg: Config) -> dict:
     """Pretrain an encoder as ``cfg`` says; returns the final evaluation results."""
     # ------------------------------------------------------------------ set-up
@@ -113,6 +119,8 @@ def train(cfg: Config) -> dict:
         project_dir=str(run_dir),
         # Our sampler already orders data by (seed, epoch): keep it rather than substituting Accelerate's.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False),
+        # While the backbone is frozen its parameters get no gradient; DDP must be told to expect that.
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.train.freeze_backbone_epochs > 0)],
     )
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -124,7 +132,10 @@ def train(cfg: Config) -> dict:
     train_set = data.build_dataset(d.name, "train", d.root, d.download, d.image_size)
     test_set = data.build_dataset(d.name, "test", d.root, d.download, d.image_size)
     info = train_set.info
+    unseen_set = None
     if d.holdout_classes:
+        # Train (and measure kNN / linear accuracy) on the seen classes; retrieve among the unseen ones.
+        unseen_set = test_set.select_classes(d.holdout_classes, keep=True)
         train_set = train_set.select_classes(d.holdout_classes, keep=False)
         test_set = test_set.select_classes(d.holdout_classes, keep=False)
     world = accelerator.num_processes
@@ -156,12 +167,18 @@ def train(cfg: Config) -> dict:
         raise UserError(f"method '{cfg.method.name}' needs labels but dataset '{d.name}' has unlabelled images; use a labelled split or a self-supervised method")
     if cfg.model.channels_last:
         models.to_channels_last(method)
+    if cfg.run.init_from:
+        unused = checkpoint.init_backbone(backbone, cfg.run.init_from)
+        if main:
+            console.print(f"backbone initialised from {cfg.run.init_from}" + (f"; keys not used: {', '.join(unused)}" if unused else ""))
     initial_backbone = {k: v.clone() for k, v in backbone.state_dict().items()} if cfg.eval.compare_random_init else None
 
     lr = optim.scaled_lr(cfg.optim.lr, cfg.train.batch_size, cfg.optim.lr_scaling)
     if main and cfg.optim.lr_scaling != "none":
         console.print(f"learning rate: {cfg.optim.lr} x {cfg.optim.lr_scaling}(batch {cfg.train.batch_size} / 256) = {lr:.5g}")
-    lr_scales = {f"loss.{name}": scale for name, scale in _loss_lr_scales(method.loss).items()}
+    # Per-part learning rates: backbone x backbone_lr_scale, head x head_lr_scale x what the head declares.
+    lr_scales = {f"backbone.{name}": cfg.optim.backbone_lr_scale for name, _ in method.backbone.named_parameters()}
+    lr_scales.update({f"loss.{name}": scale * cfg.optim.head_lr_scale for name, scale in _loss_lr_scales(method.loss).items()})
     groups = optim.parameter_groups(method, cfg.optim.weight_decay, cfg.optim.exclude_bias_and_norm, lr_scales)
     optimizer = optim.build_optimizer(cfg.optim.name, groups, lr, cfg.optim.momentum, cfg.optim.weight_decay,
                                       cfg.optim.betas, cfg.optim.trust_coefficient)
@@ -176,6 +193,7 @@ def train(cfg: Config) -> dict:
         total_steps = min(total_steps, cfg.train.max_steps)
     warmup_steps = min(int(cfg.optim.warmup_epochs * steps_per_epoch), total_steps // 2)
     knn_train_loader, knn_test_loader = accelerator.prepare(*eval_loaders(cfg, train_set, test_set, cfg.eval.batch_size))
+    unseen_loader = accelerator.prepare(eval_loaders(cfg, unseen_set, unseen_set, cfg.eval.batch_size)[0]) if unseen_set else None
     if cfg.train.tensorboard:
         accelerator.init_trackers(cfg.run.name, config=_flat(to_dict(cfg)))
 
@@ -214,6 +232,7 @@ def train(cfg: Config) -> dict:
             # the epoch when iteration starts; after a resume the count would be wrong, so set it.
             loader.set_epoch(progress.epoch)
             sampler.set_epoch(progress.epoch)
+            unwrapped.backbone_frozen = progress.epoch < cfg.train.freeze_backbone_epochs
             window_start, data_wait, window_steps, window_loss = time.perf_counter(), 0.0, 0, 0.0
             fetch_start = time.perf_counter()
             for images, labels in loader:
@@ -281,11 +300,15 @@ def train(cfg: Config) -> dict:
     if main:
         checkpoint.export_backbone(unwrapped.backbone, run_dir / "backbone.safetensors")
     results = {"trained": evaluate_backbone(unwrapped.backbone, cfg, preprocess, knn_train_loader, knn_test_loader, info.num_classes, accelerator)}
+    if unseen_loader is not None:
+        results["trained"].update(evaluate_unseen(unwrapped.backbone, preprocess, unseen_loader, accelerator))
     if initial_backbone is not None:
         random_init = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, augment.out_channels)
         random_init.load_state_dict(initial_backbone)
         results["random init"] = evaluate_backbone(random_init.to(accelerator.device), cfg, preprocess, knn_train_loader,
                                                    knn_test_loader, info.num_classes, accelerator)
+        if unseen_loader is not None:
+            results["random init"].update(evaluate_unseen(random_init, preprocess, unseen_loader, accelerator))
     log({"step": progress.step, "epoch": progress.epoch, **{f"final_{k}": v for k, v in results["trained"].items()}}, progress.step)
     if main:
         (run_dir / "results.json").write_text(json.dumps({"results": results, "step": progress.step, "checkpoint": str(last_good),

@@ -72,7 +72,7 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> None:
     """Recipe-time check of a loss's keyword arguments: unknown keys and wrong types are UserErrors."""
     signature = inspect.signature(LOSSES[name].__init__)
     # Heads get these from the model and dataset, not from the recipe.
-    supplied_by_trainer = {"self", "embedding_dim", "num_classes"}
+    supplied_by_trainer = {"self", "embedding_dim"}  # num_classes may be stated, and is checked against the dataset
     valid = {k: p for k, p in signature.parameters.items() if k not in supplied_by_trainer and p.kind is p.POSITIONAL_OR_KEYWORD}
     for key, value in kwargs.items():
         if key not in valid:
@@ -89,7 +89,8 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> None:
     try:
         build_for_check = {k: v for k, v in kwargs.items()}
         if KIND[name] == "head":
-            build_for_check.update(embedding_dim=2, num_classes=3)
+            build_for_check.update(embedding_dim=2)
+            build_for_check.setdefault("num_classes", 3)
         build(name, **build_for_check)
     except ValueError as error:  # the loss's own validation, e.g. temperature <= 0
         raise UserError(f"{source}: loss '{name}': {error}") from None

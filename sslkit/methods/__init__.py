@@ -17,9 +17,13 @@ from __future__ import annotations
 from torch import nn
 
 from sslkit.methods.simclr import SimCLR
+from sslkit.methods.supcon import SupCon
+from sslkit.methods.supervised import Supervised
 
 METHODS: dict[str, type[nn.Module]] = {
     "simclr": SimCLR,
+    "supcon": SupCon,
+    "supervised": Supervised,
 }
 
 
@@ -28,4 +32,4 @@ def build_method(cfg, backbone: nn.Module, num_classes: int) -> nn.Module:
     return METHODS[cfg.method.name].from_config(cfg, backbone, num_classes)
 
 
-__all__ = ["METHODS", "build_method", "SimCLR"]
+__all__ = ["METHODS", "build_method", "SimCLR", "SupCon", "Supervised"]

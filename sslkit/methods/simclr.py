@@ -10,6 +10,7 @@ from torch import nn
 
 from sslkit import losses
 from sslkit.errors import UserError
+from sslkit.methods.common import encode
 from sslkit.models import build_mlp
 
 
@@ -30,6 +31,7 @@ class SimCLR(nn.Module):
         self.backbone = backbone
         self.projector = projector
         self.loss = loss
+        self.backbone_frozen = False
 
     @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int) -> "SimCLR":
@@ -41,6 +43,6 @@ class SimCLR(nn.Module):
         return cls(backbone, projector, losses.build(cfg.loss.name, **cfg.loss.kwargs))
 
     def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        z = self.projector(self.backbone(torch.cat([view1, view2])))  # (2B, D)
+        z = self.projector(encode(self.backbone, torch.cat([view1, view2]), self.backbone_frozen))  # (2B, D)
         z1, z2 = z.chunk(2)
         return self.loss(z1, z2)

@@ -1,0 +1,89 @@
+"""AdaCos with its dynamic scale: ``s`` re-estimated from every training batch.
+
+References:
+    [0] AdaCos, Zhang et al. 2019, https://arxiv.org/abs/1905.00292 (eq. 14-15, the dynamic scale)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sslkit.losses._common import full_precision
+from sslkit.losses.adacos import adacos_fixed_scale
+from sslkit.losses.head import check_positive_int
+from sslkit.losses.margin_softmax import MarginSoftmaxHead, margin_cross_entropy
+
+
+class AdaCosDynamicHead(MarginSoftmaxHead):
+    """Cosine softmax, no margin, with the scale updated per training batch (eq. 14-15 of [0])::
+
+        B_avg(t)     = 1/N sum_i sum_{j != y_i} exp(s(t-1) cos theta_ij)
+        theta_med(t) = median_i theta_{i,y_i}
+        s(t)         = log B_avg(t) / cos(min(pi/4, theta_med(t)))
+        loss_i       = -log( exp(s(t) cos theta_y) / sum_j exp(s(t) cos theta_j) )
+
+    ``s(0) = sqrt(2) log(C - 1)`` (the fixed AdaCos scale). ``s`` is a buffer (saved in the
+    state dict, so a resumed run continues from it), updated under ``no_grad`` in training mode
+    only, *before* the loss, so each batch is scored with the scale computed from it; in eval
+    mode ``logits``/``forward`` use the last ``s``. ``B_avg`` is computed in log space
+    (logsumexp), so a large ``s`` cannot overflow. If a degenerate batch gives a non-finite or
+    non-positive ``s`` (``B_avg <= 1``), the previous ``s`` is kept.
+
+    Caveats. Hyperparameter-free is not free: in the paper's own training curves AdaCos overtakes
+    ArcFace only after about 20,000 iterations (the axis does not say whether these are
+    iterations or epochs), and early training is slower; the fixed-scale :class:`AdaCosHead`
+    or ArcFace are the quicker choice for short schedules. ``s`` depends on the batch (its median
+    angle and class mix), so it moves with the batch size. Across processes each one computes
+    ``s`` from its local batch; DDP's default ``broadcast_buffers`` then overwrites it with rank
+    0's value at the next forward, so the processes agree on ``s(t-1)`` but not exactly on ``s(t)``.
+    pytorch-metric-learning has no AdaCos.
+
+    Args:
+        embedding_dim: D.
+        num_classes: C >= 3.
+
+    Shape:
+        embeddings: (N, D); labels: (N,) in [0, C); returns a scalar; ``logits``: (N, C) = s cos.
+
+    >>> head = AdaCosDynamicHead(embedding_dim=16, num_classes=10)
+    >>> loss = head(torch.randn(8, 16), torch.randint(0, 10, (8,)))  # updates head.s
+    """
+
+    def __init__(self, embedding_dim: int, num_classes: int) -> None:
+        super().__init__(embedding_dim, check_positive_int(num_classes, "num_classes", minimum=3))
+        self.register_buffer("s", torch.tensor(adacos_fixed_scale(self.num_classes)))
+
+    @property
+    def scale(self) -> torch.Tensor:
+        # A copy: autograd saves the scale it multiplied by, and the buffer changes in place.
+        return self.s.detach().clone()
+
+    @torch.no_grad()
+    def update_scale(self, logits: torch.Tensor, labels: torch.Tensor, old_scale: torch.Tensor) -> torch.Tensor:
+        """Eq. 14-15 of [0] from this batch's ``logits = s(t-1) cos``; writes and returns ``s(t)``."""
+        column = labels.unsqueeze(1)
+        cos_target = logits.gather(1, column).squeeze(1) / old_scale  # (N,)
+        # acos is harmless here: no gradient flows through the scale.
+        theta_median = torch.median(torch.acos(cos_target.clamp(-1, 1)))
+        others = logits.scatter(1, column, float("-inf"))  # (N, C), the target excluded
+        log_b_avg = torch.logsumexp(others.flatten(), dim=0) - math.log(logits.shape[0])
+        new_scale = log_b_avg / torch.cos(theta_median.clamp(max=math.pi / 4))
+        if torch.isfinite(new_scale) and new_scale > 0:
+            self.s.copy_(new_scale)
+        return self.scale.to(logits.dtype)
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        self.check_inputs(embeddings, labels)
+        with full_precision(embeddings.device):
+            logits, old_scale = self.scaled_logits(embeddings, labels)  # s(t-1) cos, (N, C)
+            if not self.training:
+                return margin_cross_entropy(logits, labels, self.target_logit, old_scale)
+            new_scale = self.update_scale(logits.detach(), labels, old_scale)
+            # Rescale in place (the matmul does not keep its output for backward): s(t) cos.
+            logits.mul_(new_scale / old_scale)
+            return margin_cross_entropy(logits, labels, self.target_logit, new_scale)
+
+    def extra_repr(self) -> str:
+        return f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, s={float(self.s):.4f}"

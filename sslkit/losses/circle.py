@@ -1,0 +1,129 @@
+"""Circle loss, pair-wise labels (Sun et al.).
+
+References:
+    [0] Circle Loss: A Unified Perspective of Pair Similarity Optimization, Sun et al. 2020,
+        https://arxiv.org/abs/2002.10857 (eq. 6 and the gradients derived from it)
+    [1] pytorch-metric-learning ``CircleLoss``,
+        https://kevinmusgrave.github.io/pytorch-metric-learning/losses/#circleloss
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sslkit.losses._common import (
+    check_embeddings_labels,
+    check_in_range,
+    check_positive,
+    full_precision,
+    gather_labelled,
+    mean_over_processes,
+    upcast,
+)
+
+
+def circle_loss(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor | None,
+    margin: float = 0.25,
+    gamma: float = 256.0,
+    gather_distributed: bool = True,
+) -> torch.Tensor:
+    """Circle loss with pair-wise labels (eq. 6 of [0]), mean over anchors with a positive and a negative.
+
+    For anchor ``i``, ``s_p`` runs over the cosine similarities to the other samples of its
+    class and ``s_n`` over those to samples of other classes::
+
+        l_i = log( 1 + sum_n exp(g a_n (s_n - D_n)) * sum_p exp(-g a_p (s_p - D_p)) )
+        a_p = [1 + m - s_p]_+,   a_n = [s_n + m]_+,   D_p = 1 - m,   D_n = m
+        loss = mean over {i : i has a positive and a negative} of l_i
+
+    ``a_p`` and ``a_n`` are held constant in the backward pass (detached): the gradients the
+    paper derives from eq. 6 are ``dL/ds_n = Z_n g a_n`` and ``dL/ds_p = -Z_p g a_p`` (``Z``
+    the softmax-like factors), which are those of eq. 6 with the weights fixed;
+    differentiating through them would give ``2 g s_n`` and ``2 g (s_p - 1)`` instead.
+    pytorch-metric-learning [1] detaches them too.
+
+    Computed as ``softplus(logsumexp_n + logsumexp_p)`` (softplus as ``logaddexp(0, .)``,
+    exact at any size): with ``g = 256`` the terms reach ``exp(1000)``.
+
+    Anchors without a positive or without a negative have no pair and are skipped; with none
+    left the loss is 0, still attached to the graph. pytorch-metric-learning averages over
+    the anchors whose loss is non-zero (``AvgNonZeroReducer``), which are the same anchors
+    (a softplus is never 0 unless it underflows), so the two agree. Across processes, local
+    anchors are compared with every process's embeddings, scaled so that the mean of the
+    processes' losses is the loss of the whole batch (see :mod:`sslkit.distributed`).
+
+    Shape:
+        embeddings: (N, D), any float dtype; labels: (N,) integer class ids.
+        returns: scalar.
+    """
+    check_embeddings_labels(embeddings, labels)
+    with full_precision(embeddings.device):
+        z = F.normalize(upcast(embeddings), dim=1)
+        candidates, candidate_labels, offset = gather_labelled(z, labels, gather_distributed)
+        n, total_n = z.shape[0], candidates.shape[0]
+        _, class_of, class_size = torch.unique(candidate_labels, return_inverse=True, return_counts=True)
+        if not ((class_size > 1) & (class_size < total_n)).any():
+            # Every process sees the same gathered labels, so all of them return here together.
+            return candidates.sum() * 0.0
+        local_size = class_size[class_of[offset:offset + n]]  # (n,)
+        has_pairs = (local_size > 1) & (local_size < total_n)  # a positive and a negative
+
+        sim = z @ candidates.T  # (n, N)
+        same = labels[:, None] == candidate_labels[None, :]  # (n, N)
+        positive = same.clone()
+        positive.diagonal(offset).fill_(False)
+        alpha_p = (1.0 + margin - sim.detach()).clamp_min(0.0)
+        alpha_n = (sim.detach() + margin).clamp_min(0.0)
+        logit_p = -gamma * alpha_p * (sim - (1.0 - margin))  # (n, N)
+        logit_n = gamma * alpha_n * (sim - margin)  # (n, N)
+        # Rows without pairs keep every entry so that their (unused) logsumexps stay finite.
+        skip = ~has_pairs[:, None]
+        lse_p = torch.logsumexp(logit_p.masked_fill(~(positive | skip), float("-inf")), dim=1)  # (n,)
+        lse_n = torch.logsumexp(logit_n.masked_fill(~(~same | skip), float("-inf")), dim=1)  # (n,)
+        per_anchor = torch.logaddexp(torch.zeros_like(lse_p), lse_p + lse_n)  # softplus
+        total = torch.where(has_pairs, per_anchor, torch.zeros_like(per_anchor)).sum()
+        return mean_over_processes(total, has_pairs.sum(), gather_distributed)
+
+
+class CircleLoss(nn.Module):
+    """Circle loss of Sun et al. [0] with pair-wise labels (eq. 6), on cosine similarities.
+
+    Re-weights every within-class similarity ``s_p`` and between-class similarity ``s_n`` by
+    how far it is from its optimum (``1 + m`` and ``-m``), so that the decision boundary is
+    a circle; see :func:`circle_loss` for the formula, the detached weights and the reduction.
+
+    Args:
+        margin: the relaxation m in [0, 1). The paper's face-recognition setting is
+            ``m = 0.25, gamma = 256`` (person re-id: 0.25, 128; fine-grained retrieval: 0.4, 80).
+            pytorch-metric-learning defaults to ``m = 0.4, gamma = 80``; pass them to match.
+        gamma: the scale g > 0.
+        gather_distributed: across processes, compare local anchors with every process's
+            embeddings. Off: each process sees its own batch.
+
+    Shape:
+        embeddings: (N, D); labels: (N,) integer; returns a scalar.
+
+    >>> loss_fn = CircleLoss(margin=0.25, gamma=256.0)
+    >>> embeddings, labels = torch.randn(8, 16), torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    >>> loss_fn(embeddings, labels).shape
+    torch.Size([])
+    """
+
+    def __init__(self, margin: float = 0.25, gamma: float = 256.0, gather_distributed: bool = True) -> None:
+        super().__init__()
+        margin = check_in_range(margin, "margin", 0.0, 1.0)
+        if margin == 1.0:
+            raise ValueError("margin must be below 1 (D_p = 1 - m is the positives' target), got 1.0")
+        self.margin = margin
+        self.gamma = check_positive(gamma, "gamma")
+        self.gather_distributed = gather_distributed
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return circle_loss(embeddings, labels, self.margin, self.gamma, self.gather_distributed)
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}, gamma={self.gamma}, gather_distributed={self.gather_distributed}"

@@ -1,0 +1,261 @@
+"""SupCon: supervised contrastive loss, the L_out form.
+
+References:
+    [0] Supervised Contrastive Learning, Khosla et al. 2020, https://arxiv.org/abs/2004.11362 (eq. 2)
+    [1] SupContrast, the authors' code, https://github.com/HobbitLong/SupContrast (``losses.py``);
+        its NaN for anchors without a positive: SupContrast#141
+    [2] A unifying mutual information view of metric learning: cross-entropy vs. pairwise losses,
+        Boudiaf et al. 2020, https://arxiv.org/abs/2003.08983
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from sslkit.losses._common import (
+    check_embeddings_labels,
+    check_positive,
+    full_precision,
+    gather_labelled,
+    mean_over_processes,
+    upcast,
+)
+
+_EPS = 1e-12  # F.normalize's default: a zero embedding stays zero instead of dividing by 0
+# Largest 1/T for which exp(s / T), |s| <= 1, stays finite and normal, with room for a sum over
+# N terms (fp32: exp(60) * N < 3e38 for any N below 1e12): no max-subtraction needed below it.
+_NO_SHIFT_MAX_INV_T = {torch.float32: 60.0, torch.float64: 600.0}
+
+
+def _unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x / max(||x||, eps)`` row by row (as ``F.normalize``), and the factor ``1 / max(||x||, eps)``."""
+    norm = torch.linalg.vector_norm(x, dim=1, keepdim=True)  # (m, 1)
+    inv_norm = norm.clamp_min_(_EPS).reciprocal_()
+    return x * inv_norm, inv_norm
+
+
+def _through_unit_rows(grad_u: torch.Tensor, u: torch.Tensor, inv_norm: torch.Tensor) -> torch.Tensor:
+    """Chain rule through ``u = x / max(||x||, eps)``: ``(g - u (u . g)) / max(||x||, eps)``, in place on ``g``.
+
+    A zero row (``u = 0``) gets ``g / eps``, as through ``F.normalize``. (Rows with
+    ``0 < ||x|| < eps`` keep the projection, which ``F.normalize`` drops; no embedding is that small.)
+    """
+    along = torch.linalg.vecdot(u, grad_u)[:, None]  # (m, 1)
+    return grad_u.addcmul_(u, along, value=-1.0).mul_(inv_norm)
+
+
+class _SupConPerAnchor(torch.autograd.Function):
+    """Per-anchor SupCon terms, with a hand-written backward that makes no (n, N) temporary.
+
+    For local anchor ``i`` (candidate ``i + offset``), with ``z = x / ||x||`` and ``c`` the
+    candidates normalised the same way::
+
+        l_i = log sum_{j != i} exp(z_i . c_j / T)  -  w_i sum_{p in P(i)} z_i . c_p / T,   w_i = 1 / |P(i)|
+
+    Why by hand: autograd would build ``logits - max`` and ``exp(logits - lse)`` as fresh
+    (n, N) tensors, copy the (n, N) gradient to mask the diagonal, and chain a dozen small
+    (n, D) nodes for the positive sum and the normalisation; on the CPU those cost as much
+    as the three matmuls. Here the forward turns the logits buffer into ``exp(logits - m_i)``
+    in place and keeps it, and the backward folds every per-row factor into the thin (n, D)
+    side of its two matmuls. ``m_i`` is 0 while ``1/T`` is small enough that ``exp(+-1/T)``
+    cannot overflow or underflow (``|z . c| <= 1``), which saves a pass; else the row maximum.
+
+    The positive sum needs no (n, N) mask: ``sum_{p in P(i)} c_p = S_{y_i} - c_{i + offset}``
+    with ``S_k`` the sum of the candidates of class ``k``. Gradients with respect to the unit
+    vectors (``a = z / T``, ``q_ij`` the softmax over ``j != i``, ``g`` the incoming
+    gradient), then through the normalisation by :func:`_through_unit_rows`::
+
+        dL/dz_i = g_i / T (sum_j q_ij c_j - w_i sum_{p in P(i)} c_p)
+        dL/dc_j = sum_i g_i q_ij a_i - sum_{i : j in P(i)} g_i w_i a_i
+
+    The diagonal is excluded with ``-inf``: safe, the logits are fp32/fp64 and ``N >= 2``
+    leaves every row a finite entry. Not twice differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx, x, x_candidates, inv_t, offset, class_of, num_classes, weight):
+        n = x.shape[0]
+        same_input = x_candidates is x  # one process: anchors and candidates are one tensor
+        local_class = class_of[offset:offset + n]  # (n,)
+        z, inv_norm = _unit_rows(x)  # (n, D), (n, 1)
+        c, inv_norm_c = (z, inv_norm) if same_input else _unit_rows(x_candidates)  # (N, D)
+        anchors = z * inv_t  # (n, D): scale the thin side, not the (n, N) product
+        logits = anchors @ c.T  # (n, N)
+        logits.diagonal(offset).fill_(float("-inf"))
+        if inv_t <= _NO_SHIFT_MAX_INV_T.get(logits.dtype, 0.0):
+            # |logit| <= 1/T: exp cannot overflow or underflow, so skip the max-subtraction pass
+            row_max = logits.new_zeros(n, 1)
+        else:
+            row_max = logits.amax(dim=1, keepdim=True)  # (n, 1), finite
+            logits.sub_(row_max)
+        exp = logits.exp_()  # (n, N), in the logits' buffer; the diagonal is 0
+        row_sum = exp.sum(dim=1)  # (n,), > 0
+        class_sums = c.new_zeros(num_classes, c.shape[1]).index_add_(0, class_of, c)  # (C, D)
+        positives = class_sums.index_select(0, local_class).sub_(c[offset:offset + n])  # (n, D)
+        positive_logits = torch.linalg.vecdot(anchors, positives)  # (n,) sum_p z_i . c_p / T
+        ctx.save_for_backward(z, inv_norm, c, inv_norm_c, exp, row_sum, positives, class_of, weight)
+        ctx.inv_t, ctx.offset, ctx.num_classes, ctx.same_input = inv_t, offset, num_classes, same_input
+        return row_max.squeeze(1) + row_sum.log() - weight * positive_logits
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        z, inv_norm, c, inv_norm_c, exp, row_sum, positives, class_of, weight = ctx.saved_tensors
+        n, offset, inv_t = z.shape[0], ctx.offset, ctx.inv_t
+        softmax_scale = (grad / row_sum)[:, None]  # (n, 1): exp_ij times this is g_i q_ij
+        positive_scale = (grad * weight)[:, None]  # (n, 1): g_i w_i
+        grad_z = grad_c = None
+        with full_precision(grad.device):
+            if ctx.needs_input_grad[0]:
+                grad_z = (exp @ c).mul_(softmax_scale)  # (n, D)
+                grad_z.addcmul_(positives, positive_scale, value=-1.0).mul_(inv_t)
+            if ctx.needs_input_grad[1]:
+                grad_c = exp.T @ (z * (softmax_scale * inv_t))  # (N, D)
+                pulled = z * (positive_scale * inv_t)  # (n, D): g_i w_i a_i
+                local_class = class_of[offset:offset + n]
+                per_class = pulled.new_zeros(ctx.num_classes, pulled.shape[1]).index_add_(0, local_class, pulled)
+                # anchor i pulls every candidate of its class, except its own row
+                grad_c.sub_(per_class.index_select(0, class_of))
+                grad_c[offset:offset + n].add_(pulled)
+            if ctx.same_input and grad_z is not None and grad_c is not None:
+                # one tensor: add the two gradients once, before the (shared) normalisation
+                return _through_unit_rows(grad_z.add_(grad_c), z, inv_norm), None, None, None, None, None, None
+            grad_x = None if grad_z is None else _through_unit_rows(grad_z, z, inv_norm)
+            grad_candidates = None if grad_c is None else _through_unit_rows(grad_c, c, inv_norm_c)
+        return grad_x, grad_candidates, None, None, None, None, None
+
+
+def supcon_loss(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor | None,
+    temperature: float = 0.1,
+    base_temperature: float | None = None,
+    gather_distributed: bool = True,
+) -> torch.Tensor:
+    """Supervised contrastive loss ``L_out`` (eq. 2 of [0]), mean over anchors that have a positive.
+
+    Every sample ``i`` is an anchor; its positives ``P(i)`` are the other samples with its
+    label, and its candidates ``A(i)`` are all samples but itself::
+
+        l_i = -1/|P(i)| sum_{p in P(i)} log( exp(s_ip / T) / sum_{a in A(i)} exp(s_ia / T) )
+            = log sum_{a != i} exp(s_ia / T)  -  1/|P(i)| sum_{p in P(i)} s_ip / T
+
+        loss = (T / T_base) * mean over {i : |P(i)| > 0} of l_i
+
+    ``s`` is the cosine similarity (embeddings are L2-normalised here). Eq. 2 sums over
+    anchors; like the authors' code [1] and pytorch-metric-learning this takes the mean.
+    ``T / T_base`` is the factor of [1] (``base_temperature``); it is 1 unless
+    ``base_temperature`` is given, which is the paper's plain form.
+
+    Anchors with no positive (a class seen once in the batch) are skipped: their average over
+    an empty ``P(i)`` is 0/0, which is the NaN of [1] (SupContrast#141). The mean runs over the anchors that
+    have one; with none at all the loss is 0, still attached to the graph so that
+    ``backward()`` works. pytorch-metric-learning skips them the same way (its
+    ``AvgNonZeroReducer``), but returns 0 when the batch has no *negative* at all, where eq. 2
+    is still defined and this loss computes it.
+
+    Cost: one (n, N) matmul forward and two backward, a few in-place passes over the (n, N)
+    logits, and no (n, N) positive mask (see ``_SupConPerAnchor``).
+
+    Across processes, local anchors are compared with every process's embeddings and each
+    process's loss is scaled so that their mean is the loss of the whole batch, however the
+    anchors with a positive are spread over processes (see :mod:`sslkit.distributed`).
+
+    Shape:
+        embeddings: (N, D), any float dtype; labels: (N,) integer class ids.
+        returns: scalar.
+    """
+    check_embeddings_labels(embeddings, labels)
+    inv_t = 1.0 / temperature
+    scale = 1.0 if base_temperature is None else temperature / base_temperature
+    with full_precision(embeddings.device):
+        x = upcast(embeddings)
+        candidates, candidate_labels, offset = gather_labelled(x, labels, gather_distributed)
+        n = x.shape[0]
+        classes, class_of, class_size = torch.unique(candidate_labels, return_inverse=True, return_counts=True)
+        if not (class_size > 1).any():
+            # Every process sees the same gathered labels, so all of them return here together
+            # (no process waits in a collective that the others skip).
+            return candidates.sum() * 0.0
+        num_positives = class_size[class_of[offset:offset + n]] - 1  # (n,)
+        has_positive = num_positives > 0
+        weight = 1.0 / num_positives.clamp_min(1).to(x.dtype)  # (n,) 1/|P(i)|
+        per_anchor = _SupConPerAnchor.apply(x, candidates, inv_t, offset, class_of, len(classes), weight)  # (n,)
+        # where, not multiply: skipped anchors must contribute exactly nothing.
+        total = torch.where(has_positive, per_anchor, torch.zeros_like(per_anchor)).sum()
+        return scale * mean_over_processes(total, has_positive.sum(), gather_distributed)
+
+
+class SupConLoss(nn.Module):
+    """Supervised contrastive loss of Khosla et al. [0], eq. 2 (``L_out``).
+
+    Pulls each anchor towards every other sample of its class and away from the rest of the
+    batch, with one softmax over the batch per (anchor, positive) pair; see
+    :func:`supcon_loss` for the formula, the skipped anchors and the reduction.
+
+    Two views, as in the paper's training: concatenate the views and repeat the labels. The
+    loss does not care about the order of the rows, so this matches SupContrast's
+    ``loss(torch.stack([z1, z2], dim=1), labels)`` (``contrast_mode="all"``). With
+    ``labels = arange(N)`` every anchor's only positive is its other view and the loss is
+    NT-Xent (SimCLR)::
+
+        loss = SupConLoss(temperature=0.1)(torch.cat([z1, z2]), labels.repeat(2))
+
+    Pairwise softmax cross-entropy (PSCE: the "Pairwise Cross-Entropy" of [2], written out in
+    seed note 000, "comparing metric learning with softmax cross-entropy is itself a mistake")
+    is this family: for each anchor, a softmax over the samples of the batch, with the
+    samples of its label as targets (``j`` and ``k`` run over the whole batch, ``i`` included)::
+
+        PSCE = - sum_i sum_{j : y_j = y_i} log( exp(z_i . z_j) / sum_k exp(z_i . z_k) )
+
+    That is SupCon with the anchor's positives = the samples with its label, after three
+    changes: cosine similarities over T instead of raw dot products (``T = 1`` on
+    L2-normalised embeddings gives PSCE's logits), the anchor itself left out of the targets
+    and the denominator (on normalised inputs its logit is the constant ``1/T``), and each
+    anchor's targets averaged (``1/|P(i)|``) and the anchors averaged, where PSCE sums both.
+    So ``SupConLoss(temperature=1.0)(F.normalize(z), labels)`` is PSCE on normalised
+    embeddings up to the self-terms and that weighting. PSCE is the pairwise choice when
+    there are only relative labels or too many classes to hold a weight matrix; with one
+    weight vector per class it becomes the classification softmax cross-entropy of the heads.
+
+    Args:
+        temperature: T > 0 dividing the cosine similarities. 0.1 is the paper's setting and
+            pytorch-metric-learning's default; the authors' code defaults to 0.07.
+        base_temperature: if given, the loss is multiplied by ``temperature / base_temperature``
+            as in [1] (its default 0.07 with T = 0.07 gives 1). ``None``: no factor, the paper's
+            eq. 2 and pytorch-metric-learning's ``SupConLoss``.
+        gather_distributed: across processes, compare local anchors with every process's
+            embeddings (the paper's large-batch setting). Off: each process sees its own batch.
+
+    Shape:
+        embeddings: (N, D); labels: (N,) integer; returns a scalar.
+
+    >>> loss_fn = SupConLoss(temperature=0.1)
+    >>> embeddings, labels = torch.randn(8, 16), torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    >>> loss_fn(embeddings, labels).shape
+    torch.Size([])
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.1,
+        base_temperature: float | None = None,
+        gather_distributed: bool = True,
+    ) -> None:
+        super().__init__()
+        self.temperature = check_positive(temperature, "temperature")
+        if base_temperature is not None:
+            base_temperature = check_positive(base_temperature, "base_temperature")
+        self.base_temperature = base_temperature
+        self.gather_distributed = gather_distributed
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return supcon_loss(embeddings, labels, self.temperature, self.base_temperature, self.gather_distributed)
+
+    def extra_repr(self) -> str:
+        return (
+            f"temperature={self.temperature}, base_temperature={self.base_temperature}, "
+            f"gather_distributed={self.gather_distributed}"
+        )

@@ -1,0 +1,315 @@
+"""MoCo v2 and v3: a query encoder trained against keys from a momentum encoder.
+
+References:
+    [0] MoCo, He et al. 2020, https://arxiv.org/abs/1911.05722
+    [1] MoCo v2, Chen et al. 2020, https://arxiv.org/abs/2003.04297
+    [2] MoCo v3, Chen, Xie, He 2021, https://arxiv.org/abs/2104.02057
+    [3] MoCo CIFAR-10 demo (the single-GPU colab),
+        https://colab.research.google.com/github/facebookresearch/moco/blob/colab-notebook/colab/moco_cifar10_demo.ipynb
+
+Both keep the key (momentum) encoder as frozen submodules: they are saved in the
+``state_dict`` and move with ``.to(device)``, but carry ``requires_grad=False``, so the
+optimizer's parameter groups and DDP's reducer leave them alone. The trainer calls
+``after_optimizer_step`` after every optimizer step, which moves them towards the online
+encoder with the momentum of :func:`sslkit.optim.cosine_momentum`.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sslkit import distributed, losses
+from sslkit.errors import UserError
+from sslkit.losses._common import check_positive, full_precision, upcast
+from sslkit.methods.momentum import freeze, update_momentum
+from sslkit.methods.queue import KeyQueue
+from sslkit.models import build_mlp
+from sslkit.optim import cosine_momentum
+
+# --------------------------------------------------------------------------- BatchNorm in one process
+
+
+class SplitBatchNorm(nn.BatchNorm2d):
+    """BatchNorm2d whose training statistics come from ``num_splits`` sub-batches, as on several GPUs.
+
+    The single-GPU form of MoCo's ShuffleBN, from the MoCo CIFAR demo [3]. With BatchNorm over
+    one batch, a query and its positive key are normalised with the statistics of the same
+    images, while the queue's keys come from other batches; the network can tell the positive
+    by that batch signature instead of by content and "cheat" the task ([0], section 3.3). MoCo
+    normalises per GPU and shuffles the keys' batch across GPUs so a query and its key see
+    different statistics. Here the sub-batches play the GPUs: samples ``n`` with the same
+    ``n mod num_splits`` are normalised together, and :class:`MoCo` shuffles the key batch.
+    No process group is needed, and with several processes each one splits its own batch.
+
+    In evaluation mode it is plain BatchNorm2d; its ``state_dict`` keys are BatchNorm2d's, so an
+    exported backbone loads into a model built with ordinary BatchNorm.
+
+    Shape:
+        x: (N, C, H, W) with N divisible by ``num_splits`` in training mode.
+    """
+
+    def __init__(self, num_features: int, num_splits: int, **kwargs) -> None:
+        super().__init__(num_features, **kwargs)
+        self.num_splits = num_splits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.num_splits == 1 or not self.track_running_stats:
+            return super().forward(x)
+        n, c, h, w = x.shape
+        s = self.num_splits
+        if n % s:
+            raise ValueError(f"a batch of {n} cannot be split into {s} equal BatchNorm groups (method.bn_splits)")
+        self.num_batches_tracked.add_(1)
+        factor = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+        # (N, C) -> (N / s, s C): sample b s + j lands in channel block j, so each block is one group.
+        running_mean, running_var = self.running_mean.repeat(s), self.running_var.repeat(s)
+        weight = self.weight.repeat(s) if self.weight is not None else None
+        bias = self.bias.repeat(s) if self.bias is not None else None
+        out = F.batch_norm(x.reshape(n // s, c * s, h, w), running_mean, running_var, weight, bias, True, factor, self.eps)
+        with torch.no_grad():
+            # Each group updated its own copy of the running statistics: keep their mean.
+            self.running_mean.copy_(running_mean.view(s, c).mean(dim=0))
+            self.running_var.copy_(running_var.view(s, c).mean(dim=0))
+        return out.reshape(n, c, h, w)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, num_splits={self.num_splits}"
+
+
+def split_batch_norm(module: nn.Module, num_splits: int) -> nn.Module:
+    """Replace every BatchNorm2d inside ``module`` by a :class:`SplitBatchNorm` with the same state (in place)."""
+    for name, child in module.named_children():
+        if type(child) is nn.BatchNorm2d and child.track_running_stats:
+            split = SplitBatchNorm(child.num_features, num_splits, eps=child.eps, momentum=child.momentum, affine=child.affine)
+            split.load_state_dict(child.state_dict())
+            setattr(module, name, split.to(child.running_mean.device))
+        else:
+            split_batch_norm(child, num_splits)
+    return module
+
+
+def _mlp_without_batch_norm(in_dim: int, hidden_dim: int, out_dim: int, num_layers: int) -> nn.Sequential:
+    """MoCo v2's head, fc-ReLU-fc ([1], section 3); 1 layer is MoCo v1's linear head.
+
+    No BatchNorm, unlike :func:`sslkit.models.build_mlp`: BatchNorm in the head would again
+    share statistics between a query and its key within a batch.
+    """
+    layers: list[nn.Module] = []
+    dim = in_dim
+    for _ in range(num_layers - 1):
+        layers += [nn.Linear(dim, hidden_dim), nn.ReLU(inplace=True)]
+        dim = hidden_dim
+    layers.append(nn.Linear(dim, out_dim))
+    return nn.Sequential(*layers)
+
+
+def _check_momentum(cfg) -> None:
+    m = cfg.method
+    if not 0.0 <= m.momentum <= m.momentum_final <= 1.0:
+        raise UserError(f"method.momentum {m.momentum} and method.momentum_final {m.momentum_final} must satisfy "
+                        f"0 <= momentum <= momentum_final <= 1 (MoCo: 0.99 -> 1.0)")
+
+
+def _contrastive_loss(cfg, method: str) -> nn.Module:
+    if cfg.loss.name not in ("ntxent", "infonce"):
+        raise UserError(f"method '{method}' trains with InfoNCE: set loss.name to ntxent (or infonce), got '{cfg.loss.name}'")
+    return losses.build(cfg.loss.name, **cfg.loss.kwargs)
+
+
+# --------------------------------------------------------------------------- MoCo v2
+
+
+class MoCo(nn.Module):
+    """MoCo v2 [1]: InfoNCE of queries against their keys and a queue of past keys.
+
+    ``q = g(f(x))`` from the online backbone ``f`` and head ``g``; ``k`` from their momentum
+    copies; the loss is eq. 1 of [0] with the queue as negatives::
+
+        l(q, k+) = -log( exp(q.k+ / T) / (exp(q.k+ / T) + sum_{k- in queue} exp(q.k- / T)) )
+
+    computed by :class:`~sslkit.losses.NTXentLoss` with ``negatives``. Symmetric (the default):
+    ``(l(q1, k2) + l(q2, k1)) / 2`` over both views, as in the MoCo CIFAR demo [3] (kNN 85.3
+    vs 82.6 asymmetric, 200 epochs; the demo sums the two terms, the mean keeps the loss on the
+    asymmetric scale); asymmetric: ``l(q1, k2)``. After the loss, the keys of this step join
+    the queue (every process's keys, see :class:`KeyQueue`): they are negatives from the next
+    step on, never for their own queries. Until the queue is full, only the keys so far are
+    negatives (the first step has none: its loss is 0).
+
+    BatchNorm: ``bn_splits > 1`` normalises each encoder pass in that many sub-batches and
+    shuffles the key batch (see :class:`SplitBatchNorm`), MoCo's ShuffleBN in one process, as
+    the MoCo CIFAR demo trains on one GPU (8 splits). ``bn_splits = 1`` is BatchNorm over the
+    whole batch, which solo-learn uses (SyncBatchNorm, no shuffle) for its MoCo v2+ results.
+
+    Shape:
+        view1, view2: (B, C, H, W); returns a scalar loss.
+    """
+
+    needs_labels = False
+
+    def __init__(self, backbone: nn.Module, projector: nn.Module, loss: nn.Module, queue_size: int = 65536,
+                 momentum: float = 0.99, momentum_final: float = 1.0, symmetric: bool = True, bn_splits: int = 8) -> None:
+        super().__init__()
+        if bn_splits < 1:
+            raise ValueError(f"bn_splits must be >= 1, got {bn_splits}")
+        if bn_splits > 1:
+            split_batch_norm(backbone, bn_splits)
+        self.backbone, self.projector, self.loss = backbone, projector, loss
+        self.momentum_backbone = freeze(copy.deepcopy(backbone))
+        self.momentum_projector = freeze(copy.deepcopy(projector))
+        out_dim = next(m for m in reversed(projector) if isinstance(m, nn.Linear)).out_features
+        self.queue = KeyQueue(queue_size, out_dim)
+        self.momentum, self.momentum_final = momentum, momentum_final
+        self.symmetric, self.bn_splits = symmetric, bn_splits
+
+    @classmethod
+    def from_config(cls, cfg, backbone: nn.Module, num_classes: int) -> "MoCo":
+        m, model = cfg.method, cfg.model
+        _check_momentum(cfg)
+        if m.queue_size < 1:
+            raise UserError(f"method.queue_size must be >= 1, got {m.queue_size} (MoCo v2: 65536)")
+        local_batch = cfg.train.batch_size // distributed.world_size()
+        per_pass = 2 * local_batch if m.symmetric else local_batch
+        if m.bn_splits < 1 or per_pass % m.bn_splits:
+            raise UserError(f"method.bn_splits {m.bn_splits} must be >= 1 and divide the {per_pass} images each process "
+                            f"encodes per pass (train.batch_size per process{', both views' if m.symmetric else ''}); "
+                            f"try method.bn_splits=8 or 1")
+        projector = _mlp_without_batch_norm(backbone.feature_dim, model.projector_hidden, model.projector_out, model.projector_layers)
+        return cls(backbone, projector, _contrastive_loss(cfg, "moco"), m.queue_size, m.momentum, m.momentum_final,
+                   m.symmetric, m.bn_splits)
+
+    @torch.no_grad()
+    def _keys(self, images: torch.Tensor) -> torch.Tensor:
+        """Keys from the momentum encoder, its batch shuffled so BatchNorm groups differ from the queries'."""
+        if self.bn_splits == 1:
+            return self.momentum_projector(self.momentum_backbone(images))
+        order = torch.randperm(images.shape[0], device=images.device)
+        keys = self.momentum_projector(self.momentum_backbone(images[order]))
+        return keys[torch.argsort(order)]  # back to the images' order
+
+    def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        if self.symmetric:
+            # One pass for both views (faster than two); row i of keys is the other view of row i of queries.
+            queries = self.projector(self.backbone(torch.cat([view1, view2])))  # (2B, D)
+            keys = self._keys(torch.cat([view2, view1]))  # (2B, D)
+        else:
+            queries, keys = self.projector(self.backbone(view1)), self._keys(view2)  # (B, D)
+        # The mean over 2B queries is (l(q1, k2) + l(q2, k1)) / 2.
+        loss = self.loss(queries, keys, negatives=self.queue.negatives())
+        self.queue.enqueue(F.normalize(keys.float(), dim=1))
+        return loss
+
+    @torch.no_grad()
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        m = cosine_momentum(step, total_steps, self.momentum, self.momentum_final)
+        update_momentum(self.backbone, self.momentum_backbone, m)
+        update_momentum(self.projector, self.momentum_projector, m)
+
+
+# --------------------------------------------------------------------------- MoCo v3
+
+
+def moco_v3_loss(q: torch.Tensor, k: torch.Tensor, temperature: float = 0.2) -> torch.Tensor:
+    """``ctr(q, k)`` of MoCo v3 ([2], Algorithm 1): InfoNCE of each query against every key of the batch.
+
+    ::
+
+        ctr(q, k) = 2 T * mean_i -log( exp(q_i.k_i / T) / sum_j exp(q_i.k_j / T) )
+
+    with ``q``, ``k`` L2-normalised and ``j`` over the keys of all processes (gathered; the
+    positive of local query ``i`` is at ``rank * n + i``). The keys come from the momentum
+    encoder and carry no gradient, so a gather without gradient is right here, unlike NT-Xent,
+    whose candidates are trained embeddings and need :func:`sslkit.distributed.gather_with_grad`.
+
+    Shape:
+        q: (n, D) queries; k: (n, D) keys (detached); returns a scalar.
+    """
+    with full_precision(q.device):
+        q = F.normalize(upcast(q), dim=1)
+        keys = F.normalize(upcast(distributed.gather_no_grad(k.detach())).to(q.dtype), dim=1)  # (W n, D)
+        n = q.shape[0]
+        logits = (q / temperature) @ keys.T  # (n, W n)
+        positive = torch.arange(n, device=q.device) + distributed.local_offset(n)
+        # Why 2 T (moco-v3#31 asks; the authors did not answer): the gradient of cross-entropy
+        # with respect to the cosines is (softmax(s / T) - onehot) / T, so "* T" takes the 1/T out
+        # and the gradient's scale, hence the tuned learning rate, does not change with T. The 2
+        # makes ctr equal plain cross-entropy at T = 0.5. It is a constant scale, not part of InfoNCE.
+        return F.cross_entropy(logits, positive) * (2 * temperature)
+
+
+class MoCoV3Loss(nn.Module):
+    """:func:`moco_v3_loss` as a module, so the method holds its loss like every other (``method.loss``).
+
+    Args:
+        temperature: T > 0 (MoCo v3: 0.2 for ViT, solo-learn's CIFAR ResNet-18 0.2).
+    """
+
+    def __init__(self, temperature: float = 0.2) -> None:
+        super().__init__()
+        self.temperature = check_positive(temperature, "temperature")
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return moco_v3_loss(q, k, self.temperature)
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}"
+
+
+class MoCoV3(nn.Module):
+    """MoCo v3 [2]: ``ctr(q1, k2) + ctr(q2, k1)`` with a predictor on the query side and no queue.
+
+    Query ``q = h(g(f(x)))`` (backbone ``f``, projector ``g``, predictor ``h``); key
+    ``k = g_m(f_m(x))`` from the momentum copies of ``f`` and ``g`` (no predictor); the loss is
+    :func:`moco_v3_loss` in both directions, summed as in [2]. The negatives are the other
+    keys of the batch (all processes), so BatchNorm needs no shuffling here: in one process every
+    key shares the positive's statistics. (With several processes, [2] uses SyncBatchNorm so
+    keys from other processes share them too; see the note in ``from_config``.)
+
+    Heads as in [2]'s ResNet code and solo-learn: projector ``projector_layers`` layers
+    (``model.projector_*``; the paper's text says 3, its ResNet code uses 2) with an
+    affine-free BatchNorm after the last; predictor 2 layers, ``predictor_hidden`` wide.
+
+    Shape:
+        view1, view2: (B, C, H, W); returns a scalar loss.
+    """
+
+    needs_labels = False
+
+    def __init__(self, backbone: nn.Module, projector: nn.Module, predictor: nn.Module, temperature: float = 0.2,
+                 momentum: float = 0.99, momentum_final: float = 1.0) -> None:
+        super().__init__()
+        self.backbone, self.projector, self.predictor = backbone, projector, predictor
+        self.momentum_backbone = freeze(copy.deepcopy(backbone))
+        self.momentum_projector = freeze(copy.deepcopy(projector))
+        self.loss = MoCoV3Loss(temperature)
+        self.momentum, self.momentum_final = momentum, momentum_final
+
+    @classmethod
+    def from_config(cls, cfg, backbone: nn.Module, num_classes: int) -> "MoCoV3":
+        # Multi-process note: without SyncBatchNorm (GPU only in torch) each process normalises its
+        # own keys; keys gathered from other processes then carry other statistics than the positive.
+        m, model = cfg.method, cfg.model
+        _check_momentum(cfg)
+        if m.predictor_hidden < 1:
+            raise UserError(f"method.predictor_hidden must be >= 1, got {m.predictor_hidden} (MoCo v3: 4096)")
+        temperature = _contrastive_loss(cfg, "mocov3").temperature
+        projector = build_mlp(backbone.feature_dim, model.projector_hidden, model.projector_out, model.projector_layers,
+                              last_batch_norm=True)
+        predictor = build_mlp(model.projector_out, m.predictor_hidden, model.projector_out, 2)
+        return cls(backbone, projector, predictor, temperature, m.momentum, m.momentum_final)
+
+    def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        b = view1.shape[0]
+        queries = self.predictor(self.projector(self.backbone(torch.cat([view1, view2]))))  # (2B, D)
+        with torch.no_grad():
+            keys = self.momentum_projector(self.momentum_backbone(torch.cat([view1, view2])))  # (2B, D)
+        return self.loss(queries[:b], keys[b:]) + self.loss(queries[b:], keys[:b])
+
+    @torch.no_grad()
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        m = cosine_momentum(step, total_steps, self.momentum, self.momentum_final)
+        update_momentum(self.backbone, self.momentum_backbone, m)
+        update_momentum(self.projector, self.momentum_projector, m)

@@ -1,0 +1,53 @@
+"""Supervised metric learning with a classification or proxy head (ArcFace, CosFace, Proxy-Anchor, ...).
+
+backbone -> embedding neck (an MLP, ``model.projector_*``) -> a head of kind ``"head"`` from the
+loss registry, which owns the class weights or proxies. The head is part of this module, so
+its parameters are in the optimizer and prepared by Accelerate with everything else (a classic
+peer bug is a head whose weights never train), with the learning-rate scale it declares.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sslkit import losses
+from sslkit.errors import UserError
+from sslkit.methods.common import encode
+from sslkit.models import build_mlp
+
+
+class Supervised(nn.Module):
+    """``head(neck(f(v)), y)`` on both augmented views (2B samples a step).
+
+    Shape:
+        view1, view2: (B, C, H, W); labels: (B,) int in [0, num_classes); returns a scalar loss.
+    """
+
+    needs_labels = True
+
+    def __init__(self, backbone: nn.Module, neck: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.backbone, self.neck, self.loss = backbone, neck, head
+        self.backbone_frozen = False
+
+    @classmethod
+    def from_config(cls, cfg, backbone: nn.Module, num_classes: int) -> "Supervised":
+        if losses.KIND[cfg.loss.name] != "head":
+            heads = sorted(n for n, k in losses.KIND.items() if k == "head")
+            raise UserError(f"method 'supervised' needs a head, got loss.name '{cfg.loss.name}'; choose one of: {', '.join(heads)}")
+        kwargs = dict(cfg.loss.kwargs)
+        stated = kwargs.pop("num_classes", num_classes)
+        if stated != num_classes:
+            raise UserError(f"loss.num_classes is {stated} but dataset '{cfg.data.name}' has {num_classes} classes; "
+                            f"remove loss.num_classes (it is taken from the dataset) or use the dataset it was meant for")
+        m = cfg.model
+        neck = build_mlp(backbone.feature_dim, m.projector_hidden, m.projector_out, m.projector_layers)
+        head = losses.build(cfg.loss.name, embedding_dim=m.projector_out, num_classes=num_classes, **kwargs)
+        return cls(backbone, neck, head)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        return self.neck(encode(self.backbone, images, self.backbone_frozen))
+
+    def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        return self.loss(self.embed(torch.cat([view1, view2])), torch.cat([labels, labels]))
