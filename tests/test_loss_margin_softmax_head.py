@@ -1,0 +1,216 @@
+"""What every classification head shares: the interface (logits, param_groups, label checks),
+dtype handling, half-precision autocast, and the two autograd functions of the margin-softmax
+base (in-place cross-entropy with a changed target logit, cosine logits)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sslkit.losses.adacos import AdaCosHead
+from sslkit.losses.adacos_dynamic import AdaCosDynamicHead
+from sslkit.losses.arcface import ArcFaceHead, arcface_target_logit
+from sslkit.losses.coco import CoCoHead
+from sslkit.losses.cosface import CosFaceHead
+from sslkit.losses.lsoftmax import LSoftmaxHead
+from sslkit.losses.margin_softmax import cosine_logits, margin_cross_entropy
+from sslkit.losses.normsoftmax import NormSoftmaxHead
+from sslkit.losses.softmax import SoftmaxHead
+from sslkit.losses.sphereface import SphereFaceHead
+
+HEADS = [
+    (SoftmaxHead, {}),
+    (NormSoftmaxHead, {}),
+    (CoCoHead, {}),
+    (LSoftmaxHead, {}),
+    (SphereFaceHead, {}),
+    (CosFaceHead, {}),
+    (ArcFaceHead, {}),
+    (ArcFaceHead, {"easy_margin": True}),
+    (AdaCosHead, {}),
+    (AdaCosDynamicHead, {}),
+]
+IDS = [cls.__name__ + ("-easy" if kw else "") for cls, kw in HEADS]
+
+
+@pytest.mark.parametrize("cls,kwargs", HEADS, ids=IDS)
+def test_logits_shape_and_loss_is_scalar(cls, kwargs):
+    head = cls(12, 7, **kwargs)
+    x, y = torch.randn(5, 12), torch.randint(0, 7, (5,))
+    assert head.num_classes == 7
+    assert head.logits(x).shape == (5, 7)
+    loss = head(x, y)
+    assert loss.shape == () and torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("cls,kwargs", HEADS, ids=IDS)
+def test_param_groups_cover_every_parameter_exactly_once(cls, kwargs):
+    head = cls(12, 7, **kwargs)
+    groups = head.param_groups()
+    listed = [id(p) for g in groups for p in g["params"]]
+    assert sorted(listed) == sorted(id(p) for p in head.parameters())
+    assert len(listed) == len(set(listed))
+    assert all(isinstance(g["lr_scale"], float) and isinstance(g["name"], str) for g in groups)
+    # The groups really build an optimizer, and a step moves the class weights.
+    opt = torch.optim.SGD([{"params": g["params"], "lr": 0.1 * g["lr_scale"]} for g in groups])
+    before = head.weight.detach().clone()
+    head(torch.randn(6, 12), torch.randint(0, 7, (6,))).backward()
+    opt.step()
+    assert not torch.equal(before, head.weight.detach())
+
+
+@pytest.mark.parametrize("cls,kwargs", HEADS, ids=IDS)
+@pytest.mark.parametrize("bad", [-1, 7])
+def test_labels_out_of_range_raise(cls, kwargs, bad):
+    head = cls(12, 7, **kwargs)
+    labels = torch.tensor([0, bad, 3])
+    with pytest.raises(ValueError, match=r"labels.*num_classes.*\[0, 7\)"):
+        head(torch.randn(3, 12), labels)
+
+
+@pytest.mark.parametrize("cls,kwargs", HEADS, ids=IDS)
+def test_bad_shapes_raise(cls, kwargs):
+    head = cls(12, 7, **kwargs)
+    with pytest.raises(ValueError, match="embedding_dim"):
+        head(torch.randn(3, 11), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="labels"):
+        head(torch.randn(3, 12), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="labels"):
+        head(torch.randn(3, 12), torch.tensor([0.0, 1.0, 2.0]))
+    with pytest.raises(ValueError, match="embeddings"):
+        head.logits(torch.randn(3, 12, 1))
+
+
+@pytest.mark.parametrize("cls", [cls for cls, _ in HEADS[:-2]] + [AdaCosHead])
+@pytest.mark.parametrize("name,value", [("embedding_dim", 0), ("num_classes", 0), ("num_classes", 2.5)])
+def test_bad_sizes_raise(cls, name, value):
+    sizes = {"embedding_dim": 12, "num_classes": 7, name: value}
+    with pytest.raises(ValueError, match=name):
+        cls(**sizes)
+
+
+@pytest.mark.parametrize("cls,kwargs", HEADS, ids=IDS)
+def test_float64_stays_float64_and_float32_weights_follow_the_input(cls, kwargs):
+    head = cls(12, 7, **kwargs)
+    x, y = torch.randn(5, 12, dtype=torch.float64), torch.randint(0, 7, (5,))
+    assert head(x, y).dtype == torch.float64  # fp32 weights promoted, not the input demoted
+    assert head.double()(x, y).dtype == torch.float64
+
+
+@pytest.mark.parametrize("cls,kwargs", HEADS, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_autocast_is_finite_and_close(cls, kwargs, dtype):
+    torch.manual_seed(0)
+    head = cls(32, 50, **kwargs).eval()  # eval: AdaCos's dynamic scale must not move between calls
+    x, y = torch.randn(64, 32), torch.randint(0, 50, (64,))
+    expected = head(x, y)
+    x_half = x.to(dtype).requires_grad_(True)
+    with torch.autocast("cpu", dtype=dtype):
+        got = head(x_half, y)
+        logits = head.logits(x_half)
+    got.backward()
+    assert got.dtype == torch.float32 and logits.dtype == torch.float32
+    assert torch.isfinite(got) and torch.isfinite(x_half.grad).all() and torch.isfinite(head.weight.grad).all()
+    # What is left is the embeddings' own rounding to half precision (|loss| is up to ~100 at s = 64).
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_scale_64_with_confident_embeddings_is_finite(dtype):
+    # Embeddings on their class weight: target logit 64 cos(m), others near 0 -> large logit gaps.
+    head = ArcFaceHead(16, 10)
+    y = torch.arange(10)
+    x = (head.weight.detach()[y] * 3).to(dtype).requires_grad_(True)
+    with torch.autocast("cpu", dtype=dtype):
+        loss = head(x, y)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(x.grad).all() and torch.isfinite(head.weight.grad).all()
+
+
+def _identity(cos):
+    return cos
+
+
+@pytest.mark.parametrize("radius", [1.0, 30.0])
+def test_margin_cross_entropy_without_margin_is_cross_entropy(radius):
+    logits = torch.randn(6, 9, dtype=torch.float64) * 3
+    labels = torch.tensor([0, 8, 3, 3, 5, 1])
+    a = logits.clone().requires_grad_(True)
+    b = logits.clone().requires_grad_(True)
+    ours = margin_cross_entropy(a * 1.0, labels, _identity, radius)  # "* 1.0": the function overwrites its input
+    ours.backward()
+    theirs = F.cross_entropy(b, labels)
+    theirs.backward()
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_margin_cross_entropy_differentiates_the_target_change_and_radius():
+    torch.manual_seed(1)
+    cos = (torch.rand(5, 4, dtype=torch.float64) * 1.8 - 0.9).requires_grad_(True)
+    radius = (torch.rand(5, dtype=torch.float64) + 0.5).requires_grad_(True)
+    labels = torch.tensor([0, 3, 1, 1, 2])
+
+    def target(c):
+        return arcface_target_logit(c, 0.4)
+
+    loss = margin_cross_entropy(cos * radius[:, None], labels, target, radius)
+    loss.backward()
+    c2 = cos.detach().clone().requires_grad_(True)
+    r2 = radius.detach().clone().requires_grad_(True)
+    logits = c2 * r2[:, None]
+    rows = torch.arange(5)
+    changed = logits.index_put((rows, labels), r2 * target(c2[rows, labels]))
+    expected = F.cross_entropy(changed, labels)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(cos.grad, c2.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(radius.grad, r2.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_margin_cross_entropy_refuses_a_second_backward():
+    logits = torch.randn(3, 4, requires_grad=True)
+    loss = margin_cross_entropy(logits * 2, torch.tensor([0, 1, 2]), _identity, 2.0)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="one backward"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("n,c,d", [(1, 3, 2), (6, 11, 5)])
+def test_cosine_logits_match_f_normalize(n, c, d):
+    g = torch.Generator().manual_seed(n + c + d)
+    features = torch.randn(n, d, dtype=torch.float64, generator=g)
+    weight = torch.randn(c, d, dtype=torch.float64, generator=g) * torch.rand(c, 1, dtype=torch.float64, generator=g) * 4
+    upstream = torch.randn(n, c, dtype=torch.float64, generator=g)
+    f1, w1 = features.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    f2, w2 = features.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    ours = cosine_logits(f1, w1)
+    (ours * upstream).sum().backward()
+    theirs = f2 @ F.normalize(w2, dim=1).T
+    (theirs * upstream).sum().backward()
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(f1.grad, f2.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_cosine_margin_heads_give_inference_logits_without_margin():
+    torch.manual_seed(2)
+    x = torch.randn(4, 8, dtype=torch.float64)
+    for head in (ArcFaceHead(8, 5), CosFaceHead(8, 5), NormSoftmaxHead(8, 5, temperature=0.1), CoCoHead(8, 5, alpha=3.0)):
+        head = head.double()
+        cos = F.normalize(x, dim=1) @ F.normalize(head.weight, dim=1).T
+        torch.testing.assert_close(head.logits(x), head.scale * cos)
+    sphere = SphereFaceHead(8, 5).double()
+    cos = F.normalize(x, dim=1) @ F.normalize(sphere.weight, dim=1).T
+    torch.testing.assert_close(sphere.logits(x), x.norm(dim=1, keepdim=True) * cos)
+    lsoft = LSoftmaxHead(8, 5).double()
+    torch.testing.assert_close(lsoft.logits(x), x @ lsoft.weight.T)
+
+
+def test_loss_is_invariant_to_batch_order():
+    head = ArcFaceHead(8, 6).double()
+    x, y = torch.randn(7, 8, dtype=torch.float64), torch.randint(0, 6, (7,))
+    perm = torch.randperm(7)
+    torch.testing.assert_close(head(x, y), head(x[perm], y[perm]))
+    assert math.isfinite(head(x, y).item())
