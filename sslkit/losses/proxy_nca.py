@@ -56,7 +56,7 @@ def proxy_nca_loss(
     The denominator leaves the positive proxy out, as the NCA loss of [0] does (its Z is the
     set of negatives). ``include_positive_in_denominator=True`` gives the softmax
     cross-entropy form used by pytorch-metric-learning's ``ProxyNCALoss`` and by ProxyNCA++
-    [1]; it is bounded below by 0, the paper's form is not (it keeps pushing negatives away).
+    [1]; that form is >= 0, the paper's can be negative (it keeps rewarding distant negatives).
 
     Shape:
         embeddings: (N, D), any float dtype; labels: (N,) integers in [0, C);

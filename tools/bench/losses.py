@@ -14,8 +14,9 @@ Not a test: it measures, it does not assert. Three sections, all float32, forwar
 Timing: candidates of a row run interleaved (baseline, sslkit, peer, baseline, ...) so drift
 in machine load hits all of them alike; a figure is the ratio of their median times.
 
-Memory (section c) runs in one subprocess whose allocations >= 1 MiB are mmap'ed
-(``MALLOC_MMAP_THRESHOLD_``, which also stops glibc from keeping freed blocks resident), with
+Memory (section c) runs in one subprocess whose allocations >= 64 KiB are mmap'ed
+(``MALLOC_MMAP_THRESHOLD_``, which also stops glibc from keeping freed blocks resident; what
+is left is handed back with ``malloc_trim`` before each measurement), with
 an address-space cap (``RLIMIT_AS``) so a loss that tries to allocate O(N^3) fails with an
 error instead of swapping the machine. Peak = Linux ``VmHWM`` after resetting it through
 ``/proc/self/clear_refs``, minus ``VmRSS`` just before the call: the peak resident memory the
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import gc
 import importlib
 import json
@@ -289,9 +291,16 @@ def _reset_peak_rss() -> bool:
         return False
 
 
+def _release_freed_memory() -> None:
+    """Hand memory freed by earlier measurements back to the OS, so this one starts from live memory only."""
+    gc.collect()
+    with contextlib.suppress(Exception):  # glibc only
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def measure_peak_bytes(step: Callable[[], float]) -> tuple[int, str]:
     """Peak resident bytes that one call of ``step`` adds on top of what is resident before it."""
-    gc.collect()
+    _release_freed_memory()
     if _reset_peak_rss():
         before = _proc_status_kb("VmRSS")
         step()
@@ -386,6 +395,11 @@ def worker(config: dict) -> None:
     theirs = _peer("pytorch_metric_learning.losses", "NTXentLoss", temperature=TEMPERATURE)
     for size in config["pml_sizes"]:
         record = {"section": "pml_ntxent", "two_n": size}
+        # sslkit first: its peak is small, and measured after pml's gigabytes it would sit in
+        # the noise of glibc handing those back.
+        if not isinstance(ours, str):
+            with time_limit(config["timeout_s"]):
+                record["sslkit"] = _measure_loss(ours, "two_view", size, dim, config["pml_repeats"], with_matmul=False)
         try:
             with time_limit(config["timeout_s"]):
                 pml = _measure_loss(theirs, "label", size, dim, config["pml_repeats"], with_matmul=False)
@@ -393,16 +407,13 @@ def worker(config: dict) -> None:
         except Exception as exc:
             emit({**record, "survived": False, "error": _error(exc, config["memory_cap_gb"])})
             break  # larger sizes only need more
-        if not isinstance(ours, str):
-            with time_limit(config["timeout_s"]):
-                record["sslkit"] = _measure_loss(ours, "two_view", size, dim, config["pml_repeats"], with_matmul=False)
         emit(record)
         gc.collect()
 
 
 def start_worker(config: dict) -> subprocess.Popen:
     """Start :func:`worker` in a fresh process whose large allocations are mmap'ed (see the module docstring)."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20), OMP_NUM_THREADS=str(config["threads"]))
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 16), OMP_NUM_THREADS=str(config["threads"]))
     return subprocess.Popen(
         [sys.executable, __file__, "--worker", json.dumps(config)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -474,7 +485,8 @@ def pairwise_rows(config: dict, results: list[dict]) -> tuple[list[dict], list[d
             "pml_peak_over_matrix": max(pml["peak_bytes"], 0) / (4 * n * n),
             "sslkit_peak_over_matrix": max(ours["peak_bytes"], 0) / (4 * n * n) if ours else None,
             "pml_over_sslkit_time": ratio(pml["seconds"], ours["seconds"]) if ours else None,
-            "pml_over_sslkit_peak": ratio(pml["peak_bytes"], ours["peak_bytes"]) if ours else None,
+            # a peak under 1 MiB is below what RSS resolves reliably: no ratio from it
+            "pml_over_sslkit_peak": ratio(pml["peak_bytes"], ours["peak_bytes"]) if ours and ours["peak_bytes"] > 2**20 else None,
             "raw": {"pml": pml, "sslkit": ours},
         })
     return rows, pml_rows
