@@ -39,6 +39,10 @@ def find_recipe(target: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from sslkit.launch import relaunch_cpu_processes
+
+    if argv is None and (code := relaunch_cpu_processes()) is not None:
+        return code
     from accelerate import Accelerator
 
     from sslkit import checkpoint, data, models

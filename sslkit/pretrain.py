@@ -29,6 +29,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from sslkit.launch import relaunch_cpu_processes
+
+    if argv is None and (code := relaunch_cpu_processes()) is not None:
+        return code
     from sslkit.config import load_config
     from sslkit.console import print_user_error
     from sslkit.errors import UserError

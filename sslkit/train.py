@@ -149,6 +149,8 @@ def train(cfg: Config) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
         print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
+        console.print(f"{world} process{'es' if world > 1 else ''} on {accelerator.device} ({accelerator.distributed_type.value}), "
+                      f"{local_batch} images per process per step, global batch {cfg.train.batch_size}")
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
     sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
     train_loader = DataLoader(train_set, batch_size=local_batch, sampler=sampler, drop_last=True,

@@ -79,6 +79,7 @@ def test_two_processes_with_accelerate_launch(tmp_path):
     run = tmp_path / "two"
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]  # written once, by the main process
+    assert "2 processes" in result.stdout  # really two (accelerate alone would start one: sslkit/launch.py)
     assert (run / "backbone.safetensors").is_file()
 
 
