@@ -120,6 +120,22 @@ def test_flip_coin_is_per_sample():
         torch.testing.assert_close(view, expected[0].flip(-1) if is_flipped else expected[0])
 
 
+def test_flip_folded_into_the_crop_is_the_flipped_crop():
+    cfg = AugmentConfig(**{**NOTHING_RANDOM, "crop_scale": (0.2, 0.7), "crop_ratio": (0.5, 2.0), "hflip_p": 0.5}, image_size=16, normalize=False)
+    augment = TwoViewAugment(cfg, 3, *RGB_STATS)
+    images = random_images(6, 3, 24)
+    torch.manual_seed(3)
+    view1, view2 = augment(images)
+    # The same draws in the same order: the crop boxes, then the flip coins.
+    torch.manual_seed(3)
+    corners = augment.crop_boxes((12, 3, 24, 24))["src"]
+    flip = torch.rand(12) < 0.5
+    crops = resized_crop(images.float() / 255, torch.cat([corners[:, 0], corners[:, 2]], dim=1), torch.arange(6).repeat(2), 16)
+    expected = torch.where(flip[:, None, None, None], crops.flip(-1), crops)
+    assert 0 < int(flip.sum()) < 12
+    torch.testing.assert_close(torch.cat([view1, view2]), expected, atol=1e-5, rtol=0)
+
+
 # --------------------------------------------------------------------------- identity and normalisation
 
 
@@ -193,7 +209,7 @@ def test_blur_probability_per_view():
 def test_zero_probability_ops_are_not_built():
     cfg = AugmentConfig(hflip_p=0.0, grayscale_p=0.0, blur_p=0.0, blur_p_view2=0.4, solarize_p=0.0)
     augment = TwoViewAugment(cfg, 1, *GREY_STATS)
-    assert augment.step_names == ["jitter", "blur"]
+    assert augment.step_names == ["jitter", "blur"]  # the flip is part of the crop
     assert augment.step_probabilities[1] == (0.0, 0.4)
 
 
