@@ -162,6 +162,7 @@ class EvalConfig:
     linear_batch_size: int = 512
     linear_weight_decay: float = 0.0
     compare_random_init: bool = False  # also evaluate the same encoder at random init
+    compare_raw_pixels: bool = False  # also evaluate raw pixels with the same kNN / linear probe (the floor to beat)
     batch_size: int = 512
 
 

@@ -102,6 +102,20 @@ def evaluate_backbone(backbone, cfg: Config, preprocess, train_loader, test_load
     return results
 
 
+def evaluate_raw_pixels(cfg: Config, train_set, test_set, num_classes: int) -> dict[str, float]:
+    """The same kNN and linear probe on flattened pixels: what an encoder has to beat."""
+    if not hasattr(train_set, "images"):
+        return {}
+    train_x, test_x = train_set.images.flatten(1).float() / 255, test_set.images.flatten(1).float() / 255
+    e = cfg.eval
+    results = {"knn_top1": evaluation.knn_accuracy(train_x, train_set.labels, test_x, test_set.labels, num_classes,
+                                                   k=e.knn_k, temperature=e.knn_temperature)}
+    probe = evaluation.linear_probe(train_x, train_set.labels, test_x, test_set.labels, num_classes, epochs=e.linear_epochs,
+                                    lr=e.linear_lr, batch_size=e.linear_batch_size, weight_decay=e.linear_weight_decay, seed=cfg.run.seed)
+    results.update({f"linear_{k}": v for k, v in probe.items()})
+    return results
+
+
 def evaluate_unseen(backbone, preprocess, unseen_loader, accelerator: Accelerator) -> dict[str, float]:
     """Retrieval among classes never trained on (the CUB/Cars protocol): Recall@K, MAP@R, NMI."""
     features, labels = evaluation.extract_features(backbone, unseen_loader, preprocess, accelerator)
@@ -311,6 +325,8 @@ def train(cfg: Config) -> dict:
                                                    knn_test_loader, info.num_classes, accelerator)
         if unseen_loader is not None:
             results["random init"].update(evaluate_unseen(random_init, preprocess, unseen_loader, accelerator))
+    if cfg.eval.compare_raw_pixels:
+        results["raw pixels"] = evaluate_raw_pixels(cfg, train_set, test_set, info.num_classes)
     log({"step": progress.step, "epoch": progress.epoch, **{f"final_{k}": v for k, v in results["trained"].items()}}, progress.step)
     if main:
         (run_dir / "results.json").write_text(json.dumps({"results": results, "step": progress.step, "checkpoint": str(last_good),
