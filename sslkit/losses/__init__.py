@@ -19,6 +19,7 @@ from torch import nn
 
 from sslkit.errors import UserError
 from sslkit.losses.angular import AngularLoss
+from sslkit.losses.circle import CircleLoss
 from sslkit.losses.contrastive import ContrastiveLoss
 from sslkit.losses.dcl import DCLLoss, dcl_loss
 from sslkit.losses.dclw import DCLWLoss, dclw_loss
@@ -26,6 +27,10 @@ from sslkit.losses.lifted import LiftedStructureLoss
 from sslkit.losses.nce import NCELoss, nce_loss
 from sslkit.losses.npair import NPairLoss
 from sslkit.losses.ntxent import NTXentLoss, ntxent_loss
+from sslkit.losses.proxy_anchor import ProxyAnchorHead
+from sslkit.losses.proxy_nca import ProxyNCAHead
+from sslkit.losses.soft_nn import SoftNearestNeighborsLoss
+from sslkit.losses.supcon import SupConLoss, supcon_loss
 from sslkit.losses.triplet import TripletLoss
 
 LOSSES: dict[str, type[nn.Module]] = {
@@ -40,6 +45,11 @@ LOSSES: dict[str, type[nn.Module]] = {
     "lifted_structure": LiftedStructureLoss,
     "npair": NPairLoss,
     "angular": AngularLoss,
+    "soft_nn": SoftNearestNeighborsLoss,
+    "supcon": SupConLoss,
+    "circle": CircleLoss,
+    "proxy_nca": ProxyNCAHead,
+    "proxy_anchor": ProxyAnchorHead,
 }
 
 KIND: dict[str, str] = {
@@ -54,6 +64,11 @@ KIND: dict[str, str] = {
     "lifted_structure": "label",
     "npair": "label",
     "angular": "label",
+    "soft_nn": "label",
+    "supcon": "label",
+    "circle": "label",
+    "proxy_nca": "head",
+    "proxy_anchor": "head",
 }
 
 
@@ -100,4 +115,5 @@ __all__ = [
     "LOSSES", "KIND", "build", "check_loss_kwargs",
     "NTXentLoss", "ntxent_loss", "DCLLoss", "dcl_loss", "DCLWLoss", "dclw_loss", "NCELoss", "nce_loss",
     "ContrastiveLoss", "TripletLoss", "LiftedStructureLoss", "NPairLoss", "AngularLoss",
+    "SoftNearestNeighborsLoss", "SupConLoss", "supcon_loss", "CircleLoss", "ProxyNCAHead", "ProxyAnchorHead",
 ]
