@@ -45,6 +45,7 @@ class DataConfig:
 
     name: str = "digits"
     root: str | None = None  # None: the dataset's standard place (see sslkit.data)
+    train_split: str = "train"  # STL-10 also "unlabeled" and "train+unlabeled" (self-supervised methods only)
     download: bool = False  # only torchvision datasets download, and only when asked
     image_size: int | None = None  # imagefolder: resize decoded images to this square size
     num_workers: int = 0

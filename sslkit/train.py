@@ -143,15 +143,21 @@ def train(cfg: Config) -> dict:
 
     # ------------------------------------------------------------------ data
     d = cfg.data
-    train_set = data.build_dataset(d.name, "train", d.root, d.download, d.image_size)
+    train_set = data.build_dataset(d.name, d.train_split, d.root, d.download, d.image_size)
     test_set = data.build_dataset(d.name, "test", d.root, d.download, d.image_size)
     info = train_set.info
+    # The kNN memory and the linear probe need labels: the labelled "train" split (STL-10 may train on "unlabeled").
+    memory_set = train_set if d.train_split == "train" else data.build_dataset(d.name, "train", d.root, d.download, d.image_size)
     unseen_set = None
     if d.holdout_classes:
         # Train (and measure kNN / linear accuracy) on the seen classes; retrieve among the unseen ones.
         unseen_set = test_set.select_classes(d.holdout_classes, keep=True)
         train_set = train_set.select_classes(d.holdout_classes, keep=False)
+        memory_set = memory_set.select_classes(d.holdout_classes, keep=False)
         test_set = test_set.select_classes(d.holdout_classes, keep=False)
+    if methods.METHODS[cfg.method.name].needs_labels and bool((train_set.labels < 0).any()):
+        raise UserError(f"method '{cfg.method.name}' needs labels but dataset '{d.name}' split '{d.train_split}' has unlabelled images; "
+                        f"use data.train_split=train or a self-supervised method (simclr, moco, ...)")
     world = accelerator.num_processes
     if cfg.train.batch_size % world:
         raise UserError(f"train.batch_size {cfg.train.batch_size} must be divisible by the number of processes ({world})")
@@ -179,8 +185,6 @@ def train(cfg: Config) -> dict:
     preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize).to(accelerator.device)
     backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, augment.out_channels)
     method = methods.build_method(cfg, backbone, info.num_classes)
-    if method.needs_labels and bool((train_set.labels < 0).any()):
-        raise UserError(f"method '{cfg.method.name}' needs labels but dataset '{d.name}' has unlabelled images; use a labelled split or a self-supervised method")
     if cfg.model.channels_last:
         models.to_channels_last(method)
     if cfg.run.init_from:
@@ -208,7 +212,7 @@ def train(cfg: Config) -> dict:
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
     warmup_steps = min(int(cfg.optim.warmup_epochs * steps_per_epoch), total_steps // 2)
-    knn_train_loader, knn_test_loader = accelerator.prepare(*eval_loaders(cfg, train_set, test_set, cfg.eval.batch_size))
+    knn_train_loader, knn_test_loader = accelerator.prepare(*eval_loaders(cfg, memory_set, test_set, cfg.eval.batch_size))
     unseen_loader = accelerator.prepare(eval_loaders(cfg, unseen_set, unseen_set, cfg.eval.batch_size)[0]) if unseen_set else None
     if cfg.train.tensorboard:
         accelerator.init_trackers(cfg.run.name, config=_flat(to_dict(cfg)))
@@ -326,7 +330,7 @@ def train(cfg: Config) -> dict:
         if unseen_loader is not None:
             results["random init"].update(evaluate_unseen(random_init, preprocess, unseen_loader, accelerator))
     if cfg.eval.compare_raw_pixels:
-        results["raw pixels"] = evaluate_raw_pixels(cfg, train_set, test_set, info.num_classes)
+        results["raw pixels"] = evaluate_raw_pixels(cfg, memory_set, test_set, info.num_classes)
     log({"step": progress.step, "epoch": progress.epoch, **{f"final_{k}": v for k, v in results["trained"].items()}}, progress.step)
     if main:
         (run_dir / "results.json").write_text(json.dumps({"results": results, "step": progress.step, "checkpoint": str(last_good),
