@@ -322,6 +322,8 @@ class TwoViewAugment(nn.Module):
             add("jitter", ColorJitter(cfg.brightness, cfg.contrast, saturation, hue), cfg.jitter_p)
         if rgb:
             add("grayscale", K.RandomGrayscale(p=1.0), cfg.grayscale_p)
+        if cfg.blur_kernel and (cfg.blur_kernel < 3 or cfg.blur_kernel % 2 == 0):
+            raise ValueError(f"blur_kernel must be 0 (10% of image_size) or an odd integer >= 3, got {cfg.blur_kernel}")
         kernel = cfg.blur_kernel or kernel_size_for(size)
         add("blur", K.RandomGaussianBlur(kernel, tuple(cfg.blur_sigma), p=1.0), cfg.blur_p, cfg.blur_p_view2)
         # thresholds=0, additions=0: a fixed threshold at 0.5 and nothing added, as in BYOL.

@@ -72,6 +72,8 @@ def test_rejects_wrong_inputs():
         TwoViewAugment(AugmentConfig(), 4, (0.5,) * 4, (0.2,) * 4)
     with pytest.raises(ValueError, match="one value per channel"):
         TwoViewAugment(AugmentConfig(), 3, (0.5,), (0.2,))
+    with pytest.raises(ValueError, match="blur_kernel"):
+        TwoViewAugment(AugmentConfig(blur_kernel=4), 3, *RGB_STATS)
     augment = TwoViewAugment(AugmentConfig(), 3, *RGB_STATS)
     with pytest.raises(ValueError, match="uint8"):
         augment(torch.rand(2, 3, 32, 32))
