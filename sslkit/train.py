@@ -164,14 +164,6 @@ def train(cfg: Config) -> dict:
     if cfg.train.batch_size > len(train_set):
         raise UserError(f"train.batch_size {cfg.train.batch_size} is larger than the dataset's {len(train_set)} training images; lower train.batch_size")
     local_batch = cfg.train.batch_size // world
-    # Only now, with the recipe and data known to be good, does the run directory appear.
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-        print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
-        console.print(f"{world} process{'es' if world > 1 else ''} on {accelerator.device} ({accelerator.distributed_type.value}), "
-                      f"{local_batch} images per process per step, global batch {cfg.train.batch_size}")
-    log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
     sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
     train_loader = DataLoader(train_set, batch_size=local_batch, sampler=sampler, drop_last=True,
                               collate_fn=data.collate_batch, num_workers=d.num_workers,
@@ -198,10 +190,20 @@ def train(cfg: Config) -> dict:
         console.print(f"learning rate: {cfg.optim.lr} x {cfg.optim.lr_scaling}(batch {cfg.train.batch_size} / 256) = {lr:.5g}")
     # Per-part learning rates: backbone x backbone_lr_scale, head x head_lr_scale x what the head declares.
     lr_scales = {f"backbone.{name}": cfg.optim.backbone_lr_scale for name, _ in method.backbone.named_parameters()}
-    lr_scales.update({f"loss.{name}": scale * cfg.optim.head_lr_scale for name, scale in _loss_lr_scales(method.loss).items()})
+    if isinstance(getattr(method, "loss", None), torch.nn.Module):
+        lr_scales.update({f"loss.{name}": scale * cfg.optim.head_lr_scale for name, scale in _loss_lr_scales(method.loss).items()})
     groups = optim.parameter_groups(method, cfg.optim.weight_decay, cfg.optim.exclude_bias_and_norm, lr_scales)
     optimizer = optim.build_optimizer(cfg.optim.name, groups, lr, cfg.optim.momentum, cfg.optim.weight_decay,
                                       cfg.optim.betas, cfg.optim.trust_coefficient)
+
+    # Only now, with the recipe, data, model and init_from known to be good, does the run directory appear.
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+        print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
+        console.print(f"{world} process{'es' if world > 1 else ''} on {accelerator.device} ({accelerator.distributed_type.value}), "
+                      f"{local_batch} images per process per step, global batch {cfg.train.batch_size}")
+    log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
 
     # ------------------------------------------------------------------ prepare
     method, optimizer, train_loader = accelerator.prepare(method, optimizer, train_loader)

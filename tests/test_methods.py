@@ -1,0 +1,108 @@
+"""Every method: a few optimizer steps on a fixed digits batch lower its loss, its state_dict
+round-trips, and head parameters reach the optimizer with the learning rate they declare."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sslkit import data, methods, models, optim
+from sslkit.augment import TwoViewAugment
+from sslkit.config import config_from_dict
+
+TINY_MODEL = {"backbone": "resnet18", "width": 4, "cifar_stem": True, "projector_hidden": 32, "projector_out": 16}
+CASES = {
+    "simclr": {"method": {"name": "simclr"}, "loss": {"name": "ntxent", "temperature": 0.2}},
+    "simclr-dcl": {"method": {"name": "simclr"}, "loss": {"name": "dcl", "temperature": 0.2}},
+    "supcon": {"method": {"name": "supcon"}, "loss": {"name": "supcon", "temperature": 0.2}},
+    "supcon-triplet": {"method": {"name": "supcon"}, "loss": {"name": "triplet", "mining": "hard"}},
+    "supervised-proxy-anchor": {"method": {"name": "supervised"}, "loss": {"name": "proxy_anchor"}},
+}
+
+
+def build(case: str):
+    cfg = config_from_dict({**CASES[case], "model": TINY_MODEL, "augment": {"image_size": 8}})
+    ds = data.build_dataset("digits")
+    augment = TwoViewAugment(cfg.augment, ds.info.channels, ds.info.mean, ds.info.std)
+    torch.manual_seed(0)
+    backbone = models.build_backbone("resnet18", 4, True, augment.out_channels)
+    return cfg, ds, augment, methods.build_method(cfg, backbone, ds.info.num_classes)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_few_steps_lower_the_loss(case):
+    cfg, ds, augment, method = build(case)
+    images, labels = ds.__getitems__(list(range(64)))
+    torch.manual_seed(1)
+    view1, view2 = augment(images)
+    groups = optim.parameter_groups(method, 0.0, True)
+    optimizer = optim.build_optimizer("adamw", groups, lr=3e-3)
+    method.train()
+    losses = []
+    for _ in range(8):
+        loss = method(view1, view2, labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_state_dict_round_trips(case, tmp_path):
+    cfg, ds, augment, method = build(case)
+    torch.save(method.state_dict(), tmp_path / "m.pt")
+    _, _, _, fresh = build(case)
+    for p in fresh.parameters():
+        torch.nn.init.normal_(p)
+    fresh.load_state_dict(torch.load(tmp_path / "m.pt", weights_only=True))
+    images, labels = ds.__getitems__(list(range(16)))
+    view1, view2 = augment(images)
+    method.eval(), fresh.eval()
+    torch.testing.assert_close(method(view1, view2, labels), fresh(view1, view2, labels))
+
+
+def test_proxy_anchor_proxies_get_their_100x_in_the_trainer_groups():
+    from sslkit.train import _loss_lr_scales
+
+    _, _, _, method = build("supervised-proxy-anchor")
+    scales = {f"loss.{k}": v for k, v in _loss_lr_scales(method.loss).items()}
+    groups = optim.parameter_groups(method, 1e-4, True, scales)
+    proxies = [g for g in groups if any(n.startswith("loss.") for n in g["names"])]
+    assert proxies and all(g["lr_scale"] == 100.0 for g in proxies)
+    seen = [n for g in groups for n in g["names"]]
+    assert sorted(seen) == sorted(n for n, p in method.named_parameters() if p.requires_grad)  # every parameter, once
+
+
+def test_frozen_backbone_gets_no_gradient_and_keeps_batchnorm_statistics():
+    _, ds, augment, method = build("supcon")
+    images, labels = ds.__getitems__(list(range(32)))
+    view1, view2 = augment(images)
+    method.train()
+    method.backbone_frozen = True
+    stats = method.backbone.bn1.running_mean.clone()
+    method(view1, view2, labels).backward()
+    assert all(p.grad is None for p in method.backbone.parameters())
+    assert any(p.grad is not None for p in method.projector.parameters())
+    assert torch.equal(stats, method.backbone.bn1.running_mean)
+    assert method.backbone.training  # restored after the frozen forward
+
+
+def test_wrong_loss_kind_for_a_method_is_one_line():
+    from sslkit.errors import UserError
+
+    for method_name, loss_name, words in [("simclr", "supcon", "two-view"), ("supcon", "ntxent", "label loss"),
+                                          ("supervised", "triplet", "needs a head")]:
+        cfg = config_from_dict({"method": {"name": method_name}, "loss": {"name": loss_name}, "model": TINY_MODEL})
+        backbone = models.build_backbone("resnet18", 4, True, 1)
+        with pytest.raises(UserError, match=words):
+            methods.build_method(cfg, backbone, 10)
+
+
+def test_head_class_count_must_match_the_dataset():
+    from sslkit.errors import UserError
+
+    cfg = config_from_dict({"method": {"name": "supervised"}, "loss": {"name": "proxy_anchor", "num_classes": 100}, "model": TINY_MODEL})
+    with pytest.raises(UserError, match="loss.num_classes is 100 but dataset 'digits' has 10"):
+        methods.build_method(cfg, models.build_backbone("resnet18", 4, True, 1), 10)
