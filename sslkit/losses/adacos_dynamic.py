@@ -77,7 +77,7 @@ class AdaCosDynamicHead(MarginSoftmaxHead):
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self.check_inputs(embeddings, labels)
         with full_precision(embeddings.device):
-            logits, old_scale = self.scaled_logits(embeddings, labels)  # s(t-1) cos, (N, C)
+            logits, old_scale = self._scaled_logits(embeddings, labels)  # s(t-1) cos, (N, C)
             if not self.training:
                 return margin_cross_entropy(logits, labels, self.target_logit, old_scale)
             new_scale = self.update_scale(logits.detach(), labels, old_scale)

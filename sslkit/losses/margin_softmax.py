@@ -26,7 +26,7 @@ turns it into log-probabilities in place, and in backward into the gradient in p
 References:
     [0] Large-Margin Softmax (L-Softmax), Liu et al. 2016, https://arxiv.org/abs/1612.02295
     [1] NormFace, Wang et al. 2017, https://arxiv.org/abs/1704.06369
-    [2] ArcFace, Deng et al. 2019, https://arxiv.org/abs/1801.07698 (section 2.1 compares the family)
+    [2] ArcFace, Deng et al. 2019, https://arxiv.org/abs/1801.07698 (compares SphereFace, CosFace, ArcFace)
 """
 
 from __future__ import annotations
@@ -40,17 +40,19 @@ from sslkit.losses.head import Head
 _NORM_EPS = 1e-12
 
 
-def _rowwise_dot(a: torch.Tensor, b: torch.Tensor, block: int = 256) -> torch.Tensor:
-    """``(a * b).sum(1)`` for (C, D) tensors, in row blocks so the product stays in cache.
+def _remove_radial_(grad: torch.Tensor, weight: torch.Tensor, inv_norm_sq: torch.Tensor) -> None:
+    """In place: ``grad_j -= W_j inv_norm_sq_j <grad_j, W_j>`` for every row j.
 
-    ``torch.linalg.vecdot`` writes the whole (C, D) product to memory and reads it back; at
-    C = 10,000, D = 512 the blocked loop is about 1.6x faster on CPU.
+    On the CPU this runs over blocks of 128 rows so that each block's product and update hit
+    the cache: one pass over memory instead of three (1.9x faster than ``vecdot`` then
+    ``addcmul_`` at C = 10,000, D = 512). On an accelerator one block avoids launch overhead.
     """
-    out = torch.empty(a.shape[0], dtype=a.dtype, device=a.device)
-    for start in range(0, a.shape[0], block):
+    block = grad.shape[0] if grad.device.type != "cpu" else 128
+    for start in range(0, grad.shape[0], block):
         rows = slice(start, start + block)
-        torch.sum(a[rows] * b[rows], dim=1, out=out[rows])
-    return out
+        g, w = grad[rows], weight[rows]
+        radial = torch.linalg.vecdot(g, w, dim=1).mul_(inv_norm_sq[rows])  # (block,)
+        g.addcmul_(w, radial.unsqueeze(1), value=-1)
 
 
 class _CosineLogits(torch.autograd.Function):
@@ -62,41 +64,46 @@ class _CosineLogits(torch.autograd.Function):
         d features = G @ weight
         d W_j      = K_j - W_j inv_j^2 <K_j, W_j>      (the radial part of the gradient removed)
 
-    Same values and gradients as ``features @ F.normalize(weight).T``, with one (N, C) pass in
-    place of the (C, D) normalised copy and its six-pass autograd backward.
+    Same values and gradients as ``features @ F.normalize(weight).T``, with one in-place (N, C)
+    pass instead of a normalised (C, D) copy and the (C, D) temporaries of its autograd backward.
     """
 
     @staticmethod
-    def forward(ctx, features: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, features: torch.Tensor, weight: torch.Tensor, private_grad: bool) -> torch.Tensor:
         norm = torch.linalg.vector_norm(weight, dim=1)  # (C,)
         inv_norm = norm.clamp_min(_NORM_EPS).reciprocal_()
         logits = features @ weight.T  # (N, C)
         logits.mul_(inv_norm)
         ctx.save_for_backward(features, weight, inv_norm, norm > _NORM_EPS)
+        ctx.private_grad = private_grad
         return logits
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         features, weight, inv_norm, has_norm = ctx.saved_tensors
-        grad = grad * inv_norm  # (N, C); not in place: grad may belong to the caller
+        # (N, C). In place only when the caller vouches that nobody else reads this gradient.
+        grad = grad.mul_(inv_norm) if ctx.private_grad else grad * inv_norm
         grad_features = grad @ weight if ctx.needs_input_grad[0] else None
         grad_weight = None
         if ctx.needs_input_grad[1]:
             grad_weight = grad.T @ features  # (C, D)
             # Below eps the norm is clamped (as in F.normalize), so it has no radial gradient.
-            radial = _rowwise_dot(grad_weight, weight) * inv_norm * inv_norm * has_norm  # (C,)
-            grad_weight.addcmul_(weight, radial.unsqueeze(1), value=-1)
-        return grad_features, grad_weight
+            _remove_radial_(grad_weight, weight, inv_norm * inv_norm * has_norm)
+        return grad_features, grad_weight, None
 
 
-def cosine_logits(features: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def cosine_logits(features: torch.Tensor, weight: torch.Tensor, private_grad: bool = False) -> torch.Tensor:
     """``features @ F.normalize(weight, dim=1).T``, cheaper in memory traffic; see :class:`_CosineLogits`.
+
+    ``private_grad=True`` lets backward scale the incoming (N, C) gradient in place, saving an
+    (N, C) allocation. Only pass it when the result goes straight into
+    :func:`margin_cross_entropy` (whose gradient buffer is its own).
 
     Shape:
         features: (N, D) (already scaled as the caller wants); weight: (C, D); returns (N, C).
     """
-    return _CosineLogits.apply(features, weight)
+    return _CosineLogits.apply(features, weight, private_grad)
 
 
 class _MarginCrossEntropy(torch.autograd.Function):
@@ -199,6 +206,16 @@ class MarginSoftmaxHead(Head):
         embeddings: (N, D), any float dtype (the math runs in fp32, fp64 stays fp64).
         labels: (N,) integer class ids in [0, C).
         returns: scalar loss; ``logits(embeddings)`` is (N, C).
+
+    A head sets ``scale`` and overrides ``target_logit``:
+
+    >>> class HalfCosFace(MarginSoftmaxHead):
+    ...     scale = 30.0
+    ...     def target_logit(self, cos_target):
+    ...         return cos_target - 0.2
+    >>> head = HalfCosFace(embedding_dim=16, num_classes=10)
+    >>> head(torch.randn(8, 16), torch.randint(0, 10, (8,))).shape
+    torch.Size([])
     """
 
     normalize_features: bool = True
@@ -214,13 +231,14 @@ class MarginSoftmaxHead(Head):
         """The margin: (N,) cosines of the true class -> their replacement (before scaling)."""
         return cos_target
 
-    def scaled_logits(
+    def _scaled_logits(
         self, embeddings: torch.Tensor, labels: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | float]:
         """(N, C) logits ``r_i * cos_ij`` (no margin) and the target radius ``r`` (float or (N,)).
 
-        With ``labels``, ``r`` includes ``||W_{y_i}||`` for heads that keep the weight norms.
-        Call inside :func:`full_precision`.
+        With ``labels`` this is the loss path: ``r`` includes ``||W_{y_i}||`` for heads that keep
+        the weight norms, and the logits must go straight into :func:`margin_cross_entropy`
+        (their backward then scales its gradient in place). Call inside :func:`full_precision`.
         """
         dtype = torch.promote_types(upcast(embeddings).dtype, upcast(self.weight).dtype)
         x = embeddings.to(dtype)
@@ -232,7 +250,8 @@ class MarginSoftmaxHead(Head):
         else:
             features, radius = x, torch.linalg.vector_norm(x, dim=1)
         if self.normalize_weights:
-            return cosine_logits(features, weight), radius  # (N, C)
+            # With labels this is the loss path: the logits go straight into margin_cross_entropy.
+            return cosine_logits(features, weight, private_grad=labels is not None), radius  # (N, C)
         if labels is not None:
             radius = radius * torch.linalg.vector_norm(weight[labels], dim=1)
         return features @ weight.T, radius  # (N, C)
@@ -241,10 +260,10 @@ class MarginSoftmaxHead(Head):
         """(N, D) -> (N, C) inference logits: scaled cosines, no margin."""
         self.check_inputs(embeddings)
         with full_precision(embeddings.device):
-            return self.scaled_logits(embeddings)[0]
+            return self._scaled_logits(embeddings)[0]
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self.check_inputs(embeddings, labels)
         with full_precision(embeddings.device):
-            logits, radius = self.scaled_logits(embeddings, labels)
+            logits, radius = self._scaled_logits(embeddings, labels)
             return margin_cross_entropy(logits, labels, self.target_logit, radius)

@@ -1,9 +1,9 @@
 """Normalised softmax (NormFace): cosine logits divided by a temperature, no margin.
 
 References:
-    [0] NormFace, Wang et al. 2017, https://arxiv.org/abs/1704.06369 (eq. 7, normalised softmax)
+    [0] NormFace, Wang et al. 2017, https://arxiv.org/abs/1704.06369 (normalised softmax with scale s)
     [1] Zhai and Wu 2018, "Classification is a Strong Baseline for Deep Metric Learning",
-        https://arxiv.org/abs/1811.12649 (eq. 2, temperature 0.05)
+        https://arxiv.org/abs/1811.12649 (normalised softmax with temperature 0.05)
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ class NormSoftmaxHead(MarginSoftmaxHead):
 
         loss = mean_i -log( exp(cos(theta_{i,y_i}) / T) / sum_j exp(cos(theta_ij) / T) )
 
-    ``cos(theta_ij) = x_i . W_j / (||x_i|| ||W_j||)``: eq. 7 of [0] with ``s = 1/T``, eq. 2 of [1].
+    ``cos(theta_ij) = x_i . W_j / (||x_i|| ||W_j||)``: NormFace's loss [0] (arXiv 1704.06369) with
+    ``s = 1/T``, as written by Zhai and Wu [1] (arXiv 1811.12649).
     The default ``T = 0.05`` (``s = 20``) is Zhai and Wu's [1] and also pytorch-metric-learning's
     ``NormalizedSoftmaxLoss`` default; NormFace [0] learns ``s`` or fixes it near 16-32.
 

@@ -23,6 +23,8 @@ class SoftmaxHead(Head):
         loss = mean_i -log( exp(W_{y_i} . x_i + b_{y_i}) / sum_j exp(W_j . x_i + b_j) )
 
     No normalisation and no margin; the weights are initialised like ``nn.Linear``.
+    pytorch-metric-learning has no plain softmax loss (its ``NormalizedSoftmaxLoss`` is
+    :class:`~sslkit.losses.normsoftmax.NormSoftmaxHead`).
 
     Args:
         embedding_dim: D.
