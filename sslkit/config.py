@@ -371,6 +371,13 @@ def validate(cfg: Config, source: str = "recipe") -> None:
                        ("augment.grayscale_p", cfg.augment.grayscale_p), ("augment.blur_p", cfg.augment.blur_p),
                        ("augment.solarize_p", cfg.augment.solarize_p)):
         _check_range(value, key, source, 0.0, 1.0)
+    for key, value in (("augment.blur_p_view2", cfg.augment.blur_p_view2), ("augment.solarize_p_view2", cfg.augment.solarize_p_view2)):
+        if value is not None:
+            _check_range(value, key, source, 0.0, 1.0)
+    if cfg.augment.blur_kernel and (cfg.augment.blur_kernel % 2 == 0 or cfg.augment.blur_kernel < 3):
+        raise UserError(f"{source}: 'augment.blur_kernel' must be an odd size >= 3 (or 0 for 10% of image_size), got {cfg.augment.blur_kernel}")
+    if not 0 < cfg.augment.crop_ratio[0] <= cfg.augment.crop_ratio[1]:
+        raise UserError(f"{source}: 'augment.crop_ratio' must be [low, high] with 0 < low <= high, got {list(cfg.augment.crop_ratio)}")
     low, high = cfg.augment.crop_scale
     if not 0 < low <= high <= 1:
         raise UserError(f"{source}: 'augment.crop_scale' must be [low, high] with 0 < low <= high <= 1, got {[low, high]}")
