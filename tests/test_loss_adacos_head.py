@@ -27,7 +27,8 @@ def dynamic_scale_reference(x, weight, labels, s_old):
     """Eq. 15: s = log(B_avg) / cos(min(pi/4, theta_med)), B_avg = mean_i sum_{j != y_i} e^{s_old cos_ij}."""
     with torch.no_grad():
         cos = cosines(x, weight)
-        b = [sum(math.exp(s_old * float(cos[i][j])) for j in range(len(weight)) if j != labels[i]) for i in range(len(x))]
+        b = [sum(math.exp(s_old * float(cos[i][j])) for j in range(len(weight)) if j != labels[i])
+             for i in range(len(x))]
         b_avg = sum(b) / len(b)
         angles = sorted(math.acos(float(cos[i][labels[i]])) for i in range(len(x)))
         theta_med = angles[(len(angles) - 1) // 2]  # torch.median: the lower middle value
@@ -99,7 +100,8 @@ def test_dynamic_scale_moves_in_training_only_and_is_saved():
     head(x, labels)
     assert float(head.s) != initial
     assert "s" in head.state_dict() and float(head.state_dict()["s"]) == float(head.s)
-    torch.testing.assert_close(head.logits(x), float(head.s) * torch.nn.functional.normalize(x) @ torch.nn.functional.normalize(head.weight).T)
+    cos = torch.nn.functional.normalize(x) @ torch.nn.functional.normalize(head.weight).T
+    torch.testing.assert_close(head.logits(x), float(head.s) * cos)
 
 
 def test_degenerate_batch_keeps_the_previous_scale():

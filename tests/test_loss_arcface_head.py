@@ -15,7 +15,8 @@ def arcface_reference(x, weight, labels, s, m, easy_margin=False):
     """theta = acos(cos); target s cos(theta + m) (or s (cos - m sin m) past pi - m); mean CE."""
     losses = []
     for i in range(len(x)):
-        cos = [(x[i] @ weight[j]) / (torch.sqrt(x[i] @ x[i]) * torch.sqrt(weight[j] @ weight[j])) for j in range(len(weight))]
+        cos = [(x[i] @ weight[j]) / (torch.sqrt(x[i] @ x[i]) * torch.sqrt(weight[j] @ weight[j]))
+               for j in range(len(weight))]
         theta = torch.acos(cos[labels[i]])
         if easy_margin:
             target = torch.cos(theta + m) if cos[labels[i]] > 0 else cos[labels[i]]
@@ -115,7 +116,10 @@ def test_target_logit_gradient_at_cos_one_is_cos_m():
     torch.testing.assert_close(cos.grad, torch.tensor([math.cos(0.5), 1.0], dtype=torch.float64))
 
 
-@pytest.mark.parametrize("name,value", [("margin", -0.1), ("margin", math.pi / 2), ("scale", 0.0), ("scale", float("nan"))])
+BAD_ARGUMENTS = [("margin", -0.1), ("margin", math.pi / 2), ("scale", 0.0), ("scale", float("nan"))]
+
+
+@pytest.mark.parametrize("name,value", BAD_ARGUMENTS)
 def test_rejects_bad_arguments(name, value):
     with pytest.raises(ValueError, match=name):
         ArcFaceHead(4, 3, **{name: value})

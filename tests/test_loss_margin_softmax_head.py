@@ -181,7 +181,8 @@ def test_margin_cross_entropy_refuses_a_second_backward():
 def test_cosine_logits_match_f_normalize(n, c, d):
     g = torch.Generator().manual_seed(n + c + d)
     features = torch.randn(n, d, dtype=torch.float64, generator=g)
-    weight = torch.randn(c, d, dtype=torch.float64, generator=g) * torch.rand(c, 1, dtype=torch.float64, generator=g) * 4
+    lengths = torch.rand(c, 1, dtype=torch.float64, generator=g) * 4  # unequal ||W_j||
+    weight = torch.randn(c, d, dtype=torch.float64, generator=g) * lengths
     upstream = torch.randn(n, c, dtype=torch.float64, generator=g)
     f1, w1 = features.clone().requires_grad_(True), weight.clone().requires_grad_(True)
     f2, w2 = features.clone().requires_grad_(True), weight.clone().requires_grad_(True)
@@ -197,7 +198,8 @@ def test_cosine_logits_match_f_normalize(n, c, d):
 def test_cosine_margin_heads_give_inference_logits_without_margin():
     torch.manual_seed(2)
     x = torch.randn(4, 8, dtype=torch.float64)
-    for head in (ArcFaceHead(8, 5), CosFaceHead(8, 5), NormSoftmaxHead(8, 5, temperature=0.1), CoCoHead(8, 5, alpha=3.0)):
+    cosine_heads = (ArcFaceHead(8, 5), CosFaceHead(8, 5), NormSoftmaxHead(8, 5, temperature=0.1), CoCoHead(8, 5, alpha=3.0))
+    for head in cosine_heads:
         head = head.double()
         cos = F.normalize(x, dim=1) @ F.normalize(head.weight, dim=1).T
         torch.testing.assert_close(head.logits(x), head.scale * cos)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
 

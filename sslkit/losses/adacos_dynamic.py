@@ -31,11 +31,13 @@ class AdaCosDynamicHead(MarginSoftmaxHead):
     (logsumexp), so a large ``s`` cannot overflow. If a degenerate batch gives a non-finite or
     non-positive ``s`` (``B_avg <= 1``), the previous ``s`` is kept.
 
-    Caveats. Hyperparameter-free is not free: in the paper's own training curves AdaCos overtakes
-    ArcFace only after about 20,000 iterations (the axis does not say whether these are
-    iterations or epochs), and early training is slower; the fixed-scale :class:`AdaCosHead`
-    or ArcFace are the quicker choice for short schedules. ``s`` depends on the batch (its median
-    angle and class mix), so it moves with the batch size. Across processes each one computes
+    Caveats. Hyperparameter-free is not free: in the paper's own curves of the cosines to the
+    own class and to other classes, AdaCos pulls ahead of ArcFace only after about 20,000 steps,
+    and the axis does not say whether those are iterations or epochs; in practice accuracy has
+    been reported to rise slowly early on. For short schedules the fixed-scale
+    :class:`AdaCosHead` or ArcFace are the safer choice. ``s`` depends on the batch (its median
+    angle, ``torch.median``'s lower middle value for an even N, and its class mix), so it moves
+    with the batch size. Across processes each one computes
     ``s`` from its local batch; DDP's default ``broadcast_buffers`` then overwrites it with rank
     0's value at the next forward, so the processes agree on ``s(t-1)`` but not exactly on ``s(t)``.
     pytorch-metric-learning has no AdaCos.

@@ -9,8 +9,6 @@ References:
 
 from __future__ import annotations
 
-import torch
-
 from sslkit.losses._common import check_positive
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
 
@@ -41,6 +39,7 @@ class CoCoHead(MarginSoftmaxHead):
     Shape:
         embeddings: (N, D); labels: (N,) in [0, C); returns a scalar; ``logits``: (N, C) = alpha cos.
 
+    >>> import torch
     >>> head = CoCoHead(embedding_dim=16, num_classes=10, alpha=6.25)
     >>> head(torch.randn(8, 16), torch.randint(0, 10, (8,))).shape
     torch.Size([])

@@ -49,7 +49,8 @@ def margin_lambda(step: int, base: float, gamma: float, power: float, lambda_min
 
 
 def _check_lambda_schedule(base: float, gamma: float, power: float, lambda_min: float) -> tuple[float, ...]:
-    for value, name in ((base, "lambda_base"), (gamma, "lambda_gamma"), (power, "lambda_power"), (lambda_min, "lambda_min")):
+    named = ((base, "lambda_base"), (gamma, "lambda_gamma"), (power, "lambda_power"), (lambda_min, "lambda_min"))
+    for value, name in named:
         if not float(value) >= 0 or float(value) == float("inf"):
             raise ValueError(f"{name} must be a finite number >= 0, got {value}")
     return float(base), float(gamma), float(power), float(lambda_min)
@@ -64,10 +65,10 @@ class LSoftmaxHead(MarginSoftmaxHead):
                        (exp(||W_y|| ||x_i|| psi(theta_y)) + sum_{j != y} exp(||W_j|| ||x_i|| cos theta_j)) )
         psi(theta) = (-1)^k cos(m theta) - 2k,   theta in [k pi/m, (k+1) pi/m],  k in {0, ..., m-1}
 
-    so the other logits are plain ``W_j . x_i`` (no bias, as in [0]). Optimising eq. 5 from the
+    so the other logits are plain ``W_j . x_i`` (no bias, as in [0]). Optimising this loss from the
     start is hard; to train, [0] anneals the target to ``(lambda cos + psi) / (1 + lambda)``
     with lambda decreasing from a large value. That is available through ``lambda_*`` and
-    :meth:`set_step` (see :func:`margin_lambda`) but off by default (``lambda = 0``: eq. 5 exactly,
+    :meth:`set_step` (see :func:`margin_lambda`) but off by default (``lambda = 0``: the loss above,
     pytorch-metric-learning's ``LargeMarginSoftmaxLoss``, whose defaults ``margin=4, scale=1``
     match ours). The margin must be an integer: ``cos(m theta)`` is a Chebyshev polynomial of
     ``cos theta``.
@@ -75,7 +76,7 @@ class LSoftmaxHead(MarginSoftmaxHead):
     Args:
         embedding_dim: D.
         num_classes: C.
-        margin: integer m >= 1 (1: plain softmax without bias). [0] reports m = 2, 3, 4; 4 is default.
+        margin: integer m >= 1 (1: plain softmax without bias); [0] trains with m = 2, 3 and 4.
         lambda_base, lambda_gamma, lambda_power, lambda_min: the annealing schedule (>= 0).
 
     Shape:

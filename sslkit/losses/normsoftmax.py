@@ -8,8 +8,6 @@ References:
 
 from __future__ import annotations
 
-import torch
-
 from sslkit.losses._common import check_positive
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
 
@@ -34,6 +32,7 @@ class NormSoftmaxHead(MarginSoftmaxHead):
     Shape:
         embeddings: (N, D); labels: (N,) in [0, C); returns a scalar; ``logits``: (N, C) = cos / T.
 
+    >>> import torch
     >>> head = NormSoftmaxHead(embedding_dim=16, num_classes=10)
     >>> head(torch.randn(8, 16), torch.randint(0, 10, (8,))).shape
     torch.Size([])

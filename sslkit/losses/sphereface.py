@@ -8,8 +8,6 @@ References:
 
 from __future__ import annotations
 
-import torch
-
 from sslkit.losses.lsoftmax import LSoftmaxHead
 
 
@@ -40,6 +38,7 @@ class SphereFaceHead(LSoftmaxHead):
         embeddings: (N, D); labels: (N,) in [0, C); returns a scalar;
         ``logits``: (N, C) = ``||x|| cos theta`` (no margin).
 
+    >>> import torch
     >>> head = SphereFaceHead(embedding_dim=16, num_classes=10)
     >>> head.set_step(20_000)
     >>> head(torch.randn(8, 16), torch.randint(0, 10, (8,))).shape
