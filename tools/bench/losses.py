@@ -485,8 +485,8 @@ def pairwise_rows(config: dict, results: list[dict]) -> tuple[list[dict], list[d
             "pml_peak_over_matrix": max(pml["peak_bytes"], 0) / (4 * n * n),
             "sslkit_peak_over_matrix": max(ours["peak_bytes"], 0) / (4 * n * n) if ours else None,
             "pml_over_sslkit_time": ratio(pml["seconds"], ours["seconds"]) if ours else None,
-            # a peak under 1 MiB is below what RSS resolves reliably: no ratio from it
-            "pml_over_sslkit_peak": ratio(pml["peak_bytes"], ours["peak_bytes"]) if ours and ours["peak_bytes"] > 2**20 else None,
+            # a peak under 256 KiB is below what RSS resolves reliably: no ratio from it
+            "pml_over_sslkit_peak": ratio(pml["peak_bytes"], ours["peak_bytes"]) if ours and ours["peak_bytes"] > 2**18 else None,
             "raw": {"pml": pml, "sslkit": ours},
         })
     return rows, pml_rows
