@@ -292,6 +292,9 @@ def train(cfg: Config) -> dict:
                               "images_per_s": window_steps * images_per_step / elapsed, "data_wait_share": data_wait / elapsed}
                     log(record, progress.step)
                     bar.update(task, completed=progress.step, epoch=progress.epoch, loss=record["loss"], lr=record["lr"], ips=record["images_per_s"])
+                    if main and not console.is_terminal:  # a log file gets a line where a terminal gets the live bar
+                        console.print(f"step {progress.step}/{total_steps}  epoch {progress.epoch}  loss {record['loss']:.4f}  "
+                                      f"lr {record['lr']:.3g}  {record['images_per_s']:.0f} img/s  data wait {record['data_wait_share']:.1%}")
                     window_start, data_wait, window_steps, window_loss = time.perf_counter(), 0.0, 0, 0.0
                 else:
                     bar.update(task, completed=progress.step)
