@@ -1,0 +1,378 @@
+"""Training throughput of sslkit's loop pieces on Fashion-MNIST: full steps against the compute floor.
+
+    python tools/bench/train.py [--recipe recipes/fashion_mnist_simclr.yaml] [--steps N] [--quick] [--out JSON]
+
+Two phases over the same method and optimizer, built with the calls ``sslkit.train.train``
+makes (same Accelerator settings, ``EpochShuffleSampler``, ``collate_batch``, ``TwoViewAugment``,
+``methods.build_method``, parameter groups and ``optim.build_optimizer``, then
+``accelerator.prepare``):
+
+- ``full``: what one iteration of the training loop does. ``next()`` on the prepared loader (the
+  time blocked there is the *data wait*), both views augmented on the device, forward,
+  backward, the scheduled learning rate and the optimizer step.
+- ``floor``: the same forward + backward + optimizer step on one pre-augmented batch, again
+  and again: no loader and no augmentation. ``1 - floor / full`` is the share of the step that
+  data and augmentation cost.
+
+Threads default to 1 (``--threads``): per-core figures, steady where other jobs share the cores
+(two threads on two busy cores measured 5-20x slower per step). Each phase runs its steps back
+to back after a few warm-up steps (oneDNN builds its kernels on the first calls). Per step the table gives medians of wall time split into data wait,
+augmentation and compute, and the largest data wait, which answers "does the step ever wait
+on data". Images/s is images per wall second over the whole phase, as the loop's
+``metrics.jsonl`` counts it; CPU seconds (this process, all threads) are recorded too, the
+steadier figure where other jobs share the cores.
+
+The recipe defaults to ``recipes/fashion_mnist_simclr.yaml``; while that file does not exist,
+``recipes/quickstart.yaml`` with ``data.name=fashion_mnist augment.image_size=28``. Without the
+Fashion-MNIST files the benchmark falls back to scikit-learn's digits and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+
+import torch  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, set_seed  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from sslkit import data, methods, models, optim  # noqa: E402
+from sslkit.augment import TwoViewAugment  # noqa: E402
+from sslkit.config import Config, load_config  # noqa: E402
+from sslkit.train import EpochShuffleSampler, _loss_lr_scales  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+FASHION_RECIPE = ROOT / "recipes" / "fashion_mnist_simclr.yaml"
+QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
+QUICKSTART_FASHION = ["data.name=fashion_mnist", "augment.image_size=28"]
+# --quick: a smoke run (seconds); its figures mean little beyond "it runs".
+QUICK_OVERRIDES = ["train.batch_size=32", "model.width=8"]
+FULL_STEPS, QUICK_STEPS = 40, 4
+FULL_WARMUP, QUICK_WARMUP = 3, 1
+
+
+def default_recipe() -> tuple[Path, list[str]]:
+    """The Fashion-MNIST SimCLR recipe, or the quick start pointed at Fashion-MNIST while it is missing."""
+    if FASHION_RECIPE.is_file():
+        return FASHION_RECIPE, []
+    return QUICKSTART, list(QUICKSTART_FASHION)
+
+
+def fashion_mnist_available(cfg: Config) -> bool:
+    try:
+        data.build_dataset("fashion_mnist", "test", cfg.data.root)
+    except Exception:  # a UserError naming the missing files; the caller reports the fallback
+        return False
+    return True
+
+
+def resolve_config(recipe: Path | None, overrides: list[str], quick: bool, threads: int | None = 1
+                   ) -> tuple[Config, Path, list[str], str | None]:
+    """The config to measure, the recipe and overrides it came from, and a note when it fell back to digits."""
+    implied: list[str] = []
+    if recipe is None:
+        recipe, implied = default_recipe()
+    implied += [f"train.threads={threads}"] if threads else []
+    overrides = implied + (QUICK_OVERRIDES if quick else []) + list(overrides)
+    cfg = load_config(recipe, overrides)
+    note = None
+    if cfg.data.name == "fashion_mnist" and not fashion_mnist_available(cfg):
+        note = (f"Fashion-MNIST files not found in {cfg.data.root or data.FASHION_MNIST_ROOT}: "
+                f"measured on scikit-learn's digits (8x8) instead")
+        # Digits are 8x8: the quick start's 16x16 crop, not Fashion-MNIST's 28.
+        overrides = [o for o in overrides if o not in QUICKSTART_FASHION and not o.startswith("data.root=")]
+        overrides += ["data.name=digits", "augment.image_size=16"]
+        cfg = load_config(recipe, overrides)
+    return cfg, recipe, overrides, note
+
+
+# --------------------------------------------------------------------------- the pieces
+
+
+@dataclass
+class Pieces:
+    """What one training step touches, prepared by the accelerator as ``sslkit.train.train`` prepares it."""
+
+    accelerator: Accelerator
+    loader: DataLoader
+    sampler: EpochShuffleSampler
+    augment: TwoViewAugment
+    method: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    lr: float
+    total_steps: int
+    warmup_steps: int
+    min_lr_ratio: float
+    dataset_size: int
+
+
+def build_pieces(cfg: Config, total_steps: int) -> Pieces:
+    """Accelerator, loader, augmentation, method and optimizer, with the calls ``train()`` makes.
+
+    ``train()`` builds these inline, so the calls are repeated here in its order (a
+    ``build_training(cfg, accelerator)`` in ``sslkit/train.py`` would let this reuse them
+    verbatim). Left out: the run directory, trackers, checkpoints and evaluation loaders,
+    none of which a training step touches.
+    """
+    accelerator = Accelerator(
+        mixed_precision=cfg.train.mixed_precision,
+        gradient_accumulation_steps=cfg.train.grad_accum_steps,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False),
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.train.freeze_backbone_epochs > 0)],
+    )
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    set_seed(cfg.run.seed, device_specific=True)
+
+    d = cfg.data
+    train_set = data.build_dataset(d.name, d.train_split, d.root, d.download, d.image_size)
+    info = train_set.info
+    if d.holdout_classes:
+        train_set = train_set.select_classes(d.holdout_classes, keep=False)
+    local_batch = cfg.train.batch_size // accelerator.num_processes
+    sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
+    loader = DataLoader(train_set, batch_size=local_batch, sampler=sampler, drop_last=True,
+                        collate_fn=data.collate_batch, num_workers=d.num_workers, persistent_workers=d.num_workers > 0,
+                        generator=torch.Generator().manual_seed(cfg.run.seed))
+
+    augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
+    backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, augment.out_channels)
+    method = methods.build_method(cfg, backbone, info.num_classes)
+    if cfg.model.channels_last:
+        models.to_channels_last(method)
+    lr = optim.scaled_lr(cfg.optim.lr, cfg.train.batch_size, cfg.optim.lr_scaling)
+    lr_scales = {f"backbone.{name}": cfg.optim.backbone_lr_scale for name, _ in method.backbone.named_parameters()}
+    if isinstance(getattr(method, "loss", None), torch.nn.Module):
+        lr_scales.update({f"loss.{name}": scale * cfg.optim.head_lr_scale for name, scale in _loss_lr_scales(method.loss).items()})
+    groups = optim.parameter_groups(method, cfg.optim.weight_decay, cfg.optim.exclude_bias_and_norm, lr_scales)
+    optimizer = optim.build_optimizer(cfg.optim.name, groups, lr, cfg.optim.momentum, cfg.optim.weight_decay,
+                                      cfg.optim.betas, cfg.optim.trust_coefficient)
+    method, optimizer, loader = accelerator.prepare(method, optimizer, loader)
+    steps_per_epoch = math.ceil(len(loader) / cfg.train.grad_accum_steps)
+    warmup_steps = min(int(cfg.optim.warmup_epochs * steps_per_epoch), total_steps // 2)
+    method.train()
+    return Pieces(accelerator, loader, sampler, augment, method, optimizer, lr, total_steps, warmup_steps, cfg.optim.min_lr_ratio,
+                  len(train_set))
+
+
+def optimizer_step(pieces: Pieces, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor, step: int) -> float:
+    """Forward, backward and optimizer step on augmented views, as the loop body does them; returns the loss."""
+    accelerator, method, optimizer = pieces.accelerator, pieces.method, pieces.optimizer
+    with accelerator.accumulate(method):
+        with accelerator.autocast():
+            loss = method(view1, view2, labels)
+        # The loop's one host sync per step (its NaN check) belongs to the step's cost.
+        loss_value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
+        accelerator.backward(loss)
+        if accelerator.sync_gradients:
+            optim.set_learning_rate(optimizer, optim.cosine_lr(step, pieces.total_steps, pieces.lr, pieces.warmup_steps, pieces.min_lr_ratio))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return loss_value
+
+
+def _synchronize(device: torch.device) -> None:
+    # Device work is asynchronous: a phase boundary is only a boundary once the device caught up.
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+
+
+class EndlessBatches:
+    """Batches of the prepared loader across epoch ends, with the sampler's epoch set as the loop sets it."""
+
+    def __init__(self, pieces: Pieces) -> None:
+        self.pieces, self.epoch, self.iterator = pieces, 0, None
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        while True:
+            if self.iterator is None:
+                self.pieces.loader.set_epoch(self.epoch)
+                self.pieces.sampler.set_epoch(self.epoch)
+                self.iterator = iter(self.pieces.loader)
+            try:
+                return next(self.iterator)
+            except StopIteration:
+                self.iterator, self.epoch = None, self.epoch + 1
+
+
+def time_full_steps(pieces: Pieces, batches: EndlessBatches, steps: int, first_step: int = 0) -> list[dict[str, float]]:
+    """Per-step wall seconds of data wait, augmentation and compute, and CPU seconds of the whole step."""
+    device = pieces.accelerator.device
+    records = []
+    for step in range(first_step, first_step + steps):
+        start, cpu = time.perf_counter(), time.process_time()
+        images, labels = batches.next()
+        fetched = time.perf_counter()
+        with torch.no_grad():
+            view1, view2 = pieces.augment(images)
+        _synchronize(device)
+        augmented = time.perf_counter()
+        loss = optimizer_step(pieces, view1, view2, labels, step)
+        _synchronize(device)
+        end = time.perf_counter()
+        records.append({"data_wait": fetched - start, "augment": augmented - fetched, "compute": end - augmented,
+                        "total": end - start, "cpu": time.process_time() - cpu, "loss": loss})
+    return records
+
+
+def time_floor_steps(pieces: Pieces, views: tuple[torch.Tensor, torch.Tensor, torch.Tensor], steps: int,
+                     first_step: int = 0) -> list[dict[str, float]]:
+    """Per-step wall and CPU seconds of forward + backward + optimizer step on one fixed augmented batch."""
+    device = pieces.accelerator.device
+    records = []
+    for step in range(first_step, first_step + steps):
+        start, cpu = time.perf_counter(), time.process_time()
+        loss = optimizer_step(pieces, *views, step)
+        _synchronize(device)
+        records.append({"total": time.perf_counter() - start, "cpu": time.process_time() - cpu, "loss": loss})
+    return records
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def _median(records: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in records)
+
+
+def summarize(full: list[dict], floor: list[dict], batch_size: int) -> dict:
+    """Headline figures of the two phases (see the module docstring for their meaning)."""
+    full_total = sum(r["total"] for r in full)
+    floor_total = sum(r["total"] for r in floor)
+    waits = [r["data_wait"] for r in full]
+    median_full, median_floor = _median(full, "total"), _median(floor, "total")
+    return {
+        "full": {
+            "images_per_s": batch_size * len(full) / full_total,
+            "median_step_s": median_full,
+            "median_cpu_s": _median(full, "cpu"),
+            "median_s": {key: _median(full, key) for key in ("data_wait", "augment", "compute")},
+            "share": {key: sum(r[key] for r in full) / full_total for key in ("data_wait", "augment", "compute")},
+        },
+        "floor": {
+            "images_per_s": batch_size * len(floor) / floor_total,
+            "median_step_s": median_floor,
+            "median_cpu_s": _median(floor, "cpu"),
+        },
+        "data_wait": {
+            "share": sum(waits) / full_total,
+            "median_s": statistics.median(waits),
+            "max_s": max(waits),
+            "max_over_median_step": max(waits) / median_full,
+        },
+        # What the data and the augmentation add on top of the compute floor, as a share of the full step;
+        # and the same read off the full step's own clock (data wait + augmentation over step time).
+        "data_and_augment_share": max(0.0, 1.0 - median_floor / median_full),
+        "data_and_augment_share_in_step": sum(r["data_wait"] + r["augment"] for r in full) / full_total,
+        "data_and_augment_share_cpu": max(0.0, 1.0 - _median(floor, "cpu") / _median(full, "cpu")),
+        "floor_over_full_images_per_s": (batch_size * len(floor) / floor_total) / (batch_size * len(full) / full_total),
+    }
+
+
+def render(result: dict, console: Console) -> None:
+    s, cfg = result["summary"], result["config"]
+    title = (f"training step, {result['dataset']} {cfg['image_size']}x{cfg['image_size']}, batch {cfg['batch_size']}, "
+             f"{cfg['backbone']} width {cfg['width']}, {result['threads']} thread(s), {cfg['num_workers']} loader worker(s)")
+    table = Table(title=title, caption=f"medians over {result['steps']} steps per phase after {result['warmup_steps']} warm-up")
+    for column in ("phase", "images/s", "step ms", "CPU ms", "data wait ms", "augment ms", "compute ms"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
+    full, floor = s["full"], s["floor"]
+    table.add_row("full step (loader + augment + fwd/bwd/step)", f"{full['images_per_s']:.0f}", f"{full['median_step_s'] * 1e3:.1f}",
+                  f"{full['median_cpu_s'] * 1e3:.1f}", f"{full['median_s']['data_wait'] * 1e3:.2f}",
+                  f"{full['median_s']['augment'] * 1e3:.1f}", f"{full['median_s']['compute'] * 1e3:.1f}")
+    table.add_row("floor (fixed augmented batch, fwd/bwd/step)", f"{floor['images_per_s']:.0f}", f"{floor['median_step_s'] * 1e3:.1f}",
+                  f"{floor['median_cpu_s'] * 1e3:.1f}", "-", "-", f"{floor['median_step_s'] * 1e3:.1f}")
+    console.print(table)
+    wait = s["data_wait"]
+    console.print(f"data + augmentation against the floor: {100 * s['data_and_augment_share']:.1f}% of the step (wall medians), "
+                  f"{100 * s['data_and_augment_share_cpu']:.1f}% (CPU medians); timed inside the full step: "
+                  f"{100 * s['data_and_augment_share_in_step']:.1f}% (augmentation {100 * full['share']['augment']:.1f}%)")
+    console.print(f"data wait: {100 * wait['share']:.2f}% of step time; per step median {wait['median_s'] * 1e3:.2f} ms, "
+                  f"max {wait['max_s'] * 1e3:.2f} ms ({100 * wait['max_over_median_step']:.1f}% of a median step)")
+    if result.get("note"):
+        console.print(f"[yellow]note:[/] {result['note']}")
+    console.print(f"load average (1 min) before/after: {result['load_average'][0]:.1f} / {result['load_average'][1]:.1f} "
+                  f"on {result['cores']} cores")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tools/bench/train.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", type=Path, help=f"YAML recipe (default {FASHION_RECIPE.relative_to(ROOT)}, "
+                                                   f"else {QUICKSTART.relative_to(ROOT)} with {' '.join(QUICKSTART_FASHION)})")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides of the recipe, e.g. data.num_workers=2")
+    parser.add_argument("--steps", type=int, help=f"timed steps per phase (default {FULL_STEPS}, --quick {QUICK_STEPS})")
+    parser.add_argument("--warmup", type=int, help=f"untimed steps before each phase (default {FULL_WARMUP}, --quick {QUICK_WARMUP})")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch.set_num_threads (train.threads; default 1: per-core figures that stay steady on a shared "
+                             "machine, where two threads on two busy cores measured 5-20x slower; 0: the recipe's own)")
+    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {' '.join(QUICK_OVERRIDES)}, {QUICK_STEPS} steps")
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+
+    from sslkit.console import print_user_error
+    from sslkit.errors import UserError
+
+    steps = args.steps or (QUICK_STEPS if args.quick else FULL_STEPS)
+    warmup = args.warmup if args.warmup is not None else (QUICK_WARMUP if args.quick else FULL_WARMUP)
+    load_before = os.getloadavg()[0]
+    try:
+        cfg, recipe, overrides, note = resolve_config(args.recipe, args.overrides, args.quick, args.threads)
+        pieces = build_pieces(cfg, total_steps=2 * (warmup + steps))
+    except UserError as error:
+        print_user_error(error)
+        return 2
+    batches = EndlessBatches(pieces)
+    # Warm-up, then the full phase; the floor's batch is one the full phase would have seen.
+    time_full_steps(pieces, batches, warmup)
+    full = time_full_steps(pieces, batches, steps, first_step=warmup)
+    images, labels = batches.next()
+    with torch.no_grad():
+        views = (*pieces.augment(images), labels)
+    time_floor_steps(pieces, views, warmup, first_step=warmup + steps)
+    floor = time_floor_steps(pieces, views, steps, first_step=2 * warmup + steps)
+
+    result = {
+        "dataset": cfg.data.name,
+        "note": note,
+        "recipe": str(recipe.relative_to(ROOT) if recipe.resolve().is_relative_to(ROOT) else recipe),
+        "overrides": overrides,
+        "quick": args.quick,
+        "steps": steps,
+        "warmup_steps": warmup,
+        "config": {"batch_size": cfg.train.batch_size, "image_size": cfg.augment.image_size, "backbone": cfg.model.backbone,
+                   "width": cfg.model.width, "method": cfg.method.name, "loss": cfg.loss.name, "optimizer": cfg.optim.name,
+                   "num_workers": cfg.data.num_workers, "mixed_precision": cfg.train.mixed_precision,
+                   "channels_last": cfg.model.channels_last},
+        "device": str(pieces.accelerator.device),
+        "threads": torch.get_num_threads(),
+        "cores": os.cpu_count(),
+        "load_average": [load_before, os.getloadavg()[0]],
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "summary": summarize(full, floor, cfg.train.batch_size),
+        "per_step": {"full": full, "floor": floor},
+    }
+    console = Console(width=max(120, Console().width))
+    render(result, console)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+        console.print(f"figures written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
