@@ -17,6 +17,8 @@ CASES = {
     "supcon": {"method": {"name": "supcon"}, "loss": {"name": "supcon", "temperature": 0.2}},
     "supcon-triplet": {"method": {"name": "supcon"}, "loss": {"name": "triplet", "mining": "hard"}},
     "supervised-proxy-anchor": {"method": {"name": "supervised"}, "loss": {"name": "proxy_anchor"}},
+    "supervised-arcface": {"method": {"name": "supervised"}, "loss": {"name": "arcface", "scale": 16.0, "margin": 0.2}},
+    "supervised-sphereface": {"method": {"name": "supervised"}, "loss": {"name": "sphereface"}},
 }
 
 
@@ -106,3 +108,11 @@ def test_head_class_count_must_match_the_dataset():
     cfg = config_from_dict({"method": {"name": "supervised"}, "loss": {"name": "proxy_anchor", "num_classes": 100}, "model": TINY_MODEL})
     with pytest.raises(UserError, match="loss.num_classes is 100 but dataset 'digits' has 10"):
         methods.build_method(cfg, models.build_backbone("resnet18", 4, True, 1), 10)
+
+
+def test_sphereface_annealing_follows_the_trainer_step_and_is_checkpointed():
+    _, _, _, method = build("supervised-sphereface")
+    start = method.loss.lambda_
+    method.after_optimizer_step(99, 1000)
+    assert int(method.loss.step) == 100 and method.loss.lambda_ < start
+    assert int(method.state_dict()["loss.step"]) == 100

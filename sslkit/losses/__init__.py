@@ -18,6 +18,15 @@ import inspect
 from torch import nn
 
 from sslkit.errors import UserError
+from sslkit.losses.adacos import AdaCosHead
+from sslkit.losses.adacos_dynamic import AdaCosDynamicHead
+from sslkit.losses.arcface import ArcFaceHead
+from sslkit.losses.coco import CoCoHead
+from sslkit.losses.cosface import CosFaceHead
+from sslkit.losses.lsoftmax import LSoftmaxHead
+from sslkit.losses.normsoftmax import NormSoftmaxHead
+from sslkit.losses.softmax import SoftmaxHead
+from sslkit.losses.sphereface import SphereFaceHead
 from sslkit.losses.angular import AngularLoss
 from sslkit.losses.circle import CircleLoss
 from sslkit.losses.contrastive import ContrastiveLoss
@@ -50,6 +59,17 @@ LOSSES: dict[str, type[nn.Module]] = {
     "circle": CircleLoss,
     "proxy_nca": ProxyNCAHead,
     "proxy_anchor": ProxyAnchorHead,
+    "softmax": SoftmaxHead,
+    "normsoftmax": NormSoftmaxHead,
+    "coco": CoCoHead,
+    "lsoftmax": LSoftmaxHead,
+    "sphereface": SphereFaceHead,
+    "cosface": CosFaceHead,
+    "amsoftmax": CosFaceHead,
+    "arcface": ArcFaceHead,
+    "aamsoftmax": ArcFaceHead,
+    "adacos": AdaCosHead,
+    "adacos_dynamic": AdaCosDynamicHead,
 }
 
 KIND: dict[str, str] = {
@@ -69,6 +89,17 @@ KIND: dict[str, str] = {
     "circle": "label",
     "proxy_nca": "head",
     "proxy_anchor": "head",
+    "softmax": "head",
+    "normsoftmax": "head",
+    "coco": "head",
+    "lsoftmax": "head",
+    "sphereface": "head",
+    "cosface": "head",
+    "amsoftmax": "head",
+    "arcface": "head",
+    "aamsoftmax": "head",
+    "adacos": "head",
+    "adacos_dynamic": "head",
 }
 
 
@@ -116,4 +147,6 @@ __all__ = [
     "NTXentLoss", "ntxent_loss", "DCLLoss", "dcl_loss", "DCLWLoss", "dclw_loss", "NCELoss", "nce_loss",
     "ContrastiveLoss", "TripletLoss", "LiftedStructureLoss", "NPairLoss", "AngularLoss",
     "SoftNearestNeighborsLoss", "SupConLoss", "supcon_loss", "CircleLoss", "ProxyNCAHead", "ProxyAnchorHead",
+    "SoftmaxHead", "NormSoftmaxHead", "CoCoHead", "LSoftmaxHead", "SphereFaceHead", "CosFaceHead", "ArcFaceHead",
+    "AdaCosHead", "AdaCosDynamicHead",
 ]

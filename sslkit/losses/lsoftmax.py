@@ -103,15 +103,16 @@ class LSoftmaxHead(MarginSoftmaxHead):
         super().__init__(embedding_dim, num_classes)
         self.margin = check_positive_int(margin, "margin")
         self.schedule = _check_lambda_schedule(lambda_base, lambda_gamma, lambda_power, lambda_min)
-        self.step = 0
+        # A buffer, so the annealing step is saved in checkpoints and a resumed run continues the schedule.
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
 
     def set_step(self, step: int) -> None:
         """Tell the head the optimisation step; lambda is a pure function of it."""
-        self.step = check_positive_int(step, "step", minimum=0)
+        self.step.fill_(check_positive_int(step, "step", minimum=0))
 
     @property
     def lambda_(self) -> float:
-        return margin_lambda(self.step, *self.schedule)
+        return margin_lambda(int(self.step), *self.schedule)
 
     def target_logit(self, cos_target: torch.Tensor) -> torch.Tensor:
         lam = self.lambda_
@@ -121,5 +122,5 @@ class LSoftmaxHead(MarginSoftmaxHead):
     def extra_repr(self) -> str:
         return (
             f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, margin={self.margin}, "
-            f"lambda={self.lambda_:g} at step {self.step}"
+            f"lambda={self.lambda_:g} at step {int(self.step)}"
         )

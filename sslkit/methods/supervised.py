@@ -49,5 +49,10 @@ class Supervised(nn.Module):
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         return self.neck(encode(self.backbone, images, self.backbone_frozen))
 
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        # Heads annealed by the step (SphereFace's lambda) follow the trainer's step.
+        if hasattr(self.loss, "set_step"):
+            self.loss.set_step(step + 1)
+
     def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return self.loss(self.embed(torch.cat([view1, view2])), torch.cat([labels, labels]))
