@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from sslkit.methods.moco import MoCo, MoCoV3
+from sslkit.methods.nce import MemoryBankNCE
 from sslkit.methods.simclr import SimCLR
 from sslkit.methods.supcon import SupCon
 from sslkit.methods.supervised import Supervised
@@ -24,6 +26,9 @@ METHODS: dict[str, type[nn.Module]] = {
     "simclr": SimCLR,
     "supcon": SupCon,
     "supervised": Supervised,
+    "moco": MoCo,
+    "mocov3": MoCoV3,
+    "nce": MemoryBankNCE,
 }
 
 

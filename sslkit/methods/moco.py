@@ -25,6 +25,7 @@ from torch import nn
 from sslkit import distributed, losses
 from sslkit.errors import UserError
 from sslkit.losses._common import check_positive, full_precision, upcast
+from sslkit.methods.common import encode
 from sslkit.methods.momentum import freeze, update_momentum
 from sslkit.methods.queue import KeyQueue
 from sslkit.models import build_mlp
@@ -95,8 +96,8 @@ def split_batch_norm(module: nn.Module, num_splits: int) -> nn.Module:
 def _mlp_without_batch_norm(in_dim: int, hidden_dim: int, out_dim: int, num_layers: int) -> nn.Sequential:
     """MoCo v2's head, fc-ReLU-fc ([1], section 3); 1 layer is MoCo v1's linear head.
 
-    No BatchNorm, unlike :func:`sslkit.models.build_mlp`: BatchNorm in the head would again
-    share statistics between a query and its key within a batch.
+    No BatchNorm, unlike :func:`sslkit.models.build_mlp`, as in MoCo v2's code: BatchNorm in the
+    head would need the same care against shared batch statistics as the backbone's.
     """
     layers: list[nn.Module] = []
     dim = in_dim
@@ -164,6 +165,7 @@ class MoCo(nn.Module):
         self.queue = KeyQueue(queue_size, out_dim)
         self.momentum, self.momentum_final = momentum, momentum_final
         self.symmetric, self.bn_splits = symmetric, bn_splits
+        self.backbone_frozen = False  # the trainer sets it during train.freeze_backbone_epochs
 
     @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int) -> "MoCo":
@@ -193,13 +195,14 @@ class MoCo(nn.Module):
     def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if self.symmetric:
             # One pass for both views (faster than two); row i of keys is the other view of row i of queries.
-            queries = self.projector(self.backbone(torch.cat([view1, view2])))  # (2B, D)
+            queries = self.projector(encode(self.backbone, torch.cat([view1, view2]), self.backbone_frozen))  # (2B, D)
             keys = self._keys(torch.cat([view2, view1]))  # (2B, D)
         else:
-            queries, keys = self.projector(self.backbone(view1)), self._keys(view2)  # (B, D)
+            queries = self.projector(encode(self.backbone, view1, self.backbone_frozen))  # (B, D)
+            keys = self._keys(view2)  # (B, D)
         # The mean over 2B queries is (l(q1, k2) + l(q2, k1)) / 2.
         loss = self.loss(queries, keys, negatives=self.queue.negatives())
-        self.queue.enqueue(F.normalize(keys.float(), dim=1))
+        self.queue.enqueue(F.normalize(upcast(keys), dim=1))
         return loss
 
     @torch.no_grad()
@@ -266,7 +269,9 @@ class MoCoV3(nn.Module):
     :func:`moco_v3_loss` in both directions, summed as in [2]. The negatives are the other
     keys of the batch (all processes), so BatchNorm needs no shuffling here: in one process every
     key shares the positive's statistics. (With several processes, [2] uses SyncBatchNorm so
-    keys from other processes share them too; see the note in ``from_config``.)
+    keys from other processes share them too; see the note in ``from_config``.) Both views go
+    through each encoder in one batch (faster than [2]'s one pass per view; BatchNorm then pools
+    the two views' statistics, as in :class:`~sslkit.methods.SimCLR`).
 
     Heads as in [2]'s ResNet code and solo-learn: projector ``projector_layers`` layers
     (``model.projector_*``; the paper's text says 3, its ResNet code uses 2) with an
@@ -286,6 +291,7 @@ class MoCoV3(nn.Module):
         self.momentum_projector = freeze(copy.deepcopy(projector))
         self.loss = MoCoV3Loss(temperature)
         self.momentum, self.momentum_final = momentum, momentum_final
+        self.backbone_frozen = False  # the trainer sets it during train.freeze_backbone_epochs
 
     @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int) -> "MoCoV3":
@@ -303,7 +309,8 @@ class MoCoV3(nn.Module):
 
     def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         b = view1.shape[0]
-        queries = self.predictor(self.projector(self.backbone(torch.cat([view1, view2]))))  # (2B, D)
+        features = encode(self.backbone, torch.cat([view1, view2]), self.backbone_frozen)
+        queries = self.predictor(self.projector(features))  # (2B, D)
         with torch.no_grad():
             keys = self.momentum_projector(self.momentum_backbone(torch.cat([view1, view2])))  # (2B, D)
         return self.loss(queries[:b], keys[b:]) + self.loss(queries[b:], keys[:b])

@@ -1,0 +1,300 @@
+"""MoCo v2, MoCo v3 and the NPID memory-bank method: losses against loops, what trains and what does not,
+state that survives a checkpoint, two real processes, and a run through ``accelerate launch``.
+
+Everything runs a width-4 ResNet-18 on scikit-learn's 8x8 digits so the file stays fast on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from sklearn.datasets import load_digits
+
+from dist_utils import run_in_processes
+from sslkit import methods, optim
+from sslkit.config import config_from_dict
+from sslkit.errors import UserError
+from sslkit.methods.moco import MoCo, MoCoV3, SplitBatchNorm, moco_v3_loss, split_batch_norm
+from sslkit.methods.nce import MemoryBankNCE
+from sslkit.models import build_backbone
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCH = 16
+LOSS = {"moco": "ntxent", "mocov3": "ntxent", "nce": "nce"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These tensors are tiny: with 2 threads on a busy 2-core machine, OpenMP hand-offs made each step ~40x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def fixed_views(n: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two fixed "views" of n digits: the images and their mirror images, each with a little noise."""
+    pixels, _ = load_digits(return_X_y=True)
+    images = torch.tensor(pixels[:n], dtype=torch.float32).view(n, 1, 8, 8) / 16
+    noise = torch.Generator().manual_seed(1)
+    return (images + 0.05 * torch.randn(images.shape, generator=noise),
+            images.flip(3) + 0.05 * torch.randn(images.shape, generator=noise))
+
+
+def build(name: str, seed: int = 0, num_samples: int = 50_000, **method_options):
+    torch.manual_seed(seed)
+    options = {"queue_size": 64, "predictor_hidden": 32, "num_negatives": 64, "bn_splits": 4, **method_options}
+    cfg = config_from_dict({"method": {"name": name, **options},
+                            "model": {"width": 4, "projector_hidden": 32, "projector_out": 16},
+                            "loss": {"name": LOSS[name], "temperature": 0.2}, "train": {"batch_size": BATCH}})
+    extra = {"num_samples": num_samples} if name == "nce" else {}
+    return methods.METHODS[name].from_config(cfg, build_backbone("resnet18", 4, True, 1), 10, **extra)
+
+
+def call(method, view1, view2):
+    if isinstance(method, MemoryBankNCE):
+        return method(view1, view2, None, torch.arange(view1.shape[0]))
+    return method(view1, view2)
+
+
+def fill_queue(method: MoCo, count: int = 32) -> None:
+    """Random unit keys, so the loss has negatives from the first call."""
+    method.queue.enqueue(F.normalize(torch.randn(count, method.queue.dim, generator=torch.Generator().manual_seed(2)), dim=1))
+
+
+# --------------------------------------------------------------------------- BatchNorm in one process
+
+
+def test_split_batch_norm_normalises_each_interleaved_group_as_its_own_batch():
+    torch.manual_seed(0)
+    x = torch.randn(12, 3, 4, 4) * 3 + 1
+    split = SplitBatchNorm(3, num_splits=4)
+    with torch.no_grad():
+        split.weight.uniform_(0.5, 2)
+        split.bias.uniform_(-1, 1)
+    out = split(x)
+    expected = torch.empty_like(x)
+    means, variances = [], []
+    for group in range(4):  # samples group, group + 4, group + 8
+        mean, var = torch.zeros(3), torch.ones(3)
+        expected[group::4] = F.batch_norm(x[group::4], mean, var, split.weight, split.bias, training=True, momentum=0.1)
+        means.append(mean), variances.append(var)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(split.running_mean, torch.stack(means).mean(0))
+    torch.testing.assert_close(split.running_var, torch.stack(variances).mean(0))
+    split.eval()
+    plain = torch.nn.BatchNorm2d(3).eval()
+    plain.load_state_dict(split.state_dict())
+    torch.testing.assert_close(split(x), plain(x))
+    with pytest.raises(ValueError, match="bn_splits"):
+        split.train()(x[:10])
+
+
+def test_split_batch_norm_backbone_keeps_torchvision_keys():
+    backbone = split_batch_norm(build_backbone("resnet18", 4, True, 1), 4)
+    assert sum(isinstance(m, SplitBatchNorm) for m in backbone.modules()) == 20
+    build_backbone("resnet18", 4, True, 1).load_state_dict(backbone.state_dict())  # same keys and shapes
+
+
+# --------------------------------------------------------------------------- what trains
+
+
+@pytest.mark.parametrize("name", ["moco", "mocov3"])
+def test_momentum_encoder_gets_no_gradient_and_no_optimizer_slot(name):
+    method = build(name)
+    if name == "moco":
+        fill_queue(method)
+    call(method, *fixed_views()).backward()
+    momentum = {n: p for n, p in method.named_parameters() if n.startswith("momentum_")}
+    assert momentum and all(p.grad is None and not p.requires_grad for p in momentum.values())
+    assert all(p.grad is not None for p in method.backbone.parameters())
+    grouped = {n for g in optim.parameter_groups(method, 1e-4, True) for n in g["names"]}
+    assert grouped and not grouped & set(momentum)
+    assert grouped == {n for n, p in method.named_parameters() if not n.startswith("momentum_")}
+
+
+@pytest.mark.parametrize("name", ["moco", "mocov3", "nce"])
+def test_a_few_sgd_steps_on_a_fixed_batch_lower_the_loss(name):
+    method = build(name)
+    optimizer = optim.build_optimizer("sgd", optim.parameter_groups(method, 0.0, False), lr=0.02, momentum=0.9)
+    if name == "moco":
+        fill_queue(method)
+        # The same negatives every step (the queue would otherwise fill with this batch's own keys).
+        negatives = {k: v.clone() for k, v in method.queue.state_dict().items()}
+    views, history = fixed_views(), []
+    for step in range(8):
+        if name == "moco":
+            method.queue.load_state_dict(negatives)
+        torch.manual_seed(3)  # the same noise draw (nce) and key shuffle (moco) every step
+        loss = call(method, *views)
+        assert torch.isfinite(loss)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if hasattr(method, "after_optimizer_step"):
+            method.after_optimizer_step(step, 8)
+        history.append(loss.item())
+    assert history[-1] < 0.8 * history[0], history
+
+
+# --------------------------------------------------------------------------- losses against loops
+
+
+def test_moco_first_step_has_no_negatives_and_its_keys_join_the_queue():
+    method = build("moco")
+    view1, view2 = fixed_views()
+    torch.manual_seed(4)
+    assert abs(method(view1, view2).item()) < 1e-6  # an empty queue: the positive is the only candidate
+    assert int(method.queue.filled) == 2 * BATCH
+    torch.manual_seed(4)
+    keys = method._keys(torch.cat([view2, view1]))  # the same shuffle, hence the same keys
+    torch.testing.assert_close(method.queue.negatives(), F.normalize(keys, dim=1))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_moco_loss_matches_a_loop_over_queries(symmetric):
+    method = build("moco", symmetric=symmetric).double()
+    fill_queue(method)
+    negatives = F.normalize(method.queue.negatives().clone(), dim=1)
+    view1, view2 = (v.double() for v in fixed_views())
+    torch.manual_seed(5)
+    loss = method(view1, view2)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        if symmetric:
+            q = method.projector(method.backbone(torch.cat([view1, view2])))
+            k = method._keys(torch.cat([view2, view1]))
+        else:
+            q, k = method.projector(method.backbone(view1)), method._keys(view2)
+    terms = []
+    for qi, ki in zip(F.normalize(q, dim=1), F.normalize(k, dim=1)):
+        positive = torch.exp(qi @ ki / 0.2)
+        terms.append(-torch.log(positive / (positive + torch.exp(negatives @ qi / 0.2).sum())))
+    # symmetric: the mean over 2B queries is (l(q1, k2) + l(q2, k1)) / 2
+    torch.testing.assert_close(loss, torch.stack(terms).mean())
+
+
+def test_mocov3_loss_is_two_cross_entropies_by_loop():
+    method = build("mocov3").double()
+    view1, view2 = (v.double() for v in fixed_views())
+    loss = method(view1, view2)
+    with torch.no_grad():
+        q = F.normalize(method.predictor(method.projector(method.backbone(torch.cat([view1, view2])))), dim=1)
+        k = F.normalize(method.momentum_projector(method.momentum_backbone(torch.cat([view1, view2]))), dim=1)
+
+    def ctr(queries, keys):
+        terms = [-torch.log(torch.exp(qi @ keys[i] / 0.2) / torch.exp(keys @ qi / 0.2).sum()) for i, qi in enumerate(queries)]
+        return 2 * 0.2 * torch.stack(terms).mean()
+
+    torch.testing.assert_close(loss, ctr(q[:BATCH], k[BATCH:]) + ctr(q[BATCH:], k[:BATCH]))
+
+
+def test_nce_bank_moves_halfway_towards_the_new_embeddings():
+    method = build("nce", num_samples=40)
+    view1, view2 = fixed_views()
+    before = method.bank.clone()
+    torch.manual_seed(6)
+    loss = method(view1, view2, None, torch.arange(3, 3 + BATCH))
+    assert torch.isfinite(loss)
+    with torch.no_grad():
+        z = F.normalize(method.projector(method.backbone(torch.cat([view1, view2]))), dim=1)
+    new = F.normalize(z[:BATCH] + z[BATCH:], dim=1)
+    torch.testing.assert_close(method.bank[3:3 + BATCH], F.normalize(0.5 * before[3:3 + BATCH] + 0.5 * new, dim=1))
+    assert torch.equal(method.bank[:3], before[:3]) and torch.equal(method.bank[3 + BATCH:], before[3 + BATCH:])
+    torch.testing.assert_close(method.bank.norm(dim=1), torch.ones(40))
+
+
+# --------------------------------------------------------------------------- state and processes
+
+
+@pytest.mark.parametrize("name", ["moco", "nce"])
+def test_state_dict_round_trip_through_safetensors(tmp_path, name):
+    """What a checkpoint holds (accelerate writes model.safetensors) restores queue, bank and key encoder exactly."""
+    method = build(name)
+    views = fixed_views()
+    for step in range(2):
+        call(method, *views).backward()
+        if hasattr(method, "after_optimizer_step"):
+            method.after_optimizer_step(step, 10)
+    save_file(method.state_dict(), tmp_path / "model.safetensors")  # fails on shared tensors, as accelerate would
+    fresh = build(name, seed=1)
+    fresh.load_state_dict(load_file(tmp_path / "model.safetensors"))
+    for key, value in method.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+    if name == "moco":
+        assert int(fresh.queue.filled) == 4 * BATCH and int(fresh.queue.ptr) == 4 * BATCH % 64
+        assert any(k.startswith("momentum_backbone.") for k in method.state_dict())
+
+
+def _two_process_checks(rank: int, world: int) -> dict:
+    # MoCo v3's loss on this process's half of a batch of 8.
+    generator = torch.Generator().manual_seed(0)
+    q_all, k_all = torch.randn(8, 5, generator=generator, dtype=torch.float64), torch.randn(8, 5, generator=generator, dtype=torch.float64)
+    q = q_all[4 * rank:4 * rank + 4].clone().requires_grad_(True)
+    loss = moco_v3_loss(q, k_all[4 * rank:4 * rank + 4], temperature=0.3)
+    loss.backward()
+    # NPID's bank: each process updates different rows; both must end with the same bank.
+    method = build("nce", num_samples=64)
+    view1, view2 = fixed_views(16)
+    half = slice(8 * rank, 8 * rank + 8)
+    method(view1[half], view2[half], None, torch.arange(8 * rank, 8 * rank + 8) * 3)
+    return {"loss": loss.detach(), "grad": q.grad, "bank": method.bank}
+
+
+def test_two_processes_match_one_process_and_share_one_bank():
+    results = run_in_processes(_two_process_checks)
+    generator = torch.Generator().manual_seed(0)
+    q_all, k_all = torch.randn(8, 5, generator=generator, dtype=torch.float64), torch.randn(8, 5, generator=generator, dtype=torch.float64)
+    q_all.requires_grad_(True)
+    full = moco_v3_loss(q_all, k_all, temperature=0.3)
+    full.backward()
+    torch.testing.assert_close((results[0]["loss"] + results[1]["loss"]) / 2, full.detach())
+    # Each process's gradient is world_size x its slice of the 1-process gradient (DDP's mean divides it out).
+    torch.testing.assert_close(torch.cat([results[0]["grad"], results[1]["grad"]]), 2 * q_all.grad)
+
+    assert torch.equal(results[0]["bank"], results[1]["bank"])
+    untouched = build("nce", num_samples=64).bank
+    changed = (results[0]["bank"] != untouched).any(dim=1).nonzero().flatten().tolist()
+    assert changed == list(range(0, 48, 3))  # rows 0, 3, ..., 45: both processes' indices
+
+
+# --------------------------------------------------------------------------- recipes and a real run
+
+
+def test_recipe_mistakes_are_one_line_user_errors():
+    with pytest.raises(UserError, match="bn_splits 5"):
+        build("moco", bn_splits=5)
+    with pytest.raises(UserError, match="loss.name"):
+        MoCoV3.from_config(config_from_dict({"method": {"name": "mocov3"}, "loss": {"name": "dcl"}}), build_backbone("resnet18", 4), 10)
+    with pytest.raises(UserError, match="training set's size"):
+        MemoryBankNCE.from_config(config_from_dict({"method": {"name": "nce"}, "loss": {"name": "nce"}}), build_backbone("resnet18", 4), 10)
+    with pytest.raises(UserError, match="momentum_final"):
+        build("moco", momentum=0.999, momentum_final=0.99)
+
+
+def test_moco_through_accelerate_launch_with_two_processes(tmp_path):
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "sslkit" / "pretrain.py"),
+               str(ROOT / "recipes" / "quickstart.yaml"), f"run.output_dir={tmp_path}", "run.name=moco", "method.name=moco",
+               "method.queue_size=200", "model.width=4", "model.projector_hidden=32", "model.projector_out=16",
+               "augment.image_size=8", "train.batch_size=64", "train.epochs=1", "train.max_steps=4", "train.threads=1",
+               "train.log_every_steps=1", "eval.linear_epochs=3", "eval.compare_random_init=false", "optim.warmup_epochs=0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "moco"
+    losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert len(losses) == 4 and abs(losses[0]) < 1e-6  # step 1: the queue was empty, the positive is the only candidate
+    assert all(loss > 1 for loss in losses[1:]), losses  # then 128, then 200 negatives
+    # 64 images x 2 views = 128 keys a step, gathered from both processes
+    state = load_file(sorted((run / "checkpoints").glob("step-*"))[-1] / "model.safetensors")
+    assert int(state["queue.ptr"]) == 4 * 128 % 200 and int(state["queue.filled"]) == 200
+    assert not torch.equal(state["momentum_backbone.conv1.weight"], state["backbone.conv1.weight"])
