@@ -1,0 +1,61 @@
+"""Render the Markdown report of past runs: config, final metrics, training curves.
+
+    python tools/report.py runs/quickstart [RUN_DIR ...]
+    python tools/report.py runs/ablate-quickstart-loss.temperature/runs/*
+
+Each RUN_DIR gets ``RUN_DIR/report.md`` (see :mod:`sslkit.report`); with matplotlib installed
+(``pip install sslkit[plot]``) the curves are PNGs next to it. A run still training gets a
+partial report. A directory that is not a run prints one line and the exit status is 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a script: the repository root first on the path, so `sslkit` imports from here.
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from sslkit.console import console, print_user_error  # noqa: E402
+from sslkit.errors import UserError  # noqa: E402
+from sslkit.report import have_matplotlib, is_run_dir, write_report  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tools/report.py", description="Write report.md (config, metrics, curves) for past runs.")
+    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="a run directory, e.g. runs/quickstart")
+    return parser.parse_args(argv)
+
+
+def not_a_run(path: Path) -> UserError:
+    """The one-line error for a directory that is not a run, pointing at runs inside it if there are any."""
+    if not path.is_dir():
+        return UserError(f"'{path}' is not a directory; give a run directory, e.g. runs/quickstart")
+    inside = sorted(p for p in path.glob("*") if is_run_dir(p)) + sorted(p for p in path.glob("runs/*") if is_run_dir(p))
+    if inside:
+        return UserError(f"'{path}' is not a run directory (no config.yaml) but holds run directories; "
+                         f"give those instead, e.g. python tools/report.py {inside[0].parent}/*")
+    return UserError(f"'{path}' is not a run directory (no config.yaml); give one that sslkit/pretrain.py wrote, e.g. runs/quickstart")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    status, written = 0, 0
+    for run_dir in args.run_dirs:
+        try:
+            if not is_run_dir(run_dir):
+                raise not_a_run(run_dir)
+            console.print(f"report: {write_report(run_dir)}", markup=False, highlight=False, soft_wrap=True)
+            written += 1
+        except UserError as error:
+            print_user_error(error)
+            status = 2
+    if written and not have_matplotlib():
+        console.print("plots are text tables: pip install sslkit[plot] adds PNG curves", markup=False, highlight=False)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
