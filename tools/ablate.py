@@ -1,0 +1,477 @@
+"""Run a grid of pretraining runs (sweeps x seeds) and tabulate and plot what they give.
+
+    python tools/ablate.py RECIPE --sweep KEY=V1,V2,... [--sweep KEY=...] [--seeds N] [--out DIR]
+                           [--launcher "accelerate launch --cpu --num_processes 2"] [key.sub=value ...]
+    python tools/ablate.py recipes/quickstart.yaml --sweep loss.temperature=0.05,0.1,0.2,0.5 --seeds 2 train.epochs=10
+
+The grid is the product of the sweeps and the seeds (``--seeds N``: ``run.seed`` = s, s+1, ...,
+from the recipe's seed s). Every point is the user's own command, run as a subprocess:
+
+    python sslkit/pretrain.py RECIPE key.sub=value ... <swept values> run.seed=S
+        run.output_dir=OUT/runs run.name=<point> run.resume=auto
+
+(or ``--launcher`` followed by the same arguments), so a point that crashes or diverges cannot
+take the others down, and each leaves a normal run directory that ``sslkit/evaluate.py`` and
+``tools/report.py`` take as it is. Values are YAML, as in overrides; a value that holds a
+comma goes in brackets: ``--sweep augment.crop_scale=[0.08,1.0],[0.2,1.0]``.
+
+Every point's config is loaded and validated before anything runs, so a typo fails in a second
+rather than after an hour (exit status 2, one line). The sweep is resumable: a point whose run
+directory has ``results.json`` is skipped ("done, skipped"); any other point runs again,
+continuing from its last checkpoint if it has one. A point that fails is recorded with its
+error (the last line of its stderr) and the others still run; the exit status is then 1.
+
+OUT receives, updated after every point:
+
+- ``results.csv`` / ``results.json``: one row per point: swept values, seed, status, error,
+  wall time, and the final metrics of the trained encoder;
+- ``summary.csv``: mean and standard deviation over seeds of every metric, per grid point;
+- ``<metric>.png`` (with matplotlib): kNN and linear top-1 against the first swept key (a log
+  axis for positive values spanning 10x or more), error bars one standard deviation over seeds,
+  one line per value of the other swept keys;
+- ``logs/<point>.out`` / ``.err``: each point's stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    # Run as a script: the repository root first on the path, so `sslkit` imports from here.
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import yaml  # noqa: E402
+from rich.markup import escape  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from sslkit.config import load_config, to_dict  # noqa: E402
+from sslkit.console import console, print_user_error  # noqa: E402
+from sslkit.errors import UserError  # noqa: E402
+from sslkit.report import PLOT_HINT, new_figure  # noqa: E402
+
+PRETRAIN = Path(__file__).resolve().parents[1] / "sslkit" / "pretrain.py"
+PLOTTED_METRICS = ("knn_top1", "linear_top1")
+# Set per point by this tool; a user's override of them would break the sweep's bookkeeping.
+# (run.seed may be overridden: it is the first of the --seeds.)
+RESERVED_KEYS = ("run.name", "run.output_dir", "run.resume")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of the grid: a value for every swept key, and a seed."""
+
+    values: tuple[tuple[str, str], ...]  # (key, value as the user typed it), in --sweep order
+    seed: int
+
+    @property
+    def name(self) -> str:
+        """The run directory's name, e.g. ``loss.temperature=0.1_seed=0``: readable, one per point."""
+        # Values may hold '/' (paths) or brackets (lists): keep the name a plain file name.
+        parts = [f"{key}={re.sub(r'[^A-Za-z0-9._+-]', '-', value)}" for key, value in self.values]
+        return "_".join([*parts, f"seed={self.seed}"])
+
+    def overrides(self) -> list[str]:
+        return [f"{key}={value}" for key, value in self.values] + [f"run.seed={self.seed}"]
+
+
+# --------------------------------------------------------------------------- the grid
+
+
+def split_values(text: str) -> list[str]:
+    """``0.1,[0.08,1.0],x`` -> ``['0.1', '[0.08,1.0]', 'x']``: commas inside brackets stay."""
+    values, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            values.append(current.strip())
+            current = ""
+        else:
+            current += char
+    values.append(current.strip())
+    return values
+
+
+def parse_sweep(text: str) -> tuple[str, list[str]]:
+    """``loss.temperature=0.1,0.2`` -> ``("loss.temperature", ["0.1", "0.2"])``."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    values = split_values(raw) if sep else []
+    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+", key) or not values or "" in values:
+        raise UserError(f"--sweep '{text}' must look like section.key=V1,V2,... e.g. --sweep loss.temperature=0.05,0.1,0.2")
+    if key in (*RESERVED_KEYS, "run.seed"):
+        hint = "use --seeds N for seeds" if key == "run.seed" else "use --out DIR to choose where the runs go"
+        raise UserError(f"--sweep '{key}': ablate sets {key} for every point; {hint}")
+    if len(set(values)) < len(values):
+        raise UserError(f"--sweep '{text}': a value appears twice")
+    return key, values
+
+
+def build_grid(sweeps: list[tuple[str, list[str]]], seeds: list[int]) -> list[Point]:
+    """Every combination of the swept values, each with every seed (seeds innermost)."""
+    keys = [key for key, _ in sweeps]
+    if len(set(keys)) < len(keys):
+        raise UserError(f"--sweep: a key is swept twice ({', '.join(keys)}); give all its values in one --sweep")
+    combos = product(*(values for _, values in sweeps))
+    points = [Point(tuple(zip(keys, combo)), seed) for combo in combos for seed in seeds]
+    names = [p.name for p in points]
+    if len(set(names)) < len(names):
+        raise UserError("--sweep: two values give the same run directory name once '/' and the like are replaced; write them differently")
+    return points
+
+
+def point_overrides(point: Point, overrides: list[str], out: Path) -> list[str]:
+    """Everything a point's run is given after the recipe: the user's overrides, then the point's own."""
+    # resume=auto: a point stopped midway (Ctrl-C, a crash) continues from its last checkpoint on the rerun.
+    return [*overrides, *point.overrides(), f"run.output_dir={out / 'runs'}", f"run.name={point.name}", "run.resume=auto"]
+
+
+def point_command(point: Point, recipe: Path, overrides: list[str], out: Path, launcher: str | None) -> list[str]:
+    """The command line of one point: the user's pretrain command with the point's values."""
+    prefix = shlex.split(launcher) if launcher else [sys.executable]
+    return [*prefix, str(PRETRAIN), str(recipe), *point_overrides(point, overrides, out)]
+
+
+def check_points(recipe: Path, overrides: list[str], points: list[Point], out: Path) -> None:
+    """Load and validate every point's config before anything runs; refuse a run directory made with another config.
+
+    Raises:
+        UserError: a point's config is invalid, or a run directory of this sweep was made with
+            other settings (skipping or resuming it would mix two experiments).
+    """
+    for point in points:
+        try:
+            cfg = load_config(recipe, point_overrides(point, overrides, out))
+        except UserError as error:
+            raise UserError(f"point {point.name}: {error}") from None
+        saved_path = out / "runs" / point.name / "config.yaml"
+        if saved_path.is_file():
+            wanted, saved = _flat(to_dict(cfg)), _flat(yaml.safe_load(saved_path.read_text()) or {})
+            # output_dir: the same place, maybe spelled differently. Keys the saved config lacks came with a
+            # newer sslkit: the run predates them, which alone is no reason to refuse it.
+            differ = sorted(k for k in wanted.keys() & saved.keys() if k != "run.output_dir" and wanted[k] != saved[k])
+            if differ:
+                key = differ[0]
+                more = f" (and {len(differ) - 1} more keys)" if len(differ) > 1 else ""
+                raise UserError(f"{saved_path.parent} was run with {key}={saved[key]}, this sweep asks for {key}={wanted[key]}{more}; "
+                                f"use another --out, or delete that run directory to redo it")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run_point(command: list[str], log_dir: Path, name: str) -> tuple[int, str | None, float]:
+    """Run one point, its stdout and stderr to ``log_dir/<name>.out`` / ``.err``.
+
+    Returns:
+        (exit status, its error line or None, wall seconds).
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    err_path = log_dir / f"{name}.err"
+    start = time.perf_counter()
+    with open(log_dir / f"{name}.out", "w") as out_file, open(err_path, "w") as err_file:
+        # Unbuffered: a point's log is readable while it runs.
+        status = subprocess.run(command, stdout=out_file, stderr=err_file, env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
+    wall = time.perf_counter() - start
+    return status, (None if status == 0 else error_line(err_path.read_text(errors="replace"), status)), wall
+
+
+def error_line(stderr: str, status: int) -> str:
+    """What went wrong, in one line: sslkit's own ``error:`` line, else the last line of stderr."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    # Under a launcher, the launcher's traceback follows the point's own one-line error.
+    ours = [line for line in lines if line.startswith("error:")]
+    if ours:
+        return ours[-1].removeprefix("error:").strip()
+    if lines:
+        return lines[-1]
+    if status < 0:
+        return f"killed by {signal.Signals(-status).name}"
+    return f"exited with status {status} and printed nothing on stderr"
+
+
+def read_trained_metrics(run_dir: Path) -> dict[str, float] | None:
+    """The trained encoder's final metrics from a run's ``results.json``, or None if it has none."""
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+        return {k: float(v) for k, v in results["results"]["trained"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# --------------------------------------------------------------------------- results
+
+
+def parse_value(text: str) -> Any:
+    """A swept value as the config reads it (YAML), with ``1e-3`` (a string to YAML 1.1) read as a number."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", value):
+        return float(value)
+    return value
+
+
+def metric_names(records: list[dict]) -> list[str]:
+    names = {m for r in records for m in r["metrics"]}
+    return sorted(names, key=lambda m: (m not in PLOTTED_METRICS, PLOTTED_METRICS.index(m) if m in PLOTTED_METRICS else 0, m))
+
+
+def summarize(records: list[dict], keys: list[str]) -> list[dict]:
+    """Mean and standard deviation over seeds, per grid point (points that failed are counted, not averaged).
+
+    The standard deviation is the sample one (n - 1); with a single successful seed it is None.
+    """
+    metrics = metric_names(records)
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        groups.setdefault(tuple(record["values_text"][k] for k in keys), []).append(record)
+    rows = []
+    for texts, members in groups.items():
+        ok = [r for r in members if r["status"] == "ok"]
+        row = {"values": {k: parse_value(t) for k, t in zip(keys, texts)}, "values_text": dict(zip(keys, texts)),
+               "n_ok": len(ok), "n_failed": len(members) - len(ok)}
+        for metric in metrics:
+            values = [r["metrics"][metric] for r in ok if metric in r["metrics"]]
+            row[f"{metric}_mean"] = statistics.fmean(values) if values else None
+            row[f"{metric}_std"] = statistics.stdev(values) if len(values) > 1 else None
+        rows.append(row)
+    return rows
+
+
+def write_tables(out: Path, records: list[dict], keys: list[str], header: dict) -> list[dict]:
+    """Write results.csv, results.json and summary.csv; returns the summary rows."""
+    metrics = metric_names(records)
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["name", *keys, "seed", "status", "skipped", "error", "wall_s", *metrics])
+        for r in records:
+            writer.writerow([r["name"], *(r["values_text"][k] for k in keys), r["seed"], r["status"], r["skipped"], r["error"] or "",
+                             "" if r["wall_s"] is None else f"{r['wall_s']:.1f}", *(_csv(r["metrics"].get(m)) for m in metrics)])
+    (out / "results.json").write_text(json.dumps({**header, "points": records}, indent=2))
+    summary = summarize(records, keys)
+    with open(out / "summary.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*keys, "n_ok", "n_failed", *(f"{m}_{s}" for m in metrics for s in ("mean", "std"))])
+        for row in summary:
+            writer.writerow([*(row["values_text"][k] for k in keys), row["n_ok"], row["n_failed"],
+                             *(_csv(row[f"{m}_{s}"]) for m in metrics for s in ("mean", "std"))])
+    return summary
+
+
+def _csv(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
+
+
+def summary_table(summary: list[dict], keys: list[str], metrics: list[str]) -> Table:
+    """Mean ± std over seeds per grid point, as a rich table."""
+    table = Table(title="ablation: mean ± std over seeds")
+    for key in keys:
+        table.add_column(key, justify="right")
+    table.add_column("seeds ok", justify="right")
+    for metric in metrics:
+        table.add_column(metric, justify="right")
+    for row in summary:
+        cells = []
+        for metric in metrics:
+            mean, std = row[f"{metric}_mean"], row[f"{metric}_std"]
+            cells.append("-" if mean is None else f"{mean:.4f}" + ("" if std is None else f" ± {std:.4f}"))
+        seeds = f"{row['n_ok']}/{row['n_ok'] + row['n_failed']}"
+        table.add_row(*(escape(row["values_text"][k]) for k in keys), seeds if not row["n_failed"] else f"[red]{seeds}", *cells)
+    return table
+
+
+def plot_metric(summary: list[dict], keys: list[str], metric: str, path: Path) -> Any:
+    """Save ``metric`` against the first swept key, one line per combination of the others.
+
+    Numeric values go on a numeric axis (logarithmic when they are positive and span 10x or
+    more, as temperatures and learning rates do); other values are evenly spaced categories.
+
+    Returns:
+        The matplotlib Figure, or None without matplotlib or without a swept key.
+    """
+    figure = new_figure(6.5, 4.2)
+    if figure is None or not keys:
+        return None
+    axes = figure.axes[0]
+    x_key, other_keys = keys[0], keys[1:]
+    x_texts = list(dict.fromkeys(row["values_text"][x_key] for row in summary))
+    x_values = [parse_value(t) for t in x_texts]
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x_values)
+    position = dict(zip(x_texts, x_values if numeric else range(len(x_texts))))
+    lines: dict[tuple, list[dict]] = {}
+    for row in summary:
+        lines.setdefault(tuple(row["values_text"][k] for k in other_keys), []).append(row)
+    for line_key, rows in lines.items():
+        rows = sorted(rows, key=lambda r: position[r["values_text"][x_key]])
+        xs = [position[r["values_text"][x_key]] for r in rows]
+        ys = [math.nan if r[f"{metric}_mean"] is None else r[f"{metric}_mean"] for r in rows]
+        errors = [r[f"{metric}_std"] or 0.0 for r in rows]
+        label = ", ".join(f"{k}={v}" for k, v in zip(other_keys, line_key)) or None
+        if label and all(math.isnan(y) for y in ys):
+            label += " (every run failed)"
+        axes.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=label)
+    if numeric and min(x_values) > 0 and max(x_values) / min(x_values) >= 10:
+        axes.set_xscale("log")
+    if numeric:
+        axes.set_xticks(x_values, x_texts)
+        axes.minorticks_off()
+    else:
+        axes.set_xticks(range(len(x_texts)), x_texts)
+    seeds = max(r["n_ok"] + r["n_failed"] for r in summary)
+    axes.set_xlabel(x_key)
+    axes.set_ylabel(metric)
+    axes.set_title(f"{metric} vs {x_key}" + (f" (error bars: std over {seeds} seeds)" if seeds > 1 else ""))
+    axes.grid(alpha=0.3)
+    if other_keys:
+        axes.legend()
+    figure.savefig(path, dpi=110)
+    return figure
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tools/ablate.py", description="Run a grid of pretraining runs and tabulate and plot the results.")
+    parser.add_argument("recipe", type=Path, help="a YAML recipe, e.g. recipes/quickstart.yaml")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides shared by every point, e.g. train.epochs=10")
+    parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2", help="a key and its values; repeat for a product grid")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per grid point: run.seed = s, s+1, ... from the recipe's seed (default 1)")
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default: <run.output_dir>/ablate-<recipe>-<swept keys>)")
+    parser.add_argument("--launcher", default=None, help='a prefix for multi-process points, e.g. "accelerate launch --cpu --num_processes 2"')
+    # Intermixed: overrides may come before or after the --options, as users type them.
+    return parser.parse_intermixed_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        sweeps = [parse_sweep(text) for text in args.sweep]
+        if args.seeds < 1:
+            raise UserError(f"--seeds must be at least 1, got {args.seeds}")
+        if not sweeps and args.seeds == 1:
+            raise UserError("nothing to sweep: give --sweep KEY=V1,V2,... and/or --seeds N (N > 1)")
+        for text in args.overrides:
+            if text.partition("=")[0].strip() in RESERVED_KEYS:
+                raise UserError(f"override '{text}': ablate sets run.name, run.output_dir and run.resume for every point; "
+                                f"use --out DIR to choose where the runs go")
+        base = load_config(args.recipe, args.overrides)
+        keys = [key for key, _ in sweeps]
+        out = args.out or Path(base.run.output_dir) / "-".join(["ablate", args.recipe.stem, *keys])
+        seeds = [base.run.seed + i for i in range(args.seeds)]
+        points = build_grid(sweeps, seeds)
+        check_points(args.recipe, args.overrides, points, out)
+    except UserError as error:
+        print_user_error(error)
+        return 2
+    header = {"recipe": str(args.recipe), "overrides": args.overrides, "sweeps": dict(sweeps), "seeds": seeds, "launcher": args.launcher}
+    return run_sweep(args.recipe.resolve(), args.overrides, args.launcher, keys, points, out.resolve(), header)
+
+
+def run_sweep(recipe: Path, overrides: list[str], launcher: str | None, keys: list[str], points: list[Point], out: Path,
+              header: dict) -> int:
+    """Run (or skip) every point, writing the tables after each.
+
+    Returns:
+        The exit status: 0 when every point succeeded, 1 when any failed, 130 when interrupted.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    previous = _previous_wall_times(out / "results.json")
+    seeds = len(header["seeds"])
+    console.print(f"ablation: {len(points)} runs ({len(points) // seeds} grid points x {seeds} seed{'s' if seeds > 1 else ''}) -> {out}",
+                  markup=False, highlight=False, soft_wrap=True)
+    records: list[dict] = []
+    progress = Progress(TextColumn("[bold]points"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[current]}"),
+                        TimeElapsedColumn(), console=console)
+    try:
+        with progress:
+            task = progress.add_task("points", total=len(points), current="")
+            for index, point in enumerate(points, 1):
+                progress.update(task, current=point.name)
+                record = run_or_skip(point, recipe, overrides, launcher, out, previous.get(point.name))
+                tag = escape(f"[{index}/{len(points)}] {point.name}")
+                if record["skipped"]:
+                    progress.console.print(f"{tag}: done, skipped", highlight=False, soft_wrap=True)
+                elif record["status"] == "failed":
+                    progress.console.print(f"{tag}: [red]failed[/] after {record['wall_s']:.0f} s: {escape(record['error'])}",
+                                           highlight=False, soft_wrap=True)
+                else:
+                    shown = ", ".join(f"{m} {record['metrics'][m]:.4f}" for m in PLOTTED_METRICS if m in record["metrics"])
+                    progress.console.print(f"{tag}: ok in {record['wall_s']:.0f} s: {shown}", highlight=False, soft_wrap=True)
+                records.append(record)
+                write_tables(out, records, keys, header)
+                progress.advance(task)
+    except KeyboardInterrupt:
+        console.print(f"interrupted: the same command continues the sweep (finished points are skipped, the stopped one "
+                      f"resumes from its last checkpoint); results so far in {out}", markup=False, highlight=False, soft_wrap=True)
+        return 130
+
+    summary = write_tables(out, records, keys, header)
+    metrics = metric_names(records)
+    # The headline metrics on the terminal; results.csv and summary.csv have them all.
+    console.print(summary_table(summary, keys, [m for m in metrics if m in PLOTTED_METRICS] or metrics))
+    plotted = [m for m in PLOTTED_METRICS if m in metrics and plot_metric(summary, keys, m, out / f"{m}.png") is not None]
+    console.print(f"results: {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.json'}"
+                  + (f"; plots: {', '.join(str(out / f'{m}.png') for m in plotted)}" if plotted
+                     else f"; no plots ({PLOT_HINT})" if keys and metrics else ""), markup=False, highlight=False, soft_wrap=True)
+    failed = [r for r in records if r["status"] == "failed"]
+    if failed:
+        console.print(f"[red]{len(failed)} of {len(records)} points failed[/]; rerunning the same command retries them "
+                      f"(logs in {escape(str(out / 'logs'))})", highlight=False, soft_wrap=True)
+        return 1
+    return 0
+
+
+def run_or_skip(point: Point, recipe: Path, overrides: list[str], launcher: str | None, out: Path,
+                previous_wall_s: float | None) -> dict:
+    """One point's record: read from its run directory when it has results.json, else from running it."""
+    run_dir = out / "runs" / point.name
+    record = {"name": point.name, "values": {k: parse_value(v) for k, v in point.values}, "values_text": dict(point.values),
+              "seed": point.seed, "status": "ok", "skipped": False, "error": None, "wall_s": None, "metrics": {}, "run_dir": str(run_dir)}
+    metrics = read_trained_metrics(run_dir)
+    if metrics is not None:
+        return {**record, "skipped": True, "metrics": metrics, "wall_s": previous_wall_s}
+    status, error, wall = run_point(point_command(point, recipe, overrides, out, launcher), out / "logs", point.name)
+    metrics = read_trained_metrics(run_dir) if status == 0 else None
+    if metrics is None:
+        return {**record, "status": "failed", "error": error or "finished without a results.json", "wall_s": wall}
+    return {**record, "metrics": metrics, "wall_s": wall}
+
+
+def _previous_wall_times(path: Path) -> dict[str, float]:
+    """Wall times of points an earlier invocation ran, so that skipped points keep theirs."""
+    try:
+        return {r["name"]: r["wall_s"] for r in json.loads(path.read_text())["points"] if r.get("wall_s") is not None}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
