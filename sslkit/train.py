@@ -32,6 +32,7 @@ from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, save_config, to_dict
 from sslkit.console import console, print_config, results_table
 from sslkit.errors import UserError
+from sslkit.report import write_report
 
 
 class EpochShuffleSampler(Sampler[int]):
@@ -341,7 +342,8 @@ def train(cfg: Config) -> dict:
         (run_dir / "results.json").write_text(json.dumps({"results": results, "step": progress.step, "checkpoint": str(last_good),
                                                            "backbone": str(run_dir / "backbone.safetensors")}, indent=2))
         console.print(results_table(results, f"{cfg.run.name}: {d.name}, {cfg.model.backbone} (width {cfg.model.width})"))
-        console.print(f"run directory: {run_dir}  (backbone.safetensors, checkpoints/, metrics.jsonl, config.yaml, results.json)")
+        report = write_report(run_dir)
+        console.print(f"run directory: {run_dir}  (report: {report.name}; backbone.safetensors, checkpoints/, metrics.jsonl, config.yaml, results.json)")
     accelerator.end_training()
     return results
 
