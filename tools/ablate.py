@@ -218,10 +218,12 @@ def error_line(stderr: str, status: int) -> str:
 def read_trained_metrics(run_dir: Path) -> dict[str, float] | None:
     """The trained encoder's final metrics from a run's ``results.json``, or None if it has none."""
     try:
-        results = json.loads((run_dir / "results.json").read_text())
-        return {k: float(v) for k, v in results["results"]["trained"].items()}
+        trained = json.loads((run_dir / "results.json").read_text())["results"]["trained"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if not isinstance(trained, dict):
+        return None
+    return {k: float(v) for k, v in trained.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 # --------------------------------------------------------------------------- results
