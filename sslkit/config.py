@@ -388,4 +388,4 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     for key, value in (("optim.lr", cfg.optim.lr), ("eval.knn_temperature", cfg.eval.knn_temperature)):
         if not value > 0:
             raise UserError(f"{source}: '{key}' must be > 0, got {value}")
-    losses.check_loss_kwargs(cfg.loss.name, cfg.loss.kwargs, source)
+    cfg.loss.kwargs = losses.check_loss_kwargs(cfg.loss.name, cfg.loss.kwargs, source)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
@@ -35,4 +36,4 @@ def print_user_error(error: Exception) -> None:
         # Raised in a DataLoader worker: PyTorch re-raises it with the worker's traceback in the
         # message; the user's line is the last one.
         message = message.splitlines()[-1].split("UserError: ", 1)[-1]
-    error_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    error_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)

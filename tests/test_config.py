@@ -41,6 +41,8 @@ def test_exponent_without_dot_is_a_float(tmp_path):
     """YAML 1.1 reads 1e-3 as a string; a float field takes it as the number the user meant."""
     cfg = load_config(write(tmp_path, "optim: {lr: 1e-3}\n"), ["optim.weight_decay=5e-4"])
     assert cfg.optim.lr == 1e-3 and cfg.optim.weight_decay == 5e-4
+    cfg = load_config(write(tmp_path, "loss: {name: ntxent, temperature: 5e-2}\n"))
+    assert cfg.loss.kwargs["temperature"] == 0.05
 
 
 @pytest.mark.parametrize(

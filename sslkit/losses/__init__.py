@@ -114,8 +114,13 @@ def build(name: str, **kwargs) -> nn.Module:
     return LOSSES[name](**kwargs)
 
 
-def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> None:
-    """Recipe-time check of a loss's keyword arguments: unknown keys and wrong types are UserErrors."""
+def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> dict:
+    """Recipe-time check of a loss's keyword arguments: unknown keys and wrong types are UserErrors.
+
+    Returns the kwargs with ints given for float arguments, and YAML 1.1's string reading of
+    ``1e-3``, turned into floats.
+    """
+    kwargs = dict(kwargs)
     signature = inspect.signature(LOSSES[name].__init__)
     # Heads get these from the model and dataset, not from the recipe.
     supplied_by_trainer = {"self", "embedding_dim"}  # num_classes may be stated, and is checked against the dataset
@@ -127,6 +132,13 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> None:
         if default is inspect.Parameter.empty or default is None:
             continue
         expected = float if isinstance(default, float) else type(default)
+        if expected is float and isinstance(value, str):
+            try:
+                value = kwargs[key] = float(value)
+            except ValueError:
+                pass
+        elif expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = kwargs[key] = float(value)
         ok = isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             ok = True
@@ -140,6 +152,7 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> None:
         build(name, **build_for_check)
     except ValueError as error:  # the loss's own validation, e.g. temperature <= 0
         raise UserError(f"{source}: loss '{name}': {error}") from None
+    return kwargs
 
 
 __all__ = [
