@@ -234,10 +234,14 @@ def test_state_dict_round_trip_through_safetensors(tmp_path, name):
         assert any(k.startswith("momentum_backbone.") for k in method.state_dict())
 
 
+def queries_and_keys() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(8, 5, generator=generator, dtype=torch.float64) for _ in range(2))
+
+
 def _two_process_checks(rank: int, world: int) -> dict:
     # MoCo v3's loss on this process's half of a batch of 8.
-    generator = torch.Generator().manual_seed(0)
-    q_all, k_all = torch.randn(8, 5, generator=generator, dtype=torch.float64), torch.randn(8, 5, generator=generator, dtype=torch.float64)
+    q_all, k_all = queries_and_keys()
     q = q_all[4 * rank:4 * rank + 4].clone().requires_grad_(True)
     loss = moco_v3_loss(q, k_all[4 * rank:4 * rank + 4], temperature=0.3)
     loss.backward()
@@ -251,8 +255,7 @@ def _two_process_checks(rank: int, world: int) -> dict:
 
 def test_two_processes_match_one_process_and_share_one_bank():
     results = run_in_processes(_two_process_checks)
-    generator = torch.Generator().manual_seed(0)
-    q_all, k_all = torch.randn(8, 5, generator=generator, dtype=torch.float64), torch.randn(8, 5, generator=generator, dtype=torch.float64)
+    q_all, k_all = queries_and_keys()
     q_all.requires_grad_(True)
     full = moco_v3_loss(q_all, k_all, temperature=0.3)
     full.backward()
@@ -274,12 +277,14 @@ def test_recipe_mistakes_are_one_line_user_errors():
         build("moco", bn_splits=5)
     with pytest.raises(UserError, match="loss.name"):
         MoCoV3.from_config(config_from_dict({"method": {"name": "mocov3"}, "loss": {"name": "dcl"}}), build_backbone("resnet18", 4), 10)
+    nce = config_from_dict({"method": {"name": "nce"}, "loss": {"name": "nce"}})
     with pytest.raises(UserError, match="training set's size"):
-        MemoryBankNCE.from_config(config_from_dict({"method": {"name": "nce"}, "loss": {"name": "nce"}}), build_backbone("resnet18", 4), 10)
+        MemoryBankNCE.from_config(nce, build_backbone("resnet18", 4), 10)
     with pytest.raises(UserError, match="momentum_final"):
         build("moco", momentum=0.999, momentum_final=0.99)
 
 
+@pytest.mark.slow
 def test_moco_through_accelerate_launch_with_two_processes(tmp_path):
     command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "sslkit" / "pretrain.py"),

@@ -179,7 +179,8 @@ class MoCo(nn.Module):
             raise UserError(f"method.bn_splits {m.bn_splits} must be >= 1 and divide the {per_pass} images each process "
                             f"encodes per pass (train.batch_size per process{', both views' if m.symmetric else ''}); "
                             f"try method.bn_splits=8 or 1")
-        projector = _mlp_without_batch_norm(backbone.feature_dim, model.projector_hidden, model.projector_out, model.projector_layers)
+        projector = _mlp_without_batch_norm(backbone.feature_dim, model.projector_hidden, model.projector_out,
+                                            model.projector_layers)
         return cls(backbone, projector, _contrastive_loss(cfg, "moco"), m.queue_size, m.momentum, m.momentum_final,
                    m.symmetric, m.bn_splits)
 

@@ -67,7 +67,8 @@ class MemoryBankNCE(nn.Module):
         if cfg.loss.name != "nce":
             raise UserError(f"method 'nce' trains with the NCE loss: set loss.name to nce, got '{cfg.loss.name}'")
         if "bank_size" in cfg.loss.kwargs:
-            raise UserError(f"loss.bank_size is set by method 'nce' to the training set's size ({num_samples}); remove it from the recipe")
+            raise UserError(f"loss.bank_size is set by method 'nce' to the training set's size ({num_samples}); "
+                            f"remove it from the recipe")
         if cfg.method.num_negatives < 1:
             raise UserError(f"method.num_negatives must be >= 1, got {cfg.method.num_negatives} (NPID: 4096)")
         m = cfg.model
