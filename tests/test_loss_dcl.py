@@ -179,3 +179,74 @@ def test_two_processes_match_one_process_on_whole_batch():
         # A process's gradient is world_size x the 1-process gradient of its slice.
         torch.testing.assert_close(torch.cat([r[c][1] for r in results]) / 2, g1)
         torch.testing.assert_close(torch.cat([r[c][2] for r in results]) / 2, g2)
+
+
+# --- the fused forward/backward (sslkit/losses/_fused.py) -----------------------------------
+
+
+@pytest.mark.parametrize("negatives", [False, True])
+@pytest.mark.parametrize("temperature", [0.5, 0.001])  # 1/T = 1000 > 600: the row-max branch in float64
+def test_gradcheck(negatives, temperature):
+    # positive_weight requires grad here, so its gradient is checked too
+    g = torch.Generator().manual_seed(4)
+    z1, z2 = (torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    w = torch.rand(5, generator=g, dtype=torch.float64, requires_grad=True)
+    bank = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True) if negatives else None
+    inputs = (z1, z2, w) if bank is None else (z1, z2, w, bank)
+
+    def loss(z1, z2, w, bank=None):
+        return dcl_loss(z1, z2, temperature, negatives=bank, positive_weight=w)
+
+    assert torch.autograd.gradcheck(loss, inputs)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("temperature", [0.3, 0.001])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_emulated_processes_match_one_process(monkeypatch, world, temperature, weighted):
+    # The cross-process path of the fused function (separate candidates, offsets for self and
+    # positive, the row-max branch at 1/T > 600 in float64) without spawning.
+    from test_loss_ntxent import _emulated_processes
+
+    from sslkit import distributed
+
+    g = torch.Generator().manual_seed(world)
+    z1, z2 = torch.randn(2, 2 * world, 8, generator=g, dtype=torch.float64)
+    w = torch.rand(2 * world, generator=g, dtype=torch.float64) * 2 if weighted else None
+    expected = _value_and_grads(dcl_loss, z1, z2, temperature=temperature, positive_weight=w)
+
+    def local_loss(a, b):
+        local_w = None if w is None else w.chunk(world)[distributed.rank()]
+        return dcl_loss(a, b, temperature, positive_weight=local_w)
+
+    got = _emulated_processes(monkeypatch, local_loss, z1, z2, world)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("temperature", [1 / 60, 0.01, 0.002])
+@pytest.mark.parametrize("negatives", [False, True])
+def test_low_temperature_float32_matches_float64(temperature, negatives):
+    # 1/T = 60 is the last temperature without a row shift in fp32; 0.01 and 0.002 take the
+    # row-max branch. The views are near-duplicates: a row max taken over the (left-out)
+    # positive would push every negative of a row to exp(-hundreds) = 0 and the loss to inf.
+    g = torch.Generator().manual_seed(6)
+    z1, noise, bank = torch.randn(3, 16, 8, generator=g, dtype=torch.float64)
+    z2 = z1 + 1e-3 * noise
+    bank = bank if negatives else None
+    expected = _value_and_grads(dcl_loss, z1, z2, temperature=temperature, negatives=bank)
+    got = _value_and_grads(dcl_loss, z1.float(), z2.float(), temperature=temperature,
+                           negatives=None if bank is None else bank.float())
+    for a, b in zip(got, expected):
+        assert torch.isfinite(a).all()
+        # fp32 logits carry ~1e-7 * 1/T absolute error: scale the tolerance with 1/T
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-6 / temperature)
+
+
+def test_backward_twice_with_retain_graph_gives_the_same_gradient():
+    z1, z2 = torch.randn(2, 6, 8, dtype=torch.float64, requires_grad=True)
+    loss = dcl_loss(z1, z2, 0.2)
+    first = torch.autograd.grad(loss, (z1, z2), retain_graph=True)
+    second = torch.autograd.grad(loss, (z1, z2))
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -182,3 +182,21 @@ def test_two_processes_match_one_process_on_whole_batch():
         torch.testing.assert_close(torch.stack([r[c][0] for r in results]).mean(), loss)
         torch.testing.assert_close(torch.cat([r[c][1] for r in results]) / 2, g1)
         torch.testing.assert_close(torch.cat([r[c][2] for r in results]) / 2, g2)
+
+
+@pytest.mark.parametrize("negatives", [False, True])
+@pytest.mark.parametrize("temperature", [0.5, 0.001])  # 1/T = 1000 > 600: the fused function's row-max branch
+def test_gradcheck(negatives, temperature):
+    # w_vMF is a constant (detached): gradcheck's finite differences see it move with the
+    # inputs, so hold it fixed at the inputs' value, exactly what the analytic gradient assumes.
+    g = torch.Generator().manual_seed(7)
+    z1, z2 = (torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    bank = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True) if negatives else None
+    w = vmf_weights(z1, z2, sigma=0.5)
+    inputs = (z1, z2) if bank is None else (z1, z2, bank)
+
+    def loss(z1, z2, bank=None):
+        return dcl_loss(z1, z2, temperature, negatives=bank, positive_weight=w)
+
+    assert torch.autograd.gradcheck(loss, inputs)
+    torch.testing.assert_close(loss(*inputs), dclw_loss(z1, z2, temperature, 0.5, negatives=bank))

@@ -139,3 +139,92 @@ def test_two_processes_match_one_process_on_whole_batch():
     # A process's gradient is world_size x the 1-process gradient of its slice (DDP averages it back).
     torch.testing.assert_close(torch.cat([r[1] for r in results]) / 2, g1)
     torch.testing.assert_close(torch.cat([r[2] for r in results]) / 2, g2)
+
+
+# --- the fused forward/backward (sslkit/losses/_fused.py) -----------------------------------
+
+
+@pytest.mark.parametrize("negatives", [False, True])
+@pytest.mark.parametrize("temperature", [0.5, 0.001])  # 1/T = 1000 > 600: the row-max branch in float64
+def test_gradcheck(negatives, temperature):
+    g = torch.Generator().manual_seed(3)
+    z1, z2 = (torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    bank = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True) if negatives else None
+    inputs = (z1, z2) if bank is None else (z1, z2, bank)
+    assert torch.autograd.gradcheck(lambda *x: ntxent_loss(*x[:2], temperature, *x[2:]), inputs)
+
+
+def _emulated_processes(monkeypatch, loss_fn, z1, z2, world):
+    """Run ``loss_fn`` as each of ``world`` processes would, in this one process.
+
+    ``gather_with_grad`` is replaced by a concatenation of this process's slice with separate
+    leaves for the other processes' slices; summing every leaf's gradient over the processes
+    is what the real gather's all-reduce does. Returns the mean loss and the per-slice
+    gradients divided by ``world`` (the 1-process convention of ``sslkit.distributed``).
+    """
+    from sslkit import distributed
+
+    n = z1.shape[0] // world
+    losses, grads = [], [torch.zeros_like(z1), torch.zeros_like(z2)]
+    for rank in range(world):
+        leaves = [[z[s * n:(s + 1) * n].clone().requires_grad_(True) for s in range(world)] for z in (z1, z2)]
+
+        def gather(tensor, leaves=leaves, rank=rank):
+            view = leaves[0] if tensor is leaves[0][rank] else leaves[1]
+            return torch.cat([tensor if s == rank else view[s] for s in range(world)])
+
+        monkeypatch.setattr(distributed, "is_distributed", lambda: True)
+        monkeypatch.setattr(distributed, "world_size", lambda: world)
+        monkeypatch.setattr(distributed, "rank", lambda rank=rank: rank)
+        monkeypatch.setattr(distributed, "local_offset", lambda local, rank=rank: rank * local)
+        monkeypatch.setattr(distributed, "gather_with_grad", gather)
+        loss = loss_fn(leaves[0][rank], leaves[1][rank])
+        loss.backward()
+        losses.append(loss.detach())
+        for v in range(2):
+            for s in range(world):
+                grads[v][s * n:(s + 1) * n] += leaves[v][s].grad
+    monkeypatch.undo()
+    return torch.stack(losses).mean(), grads[0] / world, grads[1] / world
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("temperature", [0.3, 0.001])
+def test_emulated_processes_match_one_process(monkeypatch, world, temperature):
+    # The cross-process path of the fused function (separate candidates, offsets, the row-max
+    # branch at 1/T > 600 in float64) without spawning: see _emulated_processes.
+    g = torch.Generator().manual_seed(world)
+    z1, z2 = torch.randn(2, 2 * world, 8, generator=g, dtype=torch.float64)
+    expected = _value_and_grads(ntxent_loss, z1, z2, temperature=temperature)
+    got = _emulated_processes(monkeypatch, lambda a, b: ntxent_loss(a, b, temperature), z1, z2, world)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("temperature", [1 / 60, 0.01, 0.002])
+@pytest.mark.parametrize("negatives", [False, True])
+def test_low_temperature_float32_matches_float64(temperature, negatives):
+    # 1/T = 60 is the last temperature without a row shift in fp32 (exp(+-60) are normal
+    # numbers); 0.01 and 0.002 take the row-max branch. Rows 0 and 1 are near-duplicates, so
+    # without the shift exp(1/T) would overflow at 0.002.
+    g = torch.Generator().manual_seed(5)
+    z1, z2, bank = torch.randn(3, 16, 8, generator=g, dtype=torch.float64)
+    z1[1] = z1[0] + 1e-3 * z2[0]
+    bank = bank if negatives else None
+    expected = _value_and_grads(ntxent_loss, z1, z2, temperature=temperature, negatives=bank)
+    got = _value_and_grads(ntxent_loss, z1.float(), z2.float(), temperature=temperature,
+                           negatives=None if bank is None else bank.float())
+    for a, b in zip(got, expected):
+        assert torch.isfinite(a).all()
+        # fp32 logits carry ~1e-7 * 1/T absolute error: scale the tolerance with 1/T
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-6 / temperature)
+
+
+def test_backward_twice_with_retain_graph_gives_the_same_gradient():
+    # The backward edits the saved exp matrix in place and must leave it as it found it.
+    z1, z2 = torch.randn(2, 6, 8, dtype=torch.float64, requires_grad=True)
+    loss = ntxent_loss(z1, z2, 0.2)
+    first = torch.autograd.grad(loss, (z1, z2), retain_graph=True)
+    second = torch.autograd.grad(loss, (z1, z2))
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -9,11 +9,11 @@ References:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sslkit import distributed
 from sslkit.losses._common import check_negatives, check_positive, check_two_views, full_precision, upcast
+from sslkit.losses._fused import bank_softmax_ce, two_view_softmax_ce
 
 
 def dcl_loss(
@@ -48,6 +48,10 @@ def dcl_loss(
     candidates are gathered with gradient and the positives offset by ``rank * N``; see
     :mod:`sslkit.distributed` for the gradient convention.
 
+    Cost: one (2n, 2N) matmul forward and two backward, an in-place ``exp`` and a row sum
+    (and a row maximum when T < 1/60); no other pass over the (2n, 2N) logits (see
+    :mod:`sslkit.losses._fused`).
+
     Args:
         z1, z2: the two views.
         temperature: T > 0.
@@ -76,42 +80,20 @@ def dcl_loss(
         raise ValueError(f"positive_weight must have shape ({n},), got {tuple(positive_weight.shape)}")
     inv_t = 1.0 / temperature
     with full_precision(z1.device):
-        z1 = F.normalize(upcast(z1), dim=1)
-        z2 = F.normalize(upcast(z2), dim=1)
+        dtype = torch.promote_types(upcast(z1).dtype, upcast(z2).dtype)
+        z1, z2 = upcast(z1).to(dtype), upcast(z2).to(dtype)
+        weight = None if positive_weight is None else positive_weight.to(dtype)
         if negatives is not None:
-            negatives = F.normalize(upcast(negatives).to(z1.dtype), dim=1)
-            positive = (z1 * z2).sum(dim=1) * inv_t  # (N,)
-            if positive_weight is not None:
-                positive = positive * positive_weight.to(positive.dtype)
-            negative = torch.logsumexp((z1 * inv_t) @ negatives.T, dim=1)  # (N,)
-            return (negative - positive).mean()
-
-        anchors = torch.cat([z1, z2])  # (2n, D)
-        if gather_distributed and distributed.is_distributed():
-            candidates = torch.cat([distributed.gather_with_grad(z1), distributed.gather_with_grad(z2)])
-        else:
-            candidates = anchors
-        total = candidates.shape[0] // 2  # N over all processes
-        if total < 2:
+            # the bank alone is the denominator: the key never enters it
+            bank = upcast(negatives).to(dtype)
+            return bank_softmax_ce(z1, z2, bank, inv_t, exclude_positive=True, positive_weight=weight)
+        images = n * distributed.world_size() if gather_distributed else n  # in the denominators, all processes
+        if images < 2:
             # With one image the denominator is empty: log(0) = -inf is no loss to train on.
             raise ValueError("z1 and z2 must hold at least 2 samples in all (DCL needs a negative), got 1")
-        offset = distributed.local_offset(n) if candidates is not anchors else 0
-
-        logits = (anchors * inv_t) @ candidates.T  # (2n, 2N)
-        local = torch.arange(n, device=z1.device)
-        self_col = torch.cat([local + offset, local + offset + total])  # (2n,)
-        positive_col = torch.cat([local + offset + total, local + offset])  # (2n,)
-        rows = torch.arange(2 * n, device=z1.device)
-        positive = logits[rows, positive_col]  # (2n,)
-        if positive_weight is not None:
-            positive = positive * positive_weight.to(positive.dtype).repeat(2)
-        # Drop self and positive from the denominator. -inf is safe: logits are fp32/fp64 and
-        # every row keeps 2N - 2 >= 2 finite entries.
-        excluded = torch.zeros_like(logits, dtype=torch.bool)
-        excluded[rows, self_col] = True
-        excluded[rows, positive_col] = True
-        negative = torch.logsumexp(logits.masked_fill(excluded, float("-inf")), dim=1)  # (2n,)
-        return (negative - positive).mean()
+        # The anchor and its positive are left out of the denominator.
+        return two_view_softmax_ce(z1, z2, inv_t, exclude_positive=True, gather_distributed=gather_distributed,
+                                   positive_weight=weight)
 
 
 class DCLLoss(nn.Module):

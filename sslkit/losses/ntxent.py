@@ -9,11 +9,10 @@ References:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from sslkit import distributed
 from sslkit.losses._common import check_negatives, check_positive, check_two_views, full_precision, upcast
+from sslkit.losses._fused import bank_softmax_ce, two_view_softmax_ce
 
 
 def ntxent_loss(
@@ -40,6 +39,10 @@ def ntxent_loss(
     candidates are gathered with gradient and the positives offset by ``rank * N``; see
     :mod:`sslkit.distributed` for the gradient convention.
 
+    Cost: one (2n, 2N) matmul forward and two backward, an in-place ``exp`` and a row sum
+    (and a row maximum when T < 1/60); no other pass over the (2n, 2N) logits (see
+    :mod:`sslkit.losses._fused`).
+
     Shape:
         z1, z2: (N, D) embeddings of two views of the same N images.
         negatives: (K, D), optional, treated as constants by the caller's choice (detach them).
@@ -49,33 +52,13 @@ def ntxent_loss(
     check_negatives(negatives, z1.shape[1])
     inv_t = 1.0 / temperature
     with full_precision(z1.device):
-        z1 = F.normalize(upcast(z1), dim=1)
-        z2 = F.normalize(upcast(z2), dim=1)
-        n = z1.shape[0]
+        dtype = torch.promote_types(upcast(z1).dtype, upcast(z2).dtype)
+        z1, z2 = upcast(z1).to(dtype), upcast(z2).to(dtype)
         if negatives is not None:
-            negatives = F.normalize(upcast(negatives).to(z1.dtype), dim=1)
-            positive = (z1 * z2).sum(dim=1, keepdim=True)  # (N, 1)
-            logits = torch.cat([positive, z1 @ negatives.T], dim=1) * inv_t  # (N, 1 + K)
-            target = torch.zeros(n, dtype=torch.long, device=z1.device)
-            return F.cross_entropy(logits, target)
-
-        anchors = torch.cat([z1, z2])  # (2n, D)
-        if gather_distributed and distributed.is_distributed():
-            candidates = torch.cat([distributed.gather_with_grad(z1), distributed.gather_with_grad(z2)])
-        else:
-            candidates = anchors
-        total = candidates.shape[0] // 2  # N over all processes
-        offset = distributed.local_offset(n) if candidates is not anchors else 0
-
-        # Scale the (2n, D) side rather than the (2n, 2N) product: one pass over fewer elements.
-        logits = (anchors * inv_t) @ candidates.T  # (2n, 2N)
-        local = torch.arange(n, device=z1.device)
-        self_col = torch.cat([local + offset, local + offset + total])  # (2n,)
-        positive_col = torch.cat([local + offset + total, local + offset])  # (2n,)
-        rows = torch.arange(2 * n, device=z1.device)
-        # -inf (not a large negative) is safe here: logits are fp32/fp64 and each row keeps its positive.
-        logits[rows, self_col] = float("-inf")
-        return F.cross_entropy(logits, positive_col)
+            # the key is in its query's denominator (eq. 1 of [2]): exclude_positive=False
+            return bank_softmax_ce(z1, z2, upcast(negatives).to(dtype), inv_t, exclude_positive=False)
+        # The anchor itself is left out of its own denominator, its positive is kept.
+        return two_view_softmax_ce(z1, z2, inv_t, exclude_positive=False, gather_distributed=gather_distributed)
 
 
 class NTXentLoss(nn.Module):
