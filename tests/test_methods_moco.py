@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -286,8 +287,11 @@ def test_recipe_mistakes_are_one_line_user_errors():
 
 @pytest.mark.slow
 def test_moco_through_accelerate_launch_with_two_processes(tmp_path):
+    with socket.socket() as s:  # a free port: accelerate's default 29500 may be taken by another run on this machine
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "sslkit" / "pretrain.py"),
+               "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "sslkit" / "pretrain.py"),
                str(ROOT / "recipes" / "quickstart.yaml"), f"run.output_dir={tmp_path}", "run.name=moco", "method.name=moco",
                "method.queue_size=200", "model.width=4", "model.projector_hidden=32", "model.projector_out=16",
                "augment.image_size=8", "train.batch_size=64", "train.epochs=1", "train.max_steps=4", "train.threads=1",
