@@ -51,6 +51,8 @@ def fixed_views(n: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def build(name: str, seed: int = 0, num_samples: int = 50_000, **method_options):
+    """A tiny method by registry name. nce: a 50k-entry bank, so its 64 noise draws almost never hit
+    the batch's own entries (with a small bank and a fixed batch, the batch becomes its own noise)."""
     torch.manual_seed(seed)
     options = {"queue_size": 64, "predictor_hidden": 32, "num_negatives": 64, "bn_splits": 4, **method_options}
     cfg = config_from_dict({"method": {"name": name, **options},
