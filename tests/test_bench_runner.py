@@ -41,6 +41,7 @@ def test_runner_quick_train_writes_report_and_summary(tmp_path):
 
     report = json.loads((tmp_path / "train.json").read_text())
     assert report["quick"] is True and report["steps"] == 4
+    assert report["schedule"] == "interleaved"  # the recipe's loader has no workers
     s = report["summary"]
     assert _positive(s["full"]["images_per_s"]) and _positive(s["floor"]["images_per_s"])
     assert set(s["full"]["median_s"]) == {"data_wait", "augment", "compute"}
@@ -59,6 +60,7 @@ def test_runner_quick_train_writes_report_and_summary(tmp_path):
     share = rows["data-wait share of step time"]
     assert share["benchmark"] == "train" and share["value"] == wait["share"]
     assert share["passed"] == (wait["share"] < 0.05)
+    assert rows["data + augmentation share of the step"]["value"] == s["data_and_augment_share_in_step"]
 
 
 def test_runner_records_a_failed_benchmark_and_goes_on(tmp_path):
@@ -130,6 +132,13 @@ def test_race_summary_says_where_sslkit_loses():
     assert not s["sslkit_faster"] and not s["sslkit_as_accurate"]
     assert any("2.00x slower" in f for f in s["findings"]) and any("2.00 points below" in f for f in s["findings"])
     assert any("waits on its loader 40%" in f for f in s["findings"])
+    assert s["knn_top1_difference_standard_error"] is None
+
+    # With the test-set size the gap is set against its noise: 2 points on 100 images is noise, on 100k it is not.
+    noisy = race.summarize(sslkit, lightly, test_images=100)
+    assert noisy["knn_top1_difference_standard_error"] == pytest.approx(math.sqrt((0.8 * 0.2 + 0.82 * 0.18) / 100))
+    assert any("within the" in f for f in noisy["findings"])
+    assert not any("within the" in f for f in race.summarize(sslkit, lightly, test_images=100_000)["findings"])
 
     s = race.summarize({**sslkit, "images_per_s": 900.0, "knn_top1": 0.83}, lightly)
     assert s["sslkit_faster"] and s["sslkit_as_accurate"]

@@ -2,7 +2,7 @@
 
     python tools/bench/train.py [--recipe recipes/fashion_mnist_simclr.yaml] [--steps N] [--quick] [--out JSON]
 
-Two phases over the same method and optimizer, built with the calls ``sslkit.train.train``
+Two kinds of step over the same method and optimizer, built with the calls ``sslkit.train.train``
 makes (same Accelerator settings, ``EpochShuffleSampler``, ``collate_batch``, ``TwoViewAugment``,
 ``methods.build_method``, parameter groups and ``optim.build_optimizer``, then
 ``accelerator.prepare``):
@@ -15,11 +15,13 @@ makes (same Accelerator settings, ``EpochShuffleSampler``, ``collate_batch``, ``
   data and augmentation cost.
 
 Threads default to 1 (``--threads``): per-core figures, steady where other jobs share the cores
-(two threads on two busy cores measured 5-20x slower per step). Each phase runs its steps back
-to back after a few warm-up steps (oneDNN builds its kernels on the first calls). Per step the table gives medians of wall time split into data wait,
-augmentation and compute, and the largest data wait, which answers "does the step ever wait
-on data". Images/s is images per wall second over the whole phase, as the loop's
-``metrics.jsonl`` counts it; CPU seconds (this process, all threads) are recorded too, the
+(two threads on two busy cores measured 5-20x slower per step). After a few warm-up steps
+(oneDNN builds its kernels on the first calls) the two kinds of step alternate, so that load
+drift on a shared machine hits both alike; with loader workers they run in two blocks instead,
+since workers would prefetch during floor steps and hide the wait (see :func:`measure`). Per
+step the table gives medians of wall time split into data wait, augmentation and compute, and
+the largest data wait, which answers "does the step ever wait on data". Images/s is images per
+wall second summed over the steps of a kind, as the loop's ``metrics.jsonl`` counts it; CPU seconds (this process, all threads) are recorded too, the
 steadier figure where other jobs share the cores.
 
 The recipe defaults to ``recipes/fashion_mnist_simclr.yaml``; while that file does not exist,
@@ -242,6 +244,32 @@ def time_floor_steps(pieces: Pieces, views: tuple[torch.Tensor, torch.Tensor, to
     return records
 
 
+def measure(pieces: Pieces, steps: int, warmup: int, num_workers: int) -> tuple[list[dict], list[dict], str]:
+    """Warm-up steps of both kinds, then ``steps`` timed full steps and floor steps, and how they were ordered.
+
+    Without loader workers the two kinds alternate step by step ("interleaved"): load on a shared
+    machine drifts over seconds, and alternating makes both see the same drift, while nothing is
+    prefetched during a floor step, so the data wait stays what the loop sees. With workers they
+    would prefetch during the floor steps and hide the wait, so the kinds run in two blocks ("phases").
+    """
+    batches = EndlessBatches(pieces)
+    time_full_steps(pieces, batches, warmup)
+    images, labels = batches.next()  # the floor's batch: one the loop would have seen
+    with torch.no_grad():
+        views = (*pieces.augment(images), labels)
+    time_floor_steps(pieces, views, warmup, first_step=warmup)
+    step = 2 * warmup
+    if num_workers > 0:
+        full = time_full_steps(pieces, batches, steps, first_step=step)
+        return full, time_floor_steps(pieces, views, steps, first_step=step + steps), "phases"
+    full, floor = [], []
+    for _ in range(steps):
+        full += time_full_steps(pieces, batches, 1, first_step=step)
+        floor += time_floor_steps(pieces, views, 1, first_step=step + 1)
+        step += 2
+    return full, floor, "interleaved"
+
+
 # --------------------------------------------------------------------------- summary
 
 
@@ -287,7 +315,8 @@ def render(result: dict, console: Console) -> None:
     s, cfg = result["summary"], result["config"]
     title = (f"training step, {result['dataset']} {cfg['image_size']}x{cfg['image_size']}, batch {cfg['batch_size']}, "
              f"{cfg['backbone']} width {cfg['width']}, {result['threads']} thread(s), {cfg['num_workers']} loader worker(s)")
-    table = Table(title=title, caption=f"medians over {result['steps']} steps per phase after {result['warmup_steps']} warm-up")
+    table = Table(title=title, caption=f"medians over {result['steps']} steps of each kind ({result['schedule']}) after "
+                                      f"{result['warmup_steps']} warm-up")
     for column in ("phase", "images/s", "step ms", "CPU ms", "data wait ms", "augment ms", "compute ms"):
         table.add_column(column, justify="left" if column == "phase" else "right")
     full, floor = s["full"], s["floor"]
@@ -335,15 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print_user_error(error)
         return 2
-    batches = EndlessBatches(pieces)
-    # Warm-up, then the full phase; the floor's batch is one the full phase would have seen.
-    time_full_steps(pieces, batches, warmup)
-    full = time_full_steps(pieces, batches, steps, first_step=warmup)
-    images, labels = batches.next()
-    with torch.no_grad():
-        views = (*pieces.augment(images), labels)
-    time_floor_steps(pieces, views, warmup, first_step=warmup + steps)
-    floor = time_floor_steps(pieces, views, steps, first_step=2 * warmup + steps)
+    full, floor, schedule = measure(pieces, steps, warmup, cfg.data.num_workers)
 
     result = {
         "dataset": cfg.data.name,
@@ -353,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "steps": steps,
         "warmup_steps": warmup,
+        "schedule": schedule,
         "config": {"batch_size": cfg.train.batch_size, "image_size": cfg.augment.image_size, "backbone": cfg.model.backbone,
                    "width": cfg.model.width, "method": cfg.method.name, "loss": cfg.loss.name, "optimizer": cfg.optim.name,
                    "num_workers": cfg.data.num_workers, "mixed_precision": cfg.train.mixed_precision,
