@@ -72,8 +72,11 @@ def test_one_process_run_writes_everything(tmp_path):
 
 
 def test_two_processes_with_accelerate_launch(tmp_path):
+    from dist_utils import _free_port
+
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", str(_free_port())]  # not 29500: another run may hold it
     result = pretrain(tmp_path, "run.name=two", "train.epochs=1", "train.max_steps=4", launcher=launcher)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "two"
