@@ -217,6 +217,26 @@ def decode_and_resize(path: str, image_size: int) -> torch.Tensor:
     return image
 
 
+class WithIndices(Dataset):
+    """``dataset`` whose batches also carry each sample's position in it: ``(images, labels, indices)``.
+
+    For methods that keep per-sample state (NPID's memory bank: ``needs_indices``).
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if hasattr(self.dataset, "__getitems__"):
+            images, labels = self.dataset.__getitems__(indices)
+        else:
+            images, labels = collate_batch([self.dataset[i] for i in indices])
+        return images, labels, torch.as_tensor(indices, dtype=torch.int64)
+
+
 def collate_batch(batch) -> tuple[torch.Tensor, torch.Tensor]:
     """DataLoader ``collate_fn``: pass a batch from ``__getitems__`` through, else stack samples.
 
@@ -227,7 +247,7 @@ def collate_batch(batch) -> tuple[torch.Tensor, torch.Tensor]:
     Shape:
         returns: images (B, C, H, W) uint8, labels (B,) int64.
     """
-    if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[0], torch.Tensor) and batch[0].dim() == 4:
+    if isinstance(batch, tuple) and len(batch) in (2, 3) and isinstance(batch[0], torch.Tensor) and batch[0].dim() == 4:
         return batch
     images, labels = zip(*batch)
     return torch.stack(images), torch.stack([torch.as_tensor(label, dtype=torch.int64) for label in labels])

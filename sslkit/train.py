@@ -166,7 +166,9 @@ def train(cfg: Config) -> dict:
         raise UserError(f"train.batch_size {cfg.train.batch_size} is larger than the dataset's {len(train_set)} training images; lower train.batch_size")
     local_batch = cfg.train.batch_size // world
     sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
-    train_loader = DataLoader(train_set, batch_size=local_batch, sampler=sampler, drop_last=True,
+    # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
+    needs_indices = getattr(methods.METHODS[cfg.method.name], "needs_indices", False)
+    train_loader = DataLoader(data.WithIndices(train_set) if needs_indices else train_set, batch_size=local_batch, sampler=sampler, drop_last=True,
                               collate_fn=data.collate_batch, num_workers=d.num_workers,
                               persistent_workers=d.num_workers > 0,
                               # Its own generator: otherwise starting an epoch's iterator draws from the global
@@ -177,13 +179,14 @@ def train(cfg: Config) -> dict:
     augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
     preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize).to(accelerator.device)
     backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, augment.out_channels)
-    method = methods.build_method(cfg, backbone, info.num_classes)
-    if cfg.model.channels_last:
-        models.to_channels_last(method)
+    # Before the method: MoCo copies the backbone into its momentum encoder when it is built.
     if cfg.run.init_from:
         unused = checkpoint.init_backbone(backbone, cfg.run.init_from)
         if main:
             console.print(f"backbone initialised from {cfg.run.init_from}" + (f"; keys not used: {', '.join(unused)}" if unused else ""))
+    method = methods.build_method(cfg, backbone, info.num_classes, len(train_set))
+    if cfg.model.channels_last:
+        models.to_channels_last(method)
     initial_backbone = {k: v.clone() for k, v in backbone.state_dict().items()} if cfg.eval.compare_random_init else None
 
     lr = optim.scaled_lr(cfg.optim.lr, cfg.train.batch_size, cfg.optim.lr_scaling)
@@ -258,14 +261,14 @@ def train(cfg: Config) -> dict:
             unwrapped.backbone_frozen = progress.epoch < cfg.train.freeze_backbone_epochs
             window_start, data_wait, window_steps, window_loss = time.perf_counter(), 0.0, 0, 0.0
             fetch_start = time.perf_counter()
-            for images, labels in loader:
+            for images, labels, *indices in loader:
                 data_wait += time.perf_counter() - fetch_start
                 progress.batch_in_epoch += 1
                 with accelerator.accumulate(method):
                     with torch.no_grad():
                         view1, view2 = augment(images)
                     with accelerator.autocast():
-                        loss = method(view1, view2, labels)
+                        loss = method(view1, view2, labels, *indices)
                     # One host sync per step: the price of never stepping on a NaN (all processes agree).
                     loss_value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
                     if not math.isfinite(loss_value):
@@ -331,10 +334,11 @@ def train(cfg: Config) -> dict:
     if initial_backbone is not None:
         random_init = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, augment.out_channels)
         random_init.load_state_dict(initial_backbone)
-        results["random init"] = evaluate_backbone(random_init.to(accelerator.device), cfg, preprocess, knn_train_loader,
+        start_row = "start (init_from)" if cfg.run.init_from else "random init"
+        results[start_row] = evaluate_backbone(random_init.to(accelerator.device), cfg, preprocess, knn_train_loader,
                                                    knn_test_loader, info.num_classes, accelerator)
         if unseen_loader is not None:
-            results["random init"].update(evaluate_unseen(random_init, preprocess, unseen_loader, accelerator))
+            results[start_row].update(evaluate_unseen(random_init, preprocess, unseen_loader, accelerator))
     if cfg.eval.compare_raw_pixels:
         results["raw pixels"] = evaluate_raw_pixels(cfg, memory_set, test_set, info.num_classes)
     log({"step": progress.step, "epoch": progress.epoch, **{f"final_{k}": v for k, v in results["trained"].items()}}, progress.step)

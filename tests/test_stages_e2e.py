@@ -76,3 +76,29 @@ def test_label_method_on_unlabelled_split_is_one_line(tmp_path):
                       recipe=supcon, timeout=120)
     assert_one_line_error(result, "needs labels", "unlabeled")
     assert not (tmp_path / "e").exists()
+
+
+def test_nce_memory_bank_method_trains_through_the_trainer(tmp_path):
+    """NPID's bank needs each sample's index: the trainer passes it to methods that declare needs_indices."""
+    recipe = stage_recipe(tmp_path, "nce", {"name": "nce", "num_negatives": 64}, {"name": "nce", "temperature": 0.07})
+    result = pretrain(tmp_path, "run.name=nce", "train.epochs=1", "train.max_steps=3", recipe=recipe)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "knn_top1" in results(tmp_path / "nce")
+
+
+def test_init_from_reaches_the_momentum_encoder(tmp_path):
+    """MoCo copies its backbone into the key encoder when built: init_from must load before that."""
+    import torch
+    from safetensors.torch import load_file
+
+    source = pretrain(tmp_path, "run.name=src", "train.epochs=1", "train.max_steps=1", "eval.linear_epochs=1")
+    assert source.returncode == 0, source.stderr[-3000:]
+    recipe = stage_recipe(tmp_path, "moco", {"name": "moco", "queue_size": 256, "momentum": 1.0, "momentum_final": 1.0},
+                          {"name": "ntxent", "temperature": 0.2})
+    run = pretrain(tmp_path, "run.name=moco", f"run.init_from={tmp_path / 'src'}", "train.epochs=1", "train.max_steps=1",
+                   "optim.lr=1e-12", recipe=recipe)
+    assert run.returncode == 0, run.stderr[-3000:]
+    state = load_file(sorted((tmp_path / "moco" / "checkpoints").glob("step-*"))[-1] / "model.safetensors")
+    exported = load_file(tmp_path / "src" / "backbone.safetensors")
+    # momentum 1.0 keeps the key encoder exactly where it started: at the init_from weights
+    assert torch.equal(state["momentum_backbone.conv1.weight"], exported["conv1.weight"])

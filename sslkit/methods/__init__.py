@@ -32,9 +32,15 @@ METHODS: dict[str, type[nn.Module]] = {
 }
 
 
-def build_method(cfg, backbone: nn.Module, num_classes: int) -> nn.Module:
-    """The method named by ``cfg.method.name`` around ``backbone``, with ``cfg.loss``."""
-    return METHODS[cfg.method.name].from_config(cfg, backbone, num_classes)
+def build_method(cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> nn.Module:
+    """The method named by ``cfg.method.name`` around ``backbone``, with ``cfg.loss``.
+
+    Methods with ``needs_indices`` keep per-sample state and also get the training set's size.
+    """
+    method = METHODS[cfg.method.name]
+    if getattr(method, "needs_indices", False):
+        return method.from_config(cfg, backbone, num_classes, num_samples=num_samples)
+    return method.from_config(cfg, backbone, num_classes)
 
 
 __all__ = ["METHODS", "build_method", "SimCLR", "SupCon", "Supervised"]
