@@ -18,14 +18,18 @@ def print_config(config_dict: dict, title: str = "resolved config") -> None:
 
 
 def results_table(rows: dict[str, dict[str, float]], title: str = "results") -> Table:
-    """A table with one row per encoder (e.g. "trained", "random init") and one column per metric."""
-    metrics = sorted({m for values in rows.values() for m in values})
+    """One row per metric, one column per encoder (e.g. "trained", "random init").
+
+    Metrics go down rather than across: a run with retrieval has a dozen of them, and a table
+    that wide is cut to unreadable stubs in an 80-column log.
+    """
+    metrics = list(dict.fromkeys(m for values in rows.values() for m in values))
     table = Table(title=title)
-    table.add_column("encoder")
+    table.add_column("metric")
+    for name in rows:
+        table.add_column(name, justify="right")
     for metric in metrics:
-        table.add_column(metric, justify="right")
-    for name, values in rows.items():
-        table.add_row(name, *(f"{values[m]:.4f}" if m in values else "-" for m in metrics))
+        table.add_row(metric, *(f"{values[metric]:.4f}" if metric in values else "-" for values in rows.values()))
     return table
 
 
