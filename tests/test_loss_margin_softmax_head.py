@@ -14,7 +14,7 @@ from sslkit.losses.arcface import ArcFaceHead, arcface_target_logit
 from sslkit.losses.coco import CoCoHead
 from sslkit.losses.cosface import CosFaceHead
 from sslkit.losses.lsoftmax import LSoftmaxHead
-from sslkit.losses.margin_softmax import cosine_logits, margin_cross_entropy
+from sslkit.losses.margin_softmax import cosine_logits, cosine_margin_cross_entropy, margin_cross_entropy
 from sslkit.losses.normsoftmax import NormSoftmaxHead
 from sslkit.losses.softmax import SoftmaxHead
 from sslkit.losses.sphereface import SphereFaceHead
@@ -193,6 +193,55 @@ def test_cosine_logits_match_f_normalize(n, c, d):
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(f1.grad, f2.grad, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype,scale", [(torch.float64, 1.0), (torch.float64, 30.0), (torch.float64, 900.0),
+                                         (torch.float32, 20.0), (torch.float32, 200.0)])
+@pytest.mark.parametrize("per_row_radius", [False, True])
+def test_fused_cosine_margin_ce_matches_the_two_step_path(dtype, scale, per_row_radius):
+    """Value and gradients (features, weight, radius) of the fused function equal cosine_logits +
+    margin_cross_entropy, with unequal ||W_j||, a zero class weight, and scales on both sides of the
+    no-shift bound (60 in fp32, 600 in fp64)."""
+    g = torch.Generator().manual_seed(int(scale) + per_row_radius)
+    n, c, d = 7, 9, 5
+    unit = F.normalize(torch.randn(n, d, dtype=torch.float64, generator=g), dim=1)
+    radius = (torch.rand(n, dtype=torch.float64, generator=g) + 0.5) * scale if per_row_radius else torch.tensor(scale, dtype=torch.float64)
+    weight = torch.randn(c, d, dtype=torch.float64, generator=g) * torch.rand(c, 1, dtype=torch.float64, generator=g) * 3
+    weight[4] = 0  # a class weight of length 0: cosine 0, no radial gradient
+    labels = torch.tensor([0, 8, 3, 3, 4, 1, 0])
+
+    def target(cos):
+        return arcface_target_logit(cos, 0.5)
+
+    def inputs():
+        r = radius.to(dtype).clone().requires_grad_(per_row_radius)
+        u = unit.to(dtype).clone().requires_grad_(True)
+        w = weight.to(dtype).clone().requires_grad_(True)
+        return u, r, w
+
+    u1, r1, w1 = inputs()
+    features = u1 * (r1[:, None] if per_row_radius else r1)
+    ours = cosine_margin_cross_entropy(features, w1, labels, target, r1, float(radius.max()))
+    ours.backward()
+    u2, r2, w2 = inputs()
+    logits = cosine_logits(u2 * (r2[:, None] if per_row_radius else r2), w2)
+    theirs = margin_cross_entropy(logits, labels, target, r2)
+    theirs.backward()
+    tol = {"rtol": 1e-10, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}
+    assert torch.isfinite(ours)
+    torch.testing.assert_close(ours, theirs, **tol)
+    torch.testing.assert_close(u1.grad, u2.grad, **tol)
+    torch.testing.assert_close(w1.grad, w2.grad, **tol)
+    if per_row_radius:
+        torch.testing.assert_close(r1.grad, r2.grad, **tol)
+
+
+def test_fused_cosine_margin_ce_refuses_a_second_backward():
+    features, weight = torch.randn(3, 4, requires_grad=True), torch.randn(5, 4, requires_grad=True)
+    loss = cosine_margin_cross_entropy(features * 2, weight, torch.tensor([0, 1, 2]), _identity, 2.0, 2.0)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="one backward"):
+        loss.backward()
 
 
 def test_cosine_margin_heads_give_inference_logits_without_margin():

@@ -44,16 +44,9 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from sslkit import distributed
-from sslkit.losses._common import full_precision
+from sslkit.losses._common import full_precision, needs_row_shift
 
 _EPS = 1e-12  # F.normalize's default: a zero embedding stays zero instead of dividing by 0
-# Largest 1/T for which exp(s / T), |s| <= 1, is a normal number and a sum of up to ~1e12
-# such terms stays finite: up to it no row max is subtracted (see the module docstring).
-_NO_SHIFT_MAX_INV_T = {torch.float32: 60.0, torch.float64: 600.0}
-
-
-def _needs_row_shift(inv_t: float, dtype: torch.dtype) -> bool:
-    return inv_t > _NO_SHIFT_MAX_INV_T.get(dtype, 0.0)
 
 
 def _scaled_unit_rows(parts: tuple[torch.Tensor, ...], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +127,7 @@ class _TwoViewSoftmaxCE(torch.autograd.Function):
         if exclude_positive:
             for excluded in _pair_diagonals(logits, *positive_diagonals):
                 excluded.fill_(float("-inf"))
-        shifted = _needs_row_shift(inv_t, logits.dtype)
+        shifted = needs_row_shift(inv_t, logits.dtype)
         if shifted:
             row_max = logits.amax(dim=1)  # (2n,), over A(i): finite
             logits.sub_(row_max[:, None])
@@ -211,7 +204,7 @@ class _BankSoftmaxCE(torch.autograd.Function):
         logits = anchors @ c.T  # (m, K)
         positive = torch.linalg.vecdot(anchors, k)  # (m,)
         row_max = None
-        if _needs_row_shift(inv_t, logits.dtype):
+        if needs_row_shift(inv_t, logits.dtype):
             row_max = logits.amax(dim=1) if logits.shape[1] else torch.full_like(positive, float("-inf"))
             if not exclude_positive:
                 row_max = torch.maximum(row_max, positive)

@@ -20,13 +20,11 @@ from sslkit.losses._common import (
     full_precision,
     gather_labelled,
     mean_over_processes,
+    needs_row_shift,
     upcast,
 )
 
 _EPS = 1e-12  # F.normalize's default: a zero embedding stays zero instead of dividing by 0
-# Largest 1/T for which exp(s / T), |s| <= 1, stays finite and normal, with room for a sum over
-# N terms (fp32: exp(60) * N < 3e38 for any N below 1e12): no max-subtraction needed below it.
-_NO_SHIFT_MAX_INV_T = {torch.float32: 60.0, torch.float64: 600.0}
 
 
 def _unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +82,7 @@ class _SupConPerAnchor(torch.autograd.Function):
         anchors = z * inv_t  # (n, D): scale the thin side, not the (n, N) product
         logits = anchors @ c.T  # (n, N)
         logits.diagonal(offset).fill_(float("-inf"))
-        if inv_t <= _NO_SHIFT_MAX_INV_T.get(logits.dtype, 0.0):
+        if not needs_row_shift(inv_t, logits.dtype):
             # |logit| <= 1/T: exp cannot overflow or underflow, so skip the max-subtraction pass
             row_max = logits.new_zeros(n, 1)
         else:
