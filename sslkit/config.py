@@ -158,7 +158,7 @@ class EvalConfig:
 
     knn_k: int = 200
     knn_temperature: float = 0.07
-    linear_epochs: int = 100
+    linear_epochs: int = 100  # 0 skips the linear probe (kNN only)
     linear_lr: float = 0.1
     linear_batch_size: int = 512
     linear_weight_decay: float = 0.0
@@ -385,6 +385,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
                        ("train.grad_accum_steps", cfg.train.grad_accum_steps), ("augment.image_size", cfg.augment.image_size),
                        ("model.width", cfg.model.width), ("eval.knn_k", cfg.eval.knn_k)):
         _check_range(value, key, source, 1)
+    _check_range(cfg.eval.linear_epochs, "eval.linear_epochs", source, 0)
     for key, value in (("optim.lr", cfg.optim.lr), ("eval.knn_temperature", cfg.eval.knn_temperature)):
         if not value > 0:
             raise UserError(f"{source}: '{key}' must be > 0, got {value}")

@@ -96,7 +96,7 @@ def evaluate_backbone(backbone, cfg: Config, preprocess, train_loader, test_load
     test_x, test_y = evaluation.extract_features(backbone, test_loader, preprocess, accelerator)
     e = cfg.eval
     results = {"knn_top1": evaluation.knn_accuracy(train_x, train_y, test_x, test_y, num_classes, k=e.knn_k, temperature=e.knn_temperature)}
-    if linear:
+    if linear and e.linear_epochs > 0:
         probe = evaluation.linear_probe(train_x, train_y, test_x, test_y, num_classes, epochs=e.linear_epochs, lr=e.linear_lr,
                                         batch_size=e.linear_batch_size, weight_decay=e.linear_weight_decay, seed=cfg.run.seed)
         results.update({f"linear_{k}": v for k, v in probe.items()})
@@ -111,6 +111,8 @@ def evaluate_raw_pixels(cfg: Config, train_set, test_set, num_classes: int) -> d
     e = cfg.eval
     results = {"knn_top1": evaluation.knn_accuracy(train_x, train_set.labels, test_x, test_set.labels, num_classes,
                                                    k=e.knn_k, temperature=e.knn_temperature)}
+    if e.linear_epochs == 0:
+        return results
     probe = evaluation.linear_probe(train_x, train_set.labels, test_x, test_set.labels, num_classes, epochs=e.linear_epochs,
                                     lr=e.linear_lr, batch_size=e.linear_batch_size, weight_decay=e.linear_weight_decay, seed=cfg.run.seed)
     results.update({f"linear_{k}": v for k, v in probe.items()})
