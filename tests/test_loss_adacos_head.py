@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from loss_utils import head_and_reference, random_class_batch
 from sslkit.losses.adacos import AdaCosHead, adacos_fixed_scale
 from sslkit.losses.adacos_dynamic import AdaCosDynamicHead
 
@@ -36,26 +37,12 @@ def dynamic_scale_reference(x, weight, labels, s_old):
         return s_new if s_new > 0 else s_old  # B_avg <= 1 (tiny batches, few classes): keep s
 
 
-def _ours_and_reference(head, x, labels, s):
-    x1 = x.clone().requires_grad_(True)
-    loss = head(x1, labels)
-    loss.backward()
-    x2 = x.clone().requires_grad_(True)
-    w2 = head.weight.detach().clone().requires_grad_(True)
-    ref = scaled_softmax_reference(x2, w2, labels, s)
-    ref.backward()
-    return (loss, x1.grad, head.weight.grad), (ref.detach(), x2.grad, w2.grad)
-
-
 @pytest.mark.parametrize("n,d,c", [(1, 3, 3), (6, 5, 4), (9, 8, 12)])
 def test_fixed_scale_matches_reference(n, d, c):
-    g = torch.Generator().manual_seed(n * c)
     head = AdaCosHead(d, c).double()
     assert head.scale == pytest.approx(math.sqrt(2) * math.log(c - 1))
-    x = torch.randn(n, d, dtype=torch.float64, generator=g)
-    labels = torch.randint(0, c, (n,), generator=g)
-    labels[0] = c - 1
-    ours, ref = _ours_and_reference(head, x, labels, math.sqrt(2) * math.log(c - 1))
+    x, labels = random_class_batch(n, d, c, seed=n * c)
+    ours, ref = head_and_reference(head, x, labels, scaled_softmax_reference, s=math.sqrt(2) * math.log(c - 1))
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -66,18 +53,15 @@ def test_fixed_scale_value():
 
 @pytest.mark.parametrize("n,d,c", [(1, 3, 3), (6, 5, 4), (9, 8, 12)])
 def test_dynamic_scale_update_and_loss_match_reference(n, d, c):
-    g = torch.Generator().manual_seed(n + c)
     torch.manual_seed(n + c)  # the head's initial weights
     head = AdaCosDynamicHead(d, c).double().train()
-    x = torch.randn(n, d, dtype=torch.float64, generator=g)
-    labels = torch.randint(0, c, (n,), generator=g)
-    labels[0] = c - 1
+    x, labels = random_class_batch(n, d, c, seed=n + c)
     for _ in range(2):  # the second step starts from the first step's scale
         s_old = float(head.s)
         s_new = dynamic_scale_reference(x, head.weight.detach(), labels, s_old)
         head.weight.grad = None
         # This batch is scored with the scale computed from it; no gradient flows through s.
-        ours, ref = _ours_and_reference(head, x, labels, s_new)
+        ours, ref = head_and_reference(head, x, labels, scaled_softmax_reference, s=s_new)
         assert float(head.s) == pytest.approx(s_new, rel=1e-10)
         for a, b in zip(ours, ref):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)

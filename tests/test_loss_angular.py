@@ -9,22 +9,16 @@ import torch
 import torch.nn.functional as F
 
 from dist_utils import run_in_processes
+from loss_utils import (
+    LABEL_LAYOUTS,
+    assert_processes_match_one_process,
+    labelled_under_autocast,
+    labelled_worker,
+    random_labelled_batch,
+    value_and_grads,
+)
+from loss_utils import seeded_torch_rng  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
 from sslkit.losses.angular import AngularLoss, angular_loss
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    # Every test draws the same numbers on every run: a random-input test must not be flaky.
-    torch.manual_seed(0)
-
-
-LABELS = {
-    "balanced": [0, 0, 1, 1, 2, 2],
-    "singleton": [0, 0, 0, 1, 1, 2],
-    "one_class": [4, 4, 4, 4],
-    "all_distinct": [0, 1, 2, 3, 5],
-    "mixed7": [1, 0, 1, 2, 0, 1, 3],
-}
 
 
 def _triples(labels):
@@ -64,34 +58,27 @@ def angular_hinge_reference(embeddings, labels, alpha_degrees, normalize=True):
     return torch.stack(terms).mean() if terms else x.sum() * 0
 
 
-def _value_and_grad(fn, embeddings, labels, **kwargs):
-    x = embeddings.clone().requires_grad_(True)
-    loss = fn(x, labels, **kwargs)
-    loss.backward()
-    return loss.detach(), x.grad
-
-
-@pytest.mark.parametrize("layout", sorted(LABELS))
+@pytest.mark.parametrize("layout", sorted(LABEL_LAYOUTS))
 @pytest.mark.parametrize("d", [3, 16])
 @pytest.mark.parametrize("alpha_degrees", [20.0, 40.0, 60.0])
 @pytest.mark.parametrize("smooth", [True, False])
 def test_matches_reference_value_and_gradient(layout, d, alpha_degrees, smooth):
-    labels = torch.tensor(LABELS[layout])
+    labels = torch.tensor(LABEL_LAYOUTS[layout])
     g = torch.Generator().manual_seed(len(labels) * 100 + d)
     x = torch.randn(len(labels), d, generator=g, dtype=torch.float64)
     reference = angular_smooth_reference if smooth else angular_hinge_reference
-    ours = _value_and_grad(angular_loss, x, labels, alpha_degrees=alpha_degrees, smooth=smooth)
-    ref = _value_and_grad(reference, x, labels, alpha_degrees=alpha_degrees)
+    ours = value_and_grads(angular_loss, x, labels, alpha_degrees=alpha_degrees, smooth=smooth)
+    ref = value_and_grads(reference, x, labels, alpha_degrees=alpha_degrees)
     assert torch.isfinite(ours[0]) and torch.isfinite(ours[1]).all()
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
 def test_hinge_form_without_normalisation_matches_reference():
-    labels = torch.tensor(LABELS["mixed7"])
+    labels = torch.tensor(LABEL_LAYOUTS["mixed7"])
     x = torch.randn(7, 5, dtype=torch.float64) * 3
-    ours = _value_and_grad(angular_loss, x, labels, alpha_degrees=30.0, smooth=False, normalize=False)
-    ref = _value_and_grad(angular_hinge_reference, x, labels, alpha_degrees=30.0, normalize=False)
+    ours = value_and_grads(angular_loss, x, labels, alpha_degrees=30.0, smooth=False, normalize=False)
+    ref = value_and_grads(angular_hinge_reference, x, labels, alpha_degrees=30.0, normalize=False)
     assert ours[0] > 0
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
@@ -113,8 +100,8 @@ def test_matches_pytorch_metric_learning(alpha_degrees):
     labels = torch.tensor([0, 0, 0, 1, 1, 2, 2, 3, 4, 4])
     # Theirs leaves the negatives unnormalised: compare on unit vectors, where the values agree.
     x = F.normalize(torch.randn(10, 16, dtype=torch.float64), dim=1)
-    ours = _value_and_grad(angular_loss, x, labels, alpha_degrees=alpha_degrees)
-    theirs = _value_and_grad(pml_losses.AngularLoss(alpha=alpha_degrees), x, labels)
+    ours = value_and_grads(angular_loss, x, labels, alpha_degrees=alpha_degrees)
+    theirs = value_and_grads(pml_losses.AngularLoss(alpha=alpha_degrees), x, labels)
     assert ours[0] > 0
     torch.testing.assert_close(ours[0], theirs[0], rtol=1e-8, atol=1e-10)
     # Their negatives' gradient keeps a radial part (no normalisation to differentiate through);
@@ -140,14 +127,10 @@ def test_order_invariant(smooth):
 @pytest.mark.parametrize("smooth", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_autocast_is_finite_and_close(smooth, dtype):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(64, 32, generator=g)
-    labels = torch.randint(0, 8, (64,), generator=g)
-    expected = angular_loss(x, labels, smooth=smooth)
-    with torch.autocast("cpu", dtype=dtype):
-        got = angular_loss(x.to(dtype), labels, smooth=smooth)
+    x, labels = random_labelled_batch(64, 32, num_classes=8, seed=0)
+    got, _, rounded, expected = labelled_under_autocast(angular_loss, x, labels, dtype, smooth=smooth)
     assert got.dtype == torch.float32 and torch.isfinite(got)
-    torch.testing.assert_close(got, angular_loss(x.to(dtype).float(), labels, smooth=smooth), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, rounded, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
 
 
@@ -167,24 +150,13 @@ def test_rejects_missing_or_mismatched_labels():
         loss_fn(torch.randn(4), torch.tensor([0, 1, 0, 1]))
 
 
-def _two_process_angular(rank, world, x, labels):
-    n = x.shape[0] // world
-    results = []
-    for smooth in (True, False):
-        local = x[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-        loss = AngularLoss(alpha_degrees=30, smooth=smooth)(local, labels[rank * n:(rank + 1) * n])
-        loss.backward()
-        results.append((loss.detach(), local.grad))
-    return results
-
-
 def test_two_processes_match_one_process_on_whole_batch():
     # Positive pairs cross the halves, rank 1 holds more of them, class 3 has one sample.
     labels = torch.tensor([0, 1, 2, 3, 0, 0, 1, 2, 1, 0])
     x = torch.randn(10, 6, dtype=torch.float64)
-    results = run_in_processes(_two_process_angular, x, labels)
-    for k, smooth in enumerate((True, False)):
-        loss, grad = _value_and_grad(angular_loss, x, labels, alpha_degrees=30, smooth=smooth)
-        assert loss > 0
-        torch.testing.assert_close(torch.stack([r[k][0] for r in results]).mean(), loss)
-        torch.testing.assert_close(torch.cat([r[k][1] for r in results]) / 2, grad)
+    cases = [dict(alpha_degrees=30, smooth=smooth) for smooth in (True, False)]
+    results = run_in_processes(labelled_worker, AngularLoss, cases, x, labels)
+    for k, kwargs in enumerate(cases):
+        expected = value_and_grads(angular_loss, x, labels, **kwargs)
+        assert expected[0] > 0
+        assert_processes_match_one_process([r[k] for r in results], expected)

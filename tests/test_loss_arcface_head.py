@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from loss_utils import head_and_pml, head_and_reference
 from sslkit.losses.arcface import ArcFaceHead, arcface_target_logit
 
 
@@ -25,17 +26,6 @@ def arcface_reference(x, weight, labels, s, m, easy_margin=False):
         logits = [s * target if j == labels[i] else s * cos[j] for j in range(len(weight))]
         losses.append(-logits[labels[i]] + torch.log(sum(torch.exp(z) for z in logits)))
     return torch.stack(losses).mean()
-
-
-def _ours_and_reference(head, x, labels, **kwargs):
-    x1 = x.clone().requires_grad_(True)
-    loss = head(x1, labels)
-    loss.backward()
-    x2 = x.clone().requires_grad_(True)
-    w2 = head.weight.detach().clone().requires_grad_(True)
-    ref = arcface_reference(x2, w2, labels, **kwargs)
-    ref.backward()
-    return (loss, x1.grad, head.weight.grad), (ref.detach(), x2.grad, w2.grad)
 
 
 def _batch(n, d, c, seed, opposite):
@@ -60,7 +50,7 @@ def test_matches_reference_value_and_gradient(n, d, c, s, m, easy_margin, opposi
     head = ArcFaceHead(d, c, scale=s, margin=m, easy_margin=easy_margin).double()
     with torch.no_grad():
         head.weight.copy_(weight)
-    ours, ref = _ours_and_reference(head, x, labels, s=s, m=m, easy_margin=easy_margin)
+    ours, ref = head_and_reference(head, x, labels, arcface_reference, s=s, m=m, easy_margin=easy_margin)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
@@ -83,14 +73,10 @@ def test_matches_pytorch_metric_learning(s, m):
     with torch.no_grad():
         head.weight.copy_(weight)
         theirs.W.copy_(weight.T)
-    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    ours = head(x1, labels)
-    ours.backward()
-    ref = theirs(x2, labels)
-    ref.backward()
-    torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-8, atol=1e-9)
-    torch.testing.assert_close(head.weight.grad, theirs.W.grad.T, rtol=1e-8, atol=1e-9)
+    ours, ref = head_and_pml(head, theirs, x, labels)
+    torch.testing.assert_close(ours[0], ref[0], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(ours[1], ref[1], rtol=1e-8, atol=1e-9)
+    torch.testing.assert_close(ours[2], ref[2], rtol=1e-8, atol=1e-9)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -6,6 +6,14 @@ import torch
 import torch.nn.functional as F
 
 from dist_utils import run_in_processes
+from loss_utils import (
+    assert_processes_match_one_process,
+    labelled_under_autocast,
+    labelled_worker,
+    make_labels,
+    random_labelled_batch,
+    value_and_grads,
+)
 from sslkit.losses.circle import CircleLoss, circle_loss
 
 
@@ -38,23 +46,6 @@ def circle_reference(embeddings, labels, margin, gamma, detach_weights=True):
     return torch.stack(losses).mean()
 
 
-def make_labels(kind, n, generator):
-    if kind == "one_class":
-        return torch.zeros(n, dtype=torch.long)
-    if kind == "pairs":
-        return torch.arange(n) // 2
-    labels = torch.randint(0, max(1, n // 3), (n,), generator=generator)
-    labels[-1] = 99  # a class with a single sample
-    return labels
-
-
-def _value_and_grad(fn, x, labels, **kwargs):
-    x = x.clone().requires_grad_(True)
-    loss = fn(x, labels, **kwargs)
-    loss.backward()
-    return loss.detach(), x.grad
-
-
 @pytest.mark.parametrize("n,d", [(3, 3), (6, 8), (10, 16)])
 @pytest.mark.parametrize("margin,gamma", [(0.25, 256.0), (0.4, 80.0), (0.1, 1.0)])
 @pytest.mark.parametrize("kind", ["mixed", "pairs", "one_class"])
@@ -62,8 +53,8 @@ def test_matches_reference_value_and_gradient(n, d, margin, gamma, kind):
     g = torch.Generator().manual_seed(n * 100 + d)
     x = torch.randn(n, d, generator=g, dtype=torch.float64)
     labels = make_labels(kind, n, g)
-    ours = _value_and_grad(circle_loss, x, labels, margin=margin, gamma=gamma)
-    ref = _value_and_grad(circle_reference, x, labels, margin=margin, gamma=gamma)
+    ours = value_and_grads(circle_loss, x, labels, margin=margin, gamma=gamma)
+    ref = value_and_grads(circle_reference, x, labels, margin=margin, gamma=gamma)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -73,8 +64,8 @@ def test_weights_are_detached():
     g = torch.Generator().manual_seed(5)
     x = torch.randn(8, 6, generator=g, dtype=torch.float64)
     labels = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
-    ours = _value_and_grad(circle_loss, x, labels, margin=0.25, gamma=4.0)
-    through = _value_and_grad(circle_reference, x, labels, margin=0.25, gamma=4.0, detach_weights=False)
+    ours = value_and_grads(circle_loss, x, labels, margin=0.25, gamma=4.0)
+    through = value_and_grads(circle_reference, x, labels, margin=0.25, gamma=4.0, detach_weights=False)
     torch.testing.assert_close(ours[0], through[0])
     assert not torch.allclose(ours[1], through[1], rtol=1e-3, atol=1e-6)
 
@@ -96,8 +87,8 @@ def test_matches_pytorch_metric_learning(margin, gamma, kind):
     g = torch.Generator().manual_seed(11)
     x = torch.randn(13, 16, generator=g, dtype=torch.float64)
     labels = make_labels(kind, 13, g)
-    ours = _value_and_grad(circle_loss, x, labels, margin=margin, gamma=gamma)
-    theirs = _value_and_grad(pml.CircleLoss(m=margin, gamma=gamma), x, labels)
+    ours = value_and_grads(circle_loss, x, labels, margin=margin, gamma=gamma)
+    theirs = value_and_grads(pml.CircleLoss(m=margin, gamma=gamma), x, labels)
     # pml's nn.Softplus turns linear above 20 (error < 2e-9 relative); sslkit's is exact
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
@@ -105,18 +96,14 @@ def test_matches_pytorch_metric_learning(margin, gamma, kind):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_autocast_is_finite_and_close(dtype):
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(64, 32, generator=g)
-    labels = torch.randint(0, 8, (64,), generator=g)
-    half = x.to(dtype).requires_grad_(True)
-    with torch.autocast("cpu", dtype=dtype):
-        got = circle_loss(half, labels)  # gamma = 256: terms up to exp(1000)
-    got.backward()
-    assert got.dtype == torch.float32 and torch.isfinite(got) and torch.isfinite(half.grad).all()
+    x, labels = random_labelled_batch(64, 32, num_classes=8, seed=2)
+    # gamma = 256 (the default): terms up to exp(1000)
+    got, grad, rounded, expected = labelled_under_autocast(circle_loss, x, labels, dtype, backward=True)
+    assert got.dtype == torch.float32 and torch.isfinite(got) and torch.isfinite(grad).all()
     # the math runs in fp32: the only error left is the embeddings' own rounding to half precision,
     # which gamma = 256 amplifies (a similarity off by 4e-3 in bf16 moves a logit by ~1)
-    torch.testing.assert_close(got, circle_loss(x.to(dtype).float(), labels), rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(got, circle_loss(x, labels), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, rounded, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
 
 
 def test_extreme_similarities_stay_finite():
@@ -163,19 +150,10 @@ def test_rejects_bad_labels():
         circle_loss(torch.randn(4, 8), torch.zeros(3, dtype=torch.long))
 
 
-def _two_process_circle(rank, world, x, labels):
-    n = x.shape[0] // world
-    local = x[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-    loss = CircleLoss(margin=0.25, gamma=32.0)(local, labels[rank * n:(rank + 1) * n])
-    loss.backward()
-    return loss.detach(), local.grad
-
-
 def test_two_processes_match_one_process_on_whole_batch():
     x = torch.randn(10, 6, dtype=torch.float64)
     # rank 0 holds four anchors with pairs, rank 1 three: the normalisation must be global
     labels = torch.tensor([0, 0, 1, 2, 3, 1, 3, 3, 4, 5])
-    loss, grad = _value_and_grad(circle_loss, x, labels, margin=0.25, gamma=32.0)
-    results = run_in_processes(_two_process_circle, x, labels)
-    torch.testing.assert_close(torch.stack([r[0] for r in results]).mean(), loss)
-    torch.testing.assert_close(torch.cat([r[1] for r in results]) / 2, grad)
+    expected = value_and_grads(circle_loss, x, labels, margin=0.25, gamma=32.0)
+    results = run_in_processes(labelled_worker, CircleLoss, [dict(margin=0.25, gamma=32.0)], x, labels)
+    assert_processes_match_one_process([r[0] for r in results], expected)

@@ -5,23 +5,15 @@ import pytest
 import torch
 
 from dist_utils import run_in_processes
+from loss_utils import (
+    LABEL_LAYOUTS,
+    assert_processes_match_one_process,
+    labelled_under_autocast,
+    labelled_worker,
+    value_and_grads,
+)
+from loss_utils import seeded_torch_rng  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
 from sslkit.losses.contrastive import ContrastiveLoss, contrastive_loss
-
-# Label layouts: balanced, a class with a single sample, one class only, no two samples alike.
-
-@pytest.fixture(autouse=True)
-def _seed():
-    # Every test draws the same numbers on every run: a random-input test must not be flaky.
-    torch.manual_seed(0)
-
-
-LABELS = {
-    "balanced": [0, 0, 1, 1, 2, 2],
-    "singleton": [0, 0, 0, 1, 1, 2],
-    "one_class": [4, 4, 4, 4],
-    "all_distinct": [0, 1, 2, 3, 5],
-    "mixed7": [1, 0, 1, 2, 0, 1, 3],
-}
 
 
 def contrastive_reference(embeddings, labels, pos_margin, neg_margin, squared, normalize):
@@ -45,34 +37,27 @@ def contrastive_reference(embeddings, labels, pos_margin, neg_margin, squared, n
     return torch.stack(terms).mean()
 
 
-def _value_and_grad(fn, embeddings, labels, **kwargs):
-    x = embeddings.clone().requires_grad_(True)
-    loss = fn(x, labels, **kwargs)
-    loss.backward()
-    return loss.detach(), x.grad
-
-
-@pytest.mark.parametrize("layout", sorted(LABELS))
+@pytest.mark.parametrize("layout", sorted(LABEL_LAYOUTS))
 @pytest.mark.parametrize("d", [3, 16])
 @pytest.mark.parametrize("margins", [(0.0, 1.0), (0.3, 1.5), (0.1, 0.5)])
 @pytest.mark.parametrize("squared", [True, False])
 def test_matches_reference_value_and_gradient(layout, d, margins, squared):
-    labels = torch.tensor(LABELS[layout])
+    labels = torch.tensor(LABEL_LAYOUTS[layout])
     g = torch.Generator().manual_seed(len(labels) * 100 + d)
     x = torch.randn(len(labels), d, generator=g, dtype=torch.float64)
     kwargs = dict(pos_margin=margins[0], neg_margin=margins[1], squared=squared)
-    ours = _value_and_grad(contrastive_loss, x, labels, normalize=True, **kwargs)
-    ref = _value_and_grad(contrastive_reference, x, labels, normalize=True, **kwargs)
+    ours = value_and_grads(contrastive_loss, x, labels, normalize=True, **kwargs)
+    ref = value_and_grads(contrastive_reference, x, labels, normalize=True, **kwargs)
     assert torch.isfinite(ours[0]) and torch.isfinite(ours[1]).all()
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
 def test_unnormalized_matches_reference():
-    labels = torch.tensor(LABELS["mixed7"])
+    labels = torch.tensor(LABEL_LAYOUTS["mixed7"])
     x = torch.randn(7, 5, dtype=torch.float64)
-    ours = _value_and_grad(contrastive_loss, x, labels, neg_margin=3.0, normalize=False)
-    ref = _value_and_grad(
+    ours = value_and_grads(contrastive_loss, x, labels, neg_margin=3.0, normalize=False)
+    ref = value_and_grads(
         contrastive_reference, x, labels, pos_margin=0.0, neg_margin=3.0, squared=True, normalize=False
     )
     for a, b in zip(ours, ref):
@@ -100,8 +85,8 @@ def test_matches_pytorch_metric_learning(pos_margin, neg_margin):
     n = len(labels)
     theirs_fn = pml_losses.ContrastiveLoss(pos_margin=pos_margin, neg_margin=neg_margin, reducer=SumReducer())
     # Theirs: unsquared terms over ordered pairs; SumReducer + our mean over N(N-1) pairs.
-    theirs = _value_and_grad(lambda e, y: theirs_fn(e, y) / (n * (n - 1)), x, labels)
-    ours = _value_and_grad(contrastive_loss, x, labels, pos_margin=pos_margin, neg_margin=neg_margin, squared=False)
+    theirs = value_and_grads(lambda e, y: theirs_fn(e, y) / (n * (n - 1)), x, labels)
+    ours = value_and_grads(contrastive_loss, x, labels, pos_margin=pos_margin, neg_margin=neg_margin, squared=False)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
 
@@ -110,12 +95,10 @@ def test_matches_pytorch_metric_learning(pos_margin, neg_margin):
 def test_half_precision_autocast_is_finite_and_close(dtype):
     x = torch.randn(64, 32)
     labels = torch.randint(0, 8, (64,))
-    expected = contrastive_loss(x, labels)
-    with torch.autocast("cpu", dtype=dtype):
-        got = contrastive_loss(x.to(dtype), labels)
+    got, _, rounded, expected = labelled_under_autocast(contrastive_loss, x, labels, dtype)
     assert got.dtype == torch.float32 and torch.isfinite(got)
     # The loss itself runs in fp32: on the half-rounded input it agrees with fp32 to rounding.
-    torch.testing.assert_close(got, contrastive_loss(x.to(dtype).float(), labels), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, rounded, rtol=1e-5, atol=1e-6)
     # What is left is the embeddings' own rounding to half precision.
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
 
@@ -146,19 +129,10 @@ def test_rejects_missing_or_mismatched_labels():
         loss_fn(torch.randn(4), torch.tensor([0, 1, 0, 1]))
 
 
-def _two_process_contrastive(rank, world, x, labels):
-    n = x.shape[0] // world
-    local = x[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-    loss = ContrastiveLoss(pos_margin=0.1, neg_margin=1.2)(local, labels[rank * n:(rank + 1) * n])
-    loss.backward()
-    return loss.detach(), local.grad
-
-
 def test_two_processes_match_one_process_on_whole_batch():
     # Classes straddle the two halves; class 3 has a single sample.
     labels = torch.tensor([0, 1, 2, 0, 1, 3, 0, 2])
     x = torch.randn(8, 16, dtype=torch.float64)
-    loss, grad = _value_and_grad(contrastive_loss, x, labels, pos_margin=0.1, neg_margin=1.2)
-    results = run_in_processes(_two_process_contrastive, x, labels)
-    torch.testing.assert_close(torch.stack([r[0] for r in results]).mean(), loss)
-    torch.testing.assert_close(torch.cat([r[1] for r in results]) / 2, grad)
+    expected = value_and_grads(contrastive_loss, x, labels, pos_margin=0.1, neg_margin=1.2)
+    results = run_in_processes(labelled_worker, ContrastiveLoss, [dict(pos_margin=0.1, neg_margin=1.2)], x, labels)
+    assert_processes_match_one_process([r[0] for r in results], expected)

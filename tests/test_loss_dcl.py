@@ -8,6 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from dist_utils import run_in_processes
+from loss_utils import (
+    HALF_RTOL,
+    assert_processes_match_one_process,
+    emulated_processes,
+    two_view_worker,
+    two_views_under_autocast,
+    value_and_grads,
+)
 from sslkit.losses.dcl import DCLLoss, dcl_loss
 from sslkit.losses.ntxent import ntxent_loss
 
@@ -37,25 +45,14 @@ def dcl_reference(z1, z2, temperature, negatives=None, weights=None):
     return torch.stack(losses).mean()
 
 
-HALF_RTOL = {torch.float16: 5e-4, torch.bfloat16: 3e-3}
-
-
-def _value_and_grads(fn, z1, z2, **kwargs):
-    z1 = z1.clone().requires_grad_(True)
-    z2 = z2.clone().requires_grad_(True)
-    loss = fn(z1, z2, **kwargs)
-    loss.backward()
-    return loss.detach(), z1.grad, z2.grad
-
-
 @pytest.mark.parametrize("n,d", [(2, 3), (4, 8), (7, 16)])
 @pytest.mark.parametrize("temperature", [0.05, 0.2, 1.0])
 def test_matches_reference_value_and_gradient(n, d, temperature):
     g = torch.Generator().manual_seed(n * 100 + d)
     z1 = torch.randn(n, d, generator=g, dtype=torch.float64)
     z2 = torch.randn(n, d, generator=g, dtype=torch.float64)
-    ours = _value_and_grads(dcl_loss, z1, z2, temperature=temperature)
-    ref = _value_and_grads(dcl_reference, z1, z2, temperature=temperature)
+    ours = value_and_grads(dcl_loss, z1, z2, temperature=temperature)
+    ref = value_and_grads(dcl_reference, z1, z2, temperature=temperature)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -65,8 +62,8 @@ def test_bank_matches_reference(n, k):
     g = torch.Generator().manual_seed(k)
     z1, z2 = torch.randn(2, n, 8, generator=g, dtype=torch.float64)
     bank = torch.randn(k, 8, generator=g, dtype=torch.float64)
-    ours = _value_and_grads(dcl_loss, z1, z2, temperature=0.1, negatives=bank)
-    ref = _value_and_grads(dcl_reference, z1, z2, temperature=0.1, negatives=bank)
+    ours = value_and_grads(dcl_loss, z1, z2, temperature=0.1, negatives=bank)
+    ref = value_and_grads(dcl_reference, z1, z2, temperature=0.1, negatives=bank)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -74,8 +71,8 @@ def test_bank_matches_reference(n, k):
 def test_positive_weight_scales_only_the_positive_term():
     z1, z2 = torch.randn(2, 5, 8, dtype=torch.float64)
     w = torch.tensor([0.5, 1.5, 1.0, 2.0, 0.0], dtype=torch.float64)
-    ours = _value_and_grads(dcl_loss, z1, z2, temperature=0.2, positive_weight=w)
-    ref = _value_and_grads(dcl_reference, z1, z2, temperature=0.2, weights=w.tolist())
+    ours = value_and_grads(dcl_loss, z1, z2, temperature=0.2, positive_weight=w)
+    ref = value_and_grads(dcl_reference, z1, z2, temperature=0.2, weights=w.tolist())
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -109,8 +106,8 @@ def test_matches_lightly(temperature):
     # lightly averages the two view directions, each a mean over N anchors: the same mean over 2N.
     lightly_loss = pytest.importorskip("lightly.loss").DCLLoss
     z1, z2 = torch.randn(2, 16, 32, dtype=torch.float64)
-    ours = _value_and_grads(dcl_loss, z1, z2, temperature=temperature)
-    theirs = _value_and_grads(lightly_loss(temperature=temperature), z1, z2)
+    ours = value_and_grads(dcl_loss, z1, z2, temperature=temperature)
+    theirs = value_and_grads(lightly_loss(temperature=temperature), z1, z2)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
 
@@ -121,12 +118,9 @@ def test_half_precision_autocast_is_finite_and_close(dtype, with_bank):
     z1, z2, bank = torch.randn(3, 64, 32)
     bank = bank if with_bank else None
     expected = dcl_loss(z1, z2, 0.05, negatives=bank)
-    halves = [z1.to(dtype).requires_grad_(True), z2.to(dtype).requires_grad_(True)]
-    with torch.autocast("cpu", dtype=dtype):
-        got = dcl_loss(*halves, 0.05, negatives=None if bank is None else bank.to(dtype))
+    got, halves = two_views_under_autocast(dcl_loss, dtype, z1, z2, bank, temperature=0.05)
     assert got.dtype == torch.float32 and torch.isfinite(got)
-    # The only error left is the embeddings' own rounding to half precision: measured at most
-    # 5e-5 (fp16) and 3e-4 (bf16) relative over 20 random draws; the tolerance keeps a 10x margin.
+    # The only error left is the embeddings' own rounding to half precision (see HALF_RTOL).
     torch.testing.assert_close(got, expected, rtol=HALF_RTOL[dtype], atol=0)
     got.backward()
     assert all(torch.isfinite(x.grad).all() for x in halves)
@@ -155,30 +149,18 @@ def test_rejects_bad_inputs():
         dcl_loss(torch.randn(4, 8), torch.randn(4, 8), positive_weight=torch.ones(3))
 
 
-def _two_process_dcl(rank, world, cases):
-    results = []
-    for z1, z2, negatives in cases:
-        n = z1.shape[0] // world
-        local1 = z1[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-        local2 = z2[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-        loss = DCLLoss(temperature=0.3)(local1, local2, negatives)
-        loss.backward()
-        results.append((loss.detach(), local1.grad, local2.grad))
-    return results
-
-
 def test_two_processes_match_one_process_on_whole_batch():
     # n = 1 per process is valid: the negatives come from the other process.
     bank = torch.randn(5, 16, dtype=torch.float64)
-    cases = [(*torch.randn(2, 2 * n, 16, dtype=torch.float64), negatives) for n in (1, 4) for negatives in (None, bank)]
-    results = run_in_processes(_two_process_dcl, cases)  # one spawn for all cases: it is the slow part
-    for c, (z1, z2, negatives) in enumerate(cases):
-        loss, g1, g2 = _value_and_grads(dcl_loss, z1, z2, temperature=0.3, negatives=negatives)
-        # Each process averages over its own anchors; the mean over processes is the global loss.
-        torch.testing.assert_close(torch.stack([r[c][0] for r in results]).mean(), loss)
-        # A process's gradient is world_size x the 1-process gradient of its slice.
-        torch.testing.assert_close(torch.cat([r[c][1] for r in results]) / 2, g1)
-        torch.testing.assert_close(torch.cat([r[c][2] for r in results]) / 2, g2)
+    cases = [
+        (*torch.randn(2, 2 * n, 16, dtype=torch.float64), negatives, dict(temperature=0.3))
+        for n in (1, 4)
+        for negatives in (None, bank)
+    ]
+    results = run_in_processes(two_view_worker, DCLLoss, cases)  # one spawn for all cases: it is the slow part
+    for c, (z1, z2, negatives, _) in enumerate(cases):
+        expected = value_and_grads(dcl_loss, z1, z2, temperature=0.3, negatives=negatives)
+        assert_processes_match_one_process([r[c] for r in results], expected)
 
 
 # --- the fused forward/backward (sslkit/losses/_fused.py) -----------------------------------
@@ -206,20 +188,18 @@ def test_gradcheck(negatives, temperature):
 def test_emulated_processes_match_one_process(monkeypatch, world, temperature, weighted):
     # The cross-process path of the fused function (separate candidates, offsets for self and
     # positive, the row-max branch at 1/T > 600 in float64) without spawning.
-    from test_loss_ntxent import _emulated_processes
-
     from sslkit import distributed
 
     g = torch.Generator().manual_seed(world)
     z1, z2 = torch.randn(2, 2 * world, 8, generator=g, dtype=torch.float64)
     w = torch.rand(2 * world, generator=g, dtype=torch.float64) * 2 if weighted else None
-    expected = _value_and_grads(dcl_loss, z1, z2, temperature=temperature, positive_weight=w)
+    expected = value_and_grads(dcl_loss, z1, z2, temperature=temperature, positive_weight=w)
 
     def local_loss(a, b):
         local_w = None if w is None else w.chunk(world)[distributed.rank()]
         return dcl_loss(a, b, temperature, positive_weight=local_w)
 
-    got = _emulated_processes(monkeypatch, local_loss, z1, z2, world)
+    got = emulated_processes(monkeypatch, local_loss, z1, z2, world)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -234,8 +214,8 @@ def test_low_temperature_float32_matches_float64(temperature, negatives):
     z1, noise, bank = torch.randn(3, 16, 8, generator=g, dtype=torch.float64)
     z2 = z1 + 1e-3 * noise
     bank = bank if negatives else None
-    expected = _value_and_grads(dcl_loss, z1, z2, temperature=temperature, negatives=bank)
-    got = _value_and_grads(dcl_loss, z1.float(), z2.float(), temperature=temperature,
+    expected = value_and_grads(dcl_loss, z1, z2, temperature=temperature, negatives=bank)
+    got = value_and_grads(dcl_loss, z1.float(), z2.float(), temperature=temperature,
                            negatives=None if bank is None else bank.float())
     for a, b in zip(got, expected):
         assert torch.isfinite(a).all()

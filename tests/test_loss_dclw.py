@@ -8,6 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from dist_utils import run_in_processes
+from loss_utils import (
+    HALF_RTOL,
+    assert_processes_match_one_process,
+    two_view_worker,
+    two_views_under_autocast,
+    value_and_grads,
+)
 from sslkit.losses.dcl import dcl_loss
 from sslkit.losses.dclw import DCLWLoss, dclw_loss, vmf_weights
 
@@ -47,25 +54,14 @@ def dclw_reference(z1, z2, temperature, sigma, negatives=None):
     return torch.stack(losses).mean()
 
 
-HALF_RTOL = {torch.float16: 5e-4, torch.bfloat16: 3e-3}
-
-
-def _value_and_grads(fn, z1, z2, **kwargs):
-    z1 = z1.clone().requires_grad_(True)
-    z2 = z2.clone().requires_grad_(True)
-    loss = fn(z1, z2, **kwargs)
-    loss.backward()
-    return loss.detach(), z1.grad, z2.grad
-
-
 @pytest.mark.parametrize("n,d", [(2, 3), (4, 8), (7, 16)])
 @pytest.mark.parametrize("temperature,sigma", [(0.05, 0.5), (0.2, 0.1), (1.0, 2.0)])
 def test_matches_reference_value_and_gradient(n, d, temperature, sigma):
     g = torch.Generator().manual_seed(n * 100 + d)
     z1 = torch.randn(n, d, generator=g, dtype=torch.float64)
     z2 = torch.randn(n, d, generator=g, dtype=torch.float64)
-    ours = _value_and_grads(dclw_loss, z1, z2, temperature=temperature, sigma=sigma)
-    ref = _value_and_grads(dclw_reference, z1, z2, temperature=temperature, sigma=sigma)
+    ours = value_and_grads(dclw_loss, z1, z2, temperature=temperature, sigma=sigma)
+    ref = value_and_grads(dclw_reference, z1, z2, temperature=temperature, sigma=sigma)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -75,8 +71,8 @@ def test_bank_matches_reference(k):
     g = torch.Generator().manual_seed(k)
     z1, z2 = torch.randn(2, 6, 8, generator=g, dtype=torch.float64)
     bank = torch.randn(k, 8, generator=g, dtype=torch.float64)
-    ours = _value_and_grads(dclw_loss, z1, z2, temperature=0.1, sigma=0.5, negatives=bank)
-    ref = _value_and_grads(dclw_reference, z1, z2, temperature=0.1, sigma=0.5, negatives=bank)
+    ours = value_and_grads(dclw_loss, z1, z2, temperature=0.1, sigma=0.5, negatives=bank)
+    ref = value_and_grads(dclw_reference, z1, z2, temperature=0.1, sigma=0.5, negatives=bank)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -119,8 +115,8 @@ def test_matches_lightly(temperature, sigma):
     # lightly: 2 - N softmax(s / sigma), detached, over the (here: only) batch; mean of the two directions.
     lightly_loss = pytest.importorskip("lightly.loss").DCLWLoss
     z1, z2 = torch.randn(2, 16, 32, dtype=torch.float64)
-    ours = _value_and_grads(dclw_loss, z1, z2, temperature=temperature, sigma=sigma)
-    theirs = _value_and_grads(lightly_loss(temperature=temperature, sigma=sigma), z1, z2)
+    ours = value_and_grads(dclw_loss, z1, z2, temperature=temperature, sigma=sigma)
+    theirs = value_and_grads(lightly_loss(temperature=temperature, sigma=sigma), z1, z2)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
 
@@ -129,12 +125,9 @@ def test_matches_lightly(temperature, sigma):
 def test_half_precision_autocast_is_finite_and_close(dtype):
     z1, z2 = torch.randn(2, 64, 32)
     expected = dclw_loss(z1, z2, 0.05)
-    halves = [z1.to(dtype).requires_grad_(True), z2.to(dtype).requires_grad_(True)]
-    with torch.autocast("cpu", dtype=dtype):
-        got = dclw_loss(*halves, 0.05)
+    got, halves = two_views_under_autocast(dclw_loss, dtype, z1, z2, temperature=0.05)
     assert got.dtype == torch.float32 and torch.isfinite(got)
-    # The only error left is the embeddings' own rounding to half precision: measured at most
-    # 5e-5 (fp16) and 3e-4 (bf16) relative over 20 random draws; the tolerance keeps a 10x margin.
+    # The only error left is the embeddings' own rounding to half precision (see HALF_RTOL).
     torch.testing.assert_close(got, expected, rtol=HALF_RTOL[dtype], atol=0)
     got.backward()
     assert all(torch.isfinite(x.grad).all() for x in halves)
@@ -160,28 +153,15 @@ def test_rejects_bad_inputs():
         loss_fn(torch.randn(1, 8), torch.randn(1, 8))
 
 
-def _two_process_dclw(rank, world, cases):
-    results = []
-    for z1, z2, negatives in cases:
-        n = z1.shape[0] // world
-        local1 = z1[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-        local2 = z2[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-        loss = DCLWLoss(temperature=0.3, sigma=0.2)(local1, local2, negatives)
-        loss.backward()
-        results.append((loss.detach(), local1.grad, local2.grad))
-    return results
-
-
 def test_two_processes_match_one_process_on_whole_batch():
     # The weights' E_j is over the global batch: local weights would fail this comparison.
     bank = torch.randn(5, 16, dtype=torch.float64)
-    cases = [(*torch.randn(2, 8, 16, dtype=torch.float64), negatives) for negatives in (None, bank)]
-    results = run_in_processes(_two_process_dclw, cases)
-    for c, (z1, z2, negatives) in enumerate(cases):
-        loss, g1, g2 = _value_and_grads(dclw_loss, z1, z2, temperature=0.3, sigma=0.2, negatives=negatives)
-        torch.testing.assert_close(torch.stack([r[c][0] for r in results]).mean(), loss)
-        torch.testing.assert_close(torch.cat([r[c][1] for r in results]) / 2, g1)
-        torch.testing.assert_close(torch.cat([r[c][2] for r in results]) / 2, g2)
+    kwargs = dict(temperature=0.3, sigma=0.2)
+    cases = [(*torch.randn(2, 8, 16, dtype=torch.float64), negatives, kwargs) for negatives in (None, bank)]
+    results = run_in_processes(two_view_worker, DCLWLoss, cases)
+    for c, (z1, z2, negatives, _) in enumerate(cases):
+        expected = value_and_grads(dclw_loss, z1, z2, **kwargs, negatives=negatives)
+        assert_processes_match_one_process([r[c] for r in results], expected)
 
 
 @pytest.mark.parametrize("negatives", [False, True])

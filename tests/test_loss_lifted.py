@@ -7,22 +7,16 @@ import pytest
 import torch
 
 from dist_utils import run_in_processes
+from loss_utils import (
+    LABEL_LAYOUTS,
+    assert_processes_match_one_process,
+    labelled_under_autocast,
+    labelled_worker,
+    random_labelled_batch,
+    value_and_grads,
+)
+from loss_utils import seeded_torch_rng  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
 from sslkit.losses.lifted import LiftedStructureLoss, lifted_structure_loss
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    # Every test draws the same numbers on every run: a random-input test must not be flaky.
-    torch.manual_seed(0)
-
-
-LABELS = {
-    "balanced": [0, 0, 1, 1, 2, 2],
-    "singleton": [0, 0, 0, 1, 1, 2],
-    "one_class": [4, 4, 4, 4],
-    "all_distinct": [0, 1, 2, 3, 5],
-    "mixed7": [1, 0, 1, 2, 0, 1, 3],
-}
 
 
 def lifted_reference(embeddings, labels, margin, normalize=True):
@@ -52,22 +46,15 @@ def lifted_reference(embeddings, labels, margin, normalize=True):
     return torch.stack(terms).sum() / (2 * len(terms))
 
 
-def _value_and_grad(fn, embeddings, labels, **kwargs):
-    x = embeddings.clone().requires_grad_(True)
-    loss = fn(x, labels, **kwargs)
-    loss.backward()
-    return loss.detach(), x.grad
-
-
-@pytest.mark.parametrize("layout", sorted(LABELS))
+@pytest.mark.parametrize("layout", sorted(LABEL_LAYOUTS))
 @pytest.mark.parametrize("d", [3, 16])
 @pytest.mark.parametrize("margin", [0.0, 0.5, 1.0, 2.0])
 def test_matches_reference_value_and_gradient(layout, d, margin):
-    labels = torch.tensor(LABELS[layout])
+    labels = torch.tensor(LABEL_LAYOUTS[layout])
     g = torch.Generator().manual_seed(len(labels) * 100 + d)
     x = torch.randn(len(labels), d, generator=g, dtype=torch.float64)
-    ours = _value_and_grad(lifted_structure_loss, x, labels, margin=margin)
-    ref = _value_and_grad(lifted_reference, x, labels, margin=margin)
+    ours = value_and_grads(lifted_structure_loss, x, labels, margin=margin)
+    ref = value_and_grads(lifted_reference, x, labels, margin=margin)
     assert torch.isfinite(ours[0]) and torch.isfinite(ours[1]).all()
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
@@ -75,7 +62,7 @@ def test_matches_reference_value_and_gradient(layout, d, margin):
 
 def test_large_margin_does_not_overflow_fp32():
     # exp(100) overflows fp32; the logsumexp form does not.
-    labels = torch.tensor(LABELS["mixed7"])
+    labels = torch.tensor(LABEL_LAYOUTS["mixed7"])
     x = torch.randn(7, 8, dtype=torch.float64) * 10
     got = lifted_structure_loss(x.float(), labels, margin=100.0, normalize=False)
     expected = lifted_reference(x, labels, margin=100.0, normalize=False)
@@ -88,8 +75,8 @@ def test_matches_pytorch_metric_learning(margin):
     pml_losses = pytest.importorskip("pytorch_metric_learning.losses")
     labels = torch.tensor([0, 0, 0, 1, 1, 2, 2, 3, 4, 4])
     x = torch.randn(10, 16, dtype=torch.float64)
-    theirs = _value_and_grad(pml_losses.LiftedStructureLoss(neg_margin=margin, pos_margin=0), x, labels)
-    ours = _value_and_grad(lifted_structure_loss, x, labels, margin=margin)
+    theirs = value_and_grads(pml_losses.LiftedStructureLoss(neg_margin=margin, pos_margin=0), x, labels)
+    ours = value_and_grads(lifted_structure_loss, x, labels, margin=margin)
     assert ours[0] > 0
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
@@ -110,14 +97,10 @@ def test_order_invariant_and_closed_form_for_two_points_per_class():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_autocast_is_finite_and_close(dtype):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(64, 32, generator=g)
-    labels = torch.randint(0, 8, (64,), generator=g)
-    expected = lifted_structure_loss(x, labels)
-    with torch.autocast("cpu", dtype=dtype):
-        got = lifted_structure_loss(x.to(dtype), labels)
+    x, labels = random_labelled_batch(64, 32, num_classes=8, seed=0)
+    got, _, rounded, expected = labelled_under_autocast(lifted_structure_loss, x, labels, dtype)
     assert got.dtype == torch.float32 and torch.isfinite(got)
-    torch.testing.assert_close(got, lifted_structure_loss(x.to(dtype).float(), labels), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, rounded, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
 
 
@@ -137,20 +120,11 @@ def test_rejects_missing_or_mismatched_labels():
         loss_fn(torch.randint(0, 3, (4, 8)), torch.tensor([0, 1, 0, 1]))
 
 
-def _two_process_lifted(rank, world, x, labels):
-    n = x.shape[0] // world
-    local = x[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-    loss = LiftedStructureLoss(margin=1.5)(local, labels[rank * n:(rank + 1) * n])
-    loss.backward()
-    return loss.detach(), local.grad
-
-
 def test_two_processes_match_one_process_on_whole_batch():
     # Positive pairs cross the halves, rank 1 holds more of them, class 3 has one sample.
     labels = torch.tensor([0, 1, 2, 3, 0, 0, 1, 2, 1, 0])
     x = torch.randn(10, 6, dtype=torch.float64)
-    loss, grad = _value_and_grad(lifted_structure_loss, x, labels, margin=1.5)
-    assert loss > 0
-    results = run_in_processes(_two_process_lifted, x, labels)
-    torch.testing.assert_close(torch.stack([r[0] for r in results]).mean(), loss)
-    torch.testing.assert_close(torch.cat([r[1] for r in results]) / 2, grad)
+    expected = value_and_grads(lifted_structure_loss, x, labels, margin=1.5)
+    assert expected[0] > 0
+    results = run_in_processes(labelled_worker, LiftedStructureLoss, [dict(margin=1.5)], x, labels)
+    assert_processes_match_one_process([r[0] for r in results], expected)

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from loss_utils import head_and_pml, head_and_reference, random_class_batch
 from sslkit.losses.lsoftmax import LSoftmaxHead, large_margin_psi, margin_lambda
 from sslkit.losses.softmax import SoftmaxHead
 
@@ -52,26 +53,17 @@ def test_psi_gradient_is_finite_at_cos_plus_minus_one():
 
 
 def _check_against_reference(head, x, labels, **kwargs):
-    x1 = x.clone().requires_grad_(True)
-    loss = head(x1, labels)
-    loss.backward()
-    x2 = x.clone().requires_grad_(True)
-    w2 = head.weight.detach().clone().requires_grad_(True)
-    ref = lsoftmax_reference(x2, w2, labels, **kwargs)
-    ref.backward()
-    torch.testing.assert_close(loss, ref, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-8, atol=1e-10)
-    torch.testing.assert_close(head.weight.grad, w2.grad, rtol=1e-8, atol=1e-10)
+    ours, ref = head_and_reference(head, x, labels, lsoftmax_reference, **kwargs)
+    torch.testing.assert_close(ours[0], ref[0], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(ours[1], ref[1], rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(ours[2], ref[2], rtol=1e-8, atol=1e-10)
 
 
 @pytest.mark.parametrize("n,d,c", [(1, 3, 2), (6, 4, 5), (9, 8, 3)])
 @pytest.mark.parametrize("m", [1, 2, 4])
 def test_matches_reference_value_and_gradient(n, d, c, m):
-    g = torch.Generator().manual_seed(n * 31 + m)
     head = LSoftmaxHead(d, c, margin=m).double()
-    x = torch.randn(n, d, dtype=torch.float64, generator=g)
-    labels = torch.randint(0, c, (n,), generator=g)
-    labels[0] = c - 1
+    x, labels = random_class_batch(n, d, c, seed=n * 31 + m)
     _check_against_reference(head, x, labels, m=m)
 
 
@@ -104,14 +96,10 @@ def test_matches_pytorch_metric_learning(m):
     with torch.no_grad():
         theirs.W.copy_(head.weight.T)  # PML stores W as (D, C)
     x, labels = torch.randn(10, 8, dtype=torch.float64), torch.randint(0, 5, (10,))
-    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    ours = head(x1, labels)
-    ours.backward()
-    ref = theirs(x2, labels)
-    ref.backward()
-    torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-8, atol=1e-10)
-    torch.testing.assert_close(head.weight.grad, theirs.W.grad.T, rtol=1e-8, atol=1e-10)
+    ours, ref = head_and_pml(head, theirs, x, labels)
+    torch.testing.assert_close(ours[0], ref[0], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(ours[1], ref[1], rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(ours[2], ref[2], rtol=1e-8, atol=1e-10)
 
 
 def test_margin_one_is_softmax_without_bias():

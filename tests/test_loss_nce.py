@@ -8,6 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from dist_utils import run_in_processes
+from loss_utils import (
+    HALF_RTOL,
+    assert_processes_match_one_process,
+    two_view_worker,
+    two_views_under_autocast,
+    value_and_grads,
+)
 from sslkit.losses.nce import NCELoss, nce_loss
 
 
@@ -47,17 +54,6 @@ def nce_reference(z1, z2, temperature, negatives=None, bank_size=None, normalize
     return torch.stack(losses).mean()
 
 
-HALF_RTOL = {torch.float16: 5e-4, torch.bfloat16: 3e-3}
-
-
-def _value_and_grads(fn, z1, z2, **kwargs):
-    z1 = z1.clone().requires_grad_(True)
-    z2 = z2.clone().requires_grad_(True)
-    loss = fn(z1, z2, **kwargs)
-    loss.backward()
-    return loss.detach(), z1.grad, z2.grad
-
-
 @pytest.mark.parametrize("n,d", [(2, 3), (5, 16)])
 @pytest.mark.parametrize("temperature", [0.07, 0.5])
 @pytest.mark.parametrize("normalizer", [None, 1.0, 30.0])
@@ -65,8 +61,8 @@ def test_in_batch_matches_reference_value_and_gradient(n, d, temperature, normal
     g = torch.Generator().manual_seed(n * 100 + d)
     z1 = torch.randn(n, d, generator=g, dtype=torch.float64)
     z2 = torch.randn(n, d, generator=g, dtype=torch.float64)
-    ours = _value_and_grads(nce_loss, z1, z2, temperature=temperature, normalizer=normalizer)
-    ref = _value_and_grads(nce_reference, z1, z2, temperature=temperature, normalizer=normalizer)
+    ours = value_and_grads(nce_loss, z1, z2, temperature=temperature, normalizer=normalizer)
+    ref = value_and_grads(nce_reference, z1, z2, temperature=temperature, normalizer=normalizer)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -78,8 +74,8 @@ def test_bank_matches_reference_value_and_gradient(n, k, normalizer):
     z1, z2 = torch.randn(2, n, 8, generator=g, dtype=torch.float64)
     bank = torch.randn(k, 8, generator=g, dtype=torch.float64)
     kwargs = dict(temperature=0.07, negatives=bank, bank_size=50, normalizer=normalizer)
-    ours = _value_and_grads(nce_loss, z1, z2, **kwargs)
-    ref = _value_and_grads(nce_reference, z1, z2, **kwargs)
+    ours = value_and_grads(nce_loss, z1, z2, **kwargs)
+    ref = value_and_grads(nce_reference, z1, z2, **kwargs)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -142,12 +138,9 @@ def test_half_precision_autocast_is_finite_and_close(dtype, with_bank):
     z1, z2 = torch.randn(2, 64, 32)
     bank = torch.randn(128, 32) if with_bank else None
     expected = nce_loss(z1, z2, 0.05, bank, bank_size=1000)
-    halves = [z1.to(dtype).requires_grad_(True), z2.to(dtype).requires_grad_(True)]
-    with torch.autocast("cpu", dtype=dtype):
-        got = nce_loss(*halves, 0.05, None if bank is None else bank.to(dtype), bank_size=1000)
+    got, halves = two_views_under_autocast(nce_loss, dtype, z1, z2, bank, temperature=0.05, bank_size=1000)
     assert got.dtype == torch.float32 and torch.isfinite(got)
-    # The only error left is the embeddings' own rounding to half precision: measured at most
-    # 5e-5 (fp16) and 3e-4 (bf16) relative over 20 random draws; the tolerance keeps a 10x margin.
+    # The only error left is the embeddings' own rounding to half precision (see HALF_RTOL).
     torch.testing.assert_close(got, expected, rtol=HALF_RTOL[dtype], atol=0)
     got.backward()
     assert all(torch.isfinite(x.grad).all() for x in halves)
@@ -183,38 +176,20 @@ def test_rejects_bad_inputs():
         NCELoss(normalizer=1.0)(torch.randn(4, 8), torch.randn(4, 8), negatives=torch.randn(3, 8))
 
 
-def _two_process_nce(rank, world, cases):
-    results = []
-    for z1, z2, negatives, normalizer in cases:
-        n = z1.shape[0] // world
-        local1 = z1[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-        local2 = z2[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-        loss_fn = NCELoss(temperature=0.2, bank_size=40, normalizer=normalizer)
-        loss = loss_fn(local1, local2, negatives)
-        loss.backward()
-        results.append((loss.detach(), local1.grad, local2.grad, loss_fn.log_mean_exp))
-    return results
-
-
 def test_two_processes_match_one_process_on_whole_batch():
     bank = torch.randn(5, 16, dtype=torch.float64)
     cases = [
-        (*torch.randn(2, 8, 16, dtype=torch.float64), negatives, normalizer)
+        (*torch.randn(2, 8, 16, dtype=torch.float64), negatives, dict(temperature=0.2, bank_size=40, normalizer=z))
         for negatives in (None, bank)
-        for normalizer in (None, 3.0)
+        for z in (None, 3.0)
     ]
-    results = run_in_processes(_two_process_nce, cases)  # one spawn for all cases: it is the slow part
-    for c, (z1, z2, negatives, normalizer) in enumerate(cases):
-        kwargs = dict(temperature=0.2, negatives=negatives, bank_size=40, normalizer=normalizer)
-        loss, g1, g2 = _value_and_grads(nce_loss, z1, z2, **kwargs)
-        # Each process averages over its own anchors; the mean over processes is the global loss.
-        torch.testing.assert_close(torch.stack([r[c][0] for r in results]).mean(), loss)
-        # A process's gradient is world_size x the 1-process gradient of its slice.
-        torch.testing.assert_close(torch.cat([r[c][1] for r in results]) / 2, g1)
-        torch.testing.assert_close(torch.cat([r[c][2] for r in results]) / 2, g2)
-        if normalizer is None:
+    results = run_in_processes(two_view_worker, NCELoss, cases)  # one spawn for all cases: it is the slow part
+    for c, (z1, z2, negatives, kwargs) in enumerate(cases):
+        expected = value_and_grads(nce_loss, z1, z2, negatives=negatives, **kwargs)
+        assert_processes_match_one_process([r[c] for r in results], expected)
+        if kwargs["normalizer"] is None:
             # Both processes froze the same, global estimate of Z.
             one_process = NCELoss(temperature=0.2, bank_size=40)
             one_process(z1, z2, negatives)
             for r in results:
-                torch.testing.assert_close(r[c][3], one_process.log_mean_exp)
+                torch.testing.assert_close(r[c][3]["log_mean_exp"], one_process.log_mean_exp)

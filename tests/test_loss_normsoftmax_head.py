@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from loss_utils import head_and_pml, head_and_reference, random_class_batch
 from sslkit.losses.normsoftmax import NormSoftmaxHead
 
 
@@ -22,26 +23,12 @@ def normsoftmax_reference(x, weight, labels, temperature):
     return torch.stack(losses).mean()
 
 
-def _ours_and_reference(head, x, labels, reference, **kwargs):
-    x1 = x.clone().requires_grad_(True)
-    loss = head(x1, labels)
-    loss.backward()
-    x2 = x.clone().requires_grad_(True)
-    w2 = head.weight.detach().clone().requires_grad_(True)
-    ref = reference(x2, w2, labels, **kwargs)
-    ref.backward()
-    return (loss, x1.grad, head.weight.grad), (ref.detach(), x2.grad, w2.grad)
-
-
 @pytest.mark.parametrize("n,d,c", [(1, 3, 2), (6, 5, 4), (9, 8, 7)])
 @pytest.mark.parametrize("temperature", [0.05, 0.3, 1.0])
 def test_matches_reference_value_and_gradient(n, d, c, temperature):
-    g = torch.Generator().manual_seed(n + 100 * c)
     head = NormSoftmaxHead(d, c, temperature=temperature).double()
-    x = torch.randn(n, d, dtype=torch.float64, generator=g) * 3
-    labels = torch.randint(0, c, (n,), generator=g)
-    labels[0] = c - 1
-    ours, ref = _ours_and_reference(head, x, labels, normsoftmax_reference, temperature=temperature)
+    x, labels = random_class_batch(n, d, c, seed=n + 100 * c)
+    ours, ref = head_and_reference(head, x * 3, labels, normsoftmax_reference, temperature=temperature)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
@@ -54,14 +41,10 @@ def test_matches_pytorch_metric_learning(temperature):
     with torch.no_grad():
         theirs.W.copy_(head.weight.T)  # PML stores W as (D, C)
     x, labels = torch.randn(10, 8, dtype=torch.float64), torch.randint(0, 5, (10,))
-    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    ours = head(x1, labels)
-    ours.backward()
-    ref = theirs(x2, labels)
-    ref.backward()
-    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(head.weight.grad, theirs.W.grad.T, rtol=1e-9, atol=1e-12)
+    ours, ref = head_and_pml(head, theirs, x, labels)
+    torch.testing.assert_close(ours[0], ref[0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(ours[1], ref[1], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(ours[2], ref[2], rtol=1e-9, atol=1e-12)
 
 
 def test_embeddings_on_their_class_weight_give_the_closed_form():

@@ -6,13 +6,14 @@ import torch
 import torch.nn.functional as F
 
 from dist_utils import run_in_processes
+from loss_utils import (
+    assert_processes_match_one_process,
+    labelled_under_autocast,
+    labelled_worker,
+    value_and_grads,
+)
+from loss_utils import seeded_torch_rng  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
 from sslkit.losses.npair import NPairLoss, first_pair_per_class, npair_loss
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    # Every test draws the same numbers on every run: a random-input test must not be flaky.
-    torch.manual_seed(0)
 
 
 LABELS = {
@@ -44,13 +45,6 @@ def npair_reference(embeddings, labels, l2_reg):
     return torch.stack(terms).mean()
 
 
-def _value_and_grad(fn, embeddings, labels, **kwargs):
-    x = embeddings.clone().requires_grad_(True)
-    loss = fn(x, labels, **kwargs)
-    loss.backward()
-    return loss.detach(), x.grad
-
-
 def test_first_pair_per_class_takes_first_two_in_batch_order():
     anchors, positives = first_pair_per_class(torch.tensor([3, 1, 3, 1, 1, 2, 3, 0]))
     assert anchors.tolist() == [1, 0] and positives.tolist() == [3, 2]
@@ -64,8 +58,8 @@ def test_matches_reference_value_and_gradient(layout, d, l2_reg, scale):
     labels = torch.tensor(LABELS[layout])
     g = torch.Generator().manual_seed(len(labels) * 100 + d)
     x = torch.randn(len(labels), d, generator=g, dtype=torch.float64) * scale
-    ours = _value_and_grad(npair_loss, x, labels, l2_reg=l2_reg)
-    ref = _value_and_grad(npair_reference, x, labels, l2_reg=l2_reg)
+    ours = value_and_grads(npair_loss, x, labels, l2_reg=l2_reg)
+    ref = value_and_grads(npair_reference, x, labels, l2_reg=l2_reg)
     assert torch.isfinite(ours[0]) and torch.isfinite(ours[1]).all()
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
@@ -79,14 +73,14 @@ def test_matches_pytorch_metric_learning():
     x = torch.randn(12, 16, dtype=torch.float64)
     # Unnormalised dot products, as in the paper (theirs normalises by default).
     theirs_fn = pml_losses.NPairsLoss(distance=DotProductSimilarity(normalize_embeddings=False))
-    ours = _value_and_grad(npair_loss, x, labels)
-    theirs = _value_and_grad(theirs_fn, x, labels)
+    ours = value_and_grads(npair_loss, x, labels)
+    theirs = value_and_grads(theirs_fn, x, labels)
     assert ours[0] > 0
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
     # Their default equals ours on L2-normalised input.
-    normalized = _value_and_grad(lambda e, y: npair_loss(F.normalize(e, dim=1), y), x, labels)
-    theirs_default = _value_and_grad(pml_losses.NPairsLoss(), x, labels)
+    normalized = value_and_grads(lambda e, y: npair_loss(F.normalize(e, dim=1), y), x, labels)
+    theirs_default = value_and_grads(pml_losses.NPairsLoss(), x, labels)
     for a, b in zip(normalized, theirs_default):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
 
@@ -115,11 +109,9 @@ def test_half_precision_autocast_is_finite_and_close(dtype):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 32, generator=g)
     labels = torch.arange(32).repeat(2)
-    expected = npair_loss(x, labels)
-    with torch.autocast("cpu", dtype=dtype):
-        got = npair_loss(x.to(dtype), labels)
+    got, _, rounded, expected = labelled_under_autocast(npair_loss, x, labels, dtype)
     assert got.dtype == torch.float32 and torch.isfinite(got)
-    torch.testing.assert_close(got, npair_loss(x.to(dtype).float(), labels), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, rounded, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
 
 
@@ -151,20 +143,11 @@ def test_rejects_missing_or_mismatched_labels():
         loss_fn(torch.randn(4), torch.tensor([0, 1, 0, 1]))
 
 
-def _two_process_npair(rank, world, x, labels):
-    n = x.shape[0] // world
-    local = x[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-    loss = NPairLoss(l2_reg=0.05)(local, labels[rank * n:(rank + 1) * n])
-    loss.backward()
-    return loss.detach(), local.grad
-
-
 def test_two_processes_match_one_process_on_whole_batch():
     # Pairs within rank 0 (class 0), within rank 1 (class 4), across ranks (classes 1, 3);
     # class 2 has one sample; class 0's third sample (on rank 1) is unused.
     labels = torch.tensor([0, 1, 2, 3, 0, 1, 4, 4, 0, 3])
     x = torch.randn(10, 6, dtype=torch.float64)
-    loss, grad = _value_and_grad(npair_loss, x, labels, l2_reg=0.05)
-    results = run_in_processes(_two_process_npair, x, labels)
-    torch.testing.assert_close(torch.stack([r[0] for r in results]).mean(), loss)
-    torch.testing.assert_close(torch.cat([r[1] for r in results]) / 2, grad)
+    expected = value_and_grads(npair_loss, x, labels, l2_reg=0.05)
+    results = run_in_processes(labelled_worker, NPairLoss, [dict(l2_reg=0.05)], x, labels)
+    assert_processes_match_one_process([r[0] for r in results], expected)

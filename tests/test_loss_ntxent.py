@@ -8,6 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from dist_utils import run_in_processes
+from loss_utils import (
+    assert_processes_match_one_process,
+    emulated_processes,
+    two_view_worker,
+    two_views_under_autocast,
+    value_and_grads,
+)
 from sslkit.losses.ntxent import NTXentLoss, ntxent_loss
 
 
@@ -33,22 +40,14 @@ def ntxent_reference(z1, z2, temperature, negatives=None):
     return torch.stack(losses).mean()
 
 
-def _value_and_grads(fn, z1, z2, **kwargs):
-    z1 = z1.clone().requires_grad_(True)
-    z2 = z2.clone().requires_grad_(True)
-    loss = fn(z1, z2, **kwargs)
-    loss.backward()
-    return loss.detach(), z1.grad, z2.grad
-
-
 @pytest.mark.parametrize("n,d", [(1, 3), (4, 8), (7, 16)])
 @pytest.mark.parametrize("temperature", [0.05, 0.2, 1.0])
 def test_matches_reference_value_and_gradient(n, d, temperature):
     g = torch.Generator().manual_seed(n * 100 + d)
     z1 = torch.randn(n, d, generator=g, dtype=torch.float64)
     z2 = torch.randn(n, d, generator=g, dtype=torch.float64)
-    ours = _value_and_grads(ntxent_loss, z1, z2, temperature=temperature)
-    ref = _value_and_grads(ntxent_reference, z1, z2, temperature=temperature)
+    ours = value_and_grads(ntxent_loss, z1, z2, temperature=temperature)
+    ref = value_and_grads(ntxent_reference, z1, z2, temperature=temperature)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -58,8 +57,8 @@ def test_bank_matches_moco_reference(k):
     g = torch.Generator().manual_seed(k)
     z1, z2 = torch.randn(2, 6, 8, generator=g, dtype=torch.float64)
     bank = torch.randn(k, 8, generator=g, dtype=torch.float64)
-    ours = _value_and_grads(ntxent_loss, z1, z2, temperature=0.1, negatives=bank)
-    ref = _value_and_grads(ntxent_reference, z1, z2, temperature=0.1, negatives=bank)
+    ours = value_and_grads(ntxent_loss, z1, z2, temperature=0.1, negatives=bank)
+    ref = value_and_grads(ntxent_reference, z1, z2, temperature=0.1, negatives=bank)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -81,8 +80,8 @@ def test_symmetric_and_order_invariant():
 def test_matches_lightly(temperature):
     lightly_loss = pytest.importorskip("lightly.loss").NTXentLoss
     z1, z2 = torch.randn(2, 16, 32, dtype=torch.float64)
-    ours = _value_and_grads(ntxent_loss, z1, z2, temperature=temperature)
-    theirs = _value_and_grads(lightly_loss(temperature=temperature), z1, z2)
+    ours = value_and_grads(ntxent_loss, z1, z2, temperature=temperature)
+    theirs = value_and_grads(lightly_loss(temperature=temperature), z1, z2)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
 
@@ -91,8 +90,8 @@ def test_matches_pytorch_metric_learning():
     pml = pytest.importorskip("pytorch_metric_learning.losses")
     z1, z2 = torch.randn(2, 10, 16, dtype=torch.float64)
     labels = torch.arange(10).repeat(2)
-    ours = _value_and_grads(ntxent_loss, z1, z2, temperature=0.2)
-    theirs = _value_and_grads(lambda a, b: pml.NTXentLoss(temperature=0.2)(torch.cat([a, b]), labels), z1, z2)
+    ours = value_and_grads(ntxent_loss, z1, z2, temperature=0.2)
+    theirs = value_and_grads(lambda a, b: pml.NTXentLoss(temperature=0.2)(torch.cat([a, b]), labels), z1, z2)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
 
@@ -101,8 +100,7 @@ def test_matches_pytorch_metric_learning():
 def test_half_precision_autocast_is_finite_and_close(dtype):
     z1, z2 = torch.randn(2, 64, 32)
     expected = ntxent_loss(z1, z2, 0.05)
-    with torch.autocast("cpu", dtype=dtype):
-        got = ntxent_loss(z1.to(dtype), z2.to(dtype), 0.05)
+    got, _ = two_views_under_autocast(ntxent_loss, dtype, z1, z2, requires_grad=False, temperature=0.05)
     assert got.dtype == torch.float32 and torch.isfinite(got)
     # the only error left is the embeddings' own rounding to half precision
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
@@ -121,24 +119,11 @@ def test_rejects_mismatched_views():
         ntxent_loss(torch.randn(4, 8), torch.randn(4, 8), negatives=torch.randn(3, 7))
 
 
-def _two_process_ntxent(rank, world, z1, z2):
-    n = z1.shape[0] // world
-    local1 = z1[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-    local2 = z2[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-    loss = NTXentLoss(temperature=0.3)(local1, local2)
-    loss.backward()
-    return loss.detach(), local1.grad, local2.grad
-
-
 def test_two_processes_match_one_process_on_whole_batch():
     z1, z2 = torch.randn(2, 8, 16, dtype=torch.float64)
-    loss, g1, g2 = _value_and_grads(ntxent_loss, z1, z2, temperature=0.3)
-    results = run_in_processes(_two_process_ntxent, z1, z2)
-    # Each process averages over its own anchors; the mean over processes is the global loss.
-    torch.testing.assert_close(torch.stack([r[0] for r in results]).mean(), loss)
-    # A process's gradient is world_size x the 1-process gradient of its slice (DDP averages it back).
-    torch.testing.assert_close(torch.cat([r[1] for r in results]) / 2, g1)
-    torch.testing.assert_close(torch.cat([r[2] for r in results]) / 2, g2)
+    expected = value_and_grads(ntxent_loss, z1, z2, temperature=0.3)
+    results = run_in_processes(two_view_worker, NTXentLoss, [(z1, z2, None, dict(temperature=0.3))])
+    assert_processes_match_one_process([r[0] for r in results], expected)
 
 
 # --- the fused forward/backward (sslkit/losses/_fused.py) -----------------------------------
@@ -154,49 +139,15 @@ def test_gradcheck(negatives, temperature):
     assert torch.autograd.gradcheck(lambda *x: ntxent_loss(*x[:2], temperature, *x[2:]), inputs)
 
 
-def _emulated_processes(monkeypatch, loss_fn, z1, z2, world):
-    """Run ``loss_fn`` as each of ``world`` processes would, in this one process.
-
-    ``gather_with_grad`` is replaced by a concatenation of this process's slice with separate
-    leaves for the other processes' slices; summing every leaf's gradient over the processes
-    is what the real gather's all-reduce does. Returns the mean loss and the per-slice
-    gradients divided by ``world`` (the 1-process convention of ``sslkit.distributed``).
-    """
-    from sslkit import distributed
-
-    n = z1.shape[0] // world
-    losses, grads = [], [torch.zeros_like(z1), torch.zeros_like(z2)]
-    for rank in range(world):
-        leaves = [[z[s * n:(s + 1) * n].clone().requires_grad_(True) for s in range(world)] for z in (z1, z2)]
-
-        def gather(tensor, leaves=leaves, rank=rank):
-            view = leaves[0] if tensor is leaves[0][rank] else leaves[1]
-            return torch.cat([tensor if s == rank else view[s] for s in range(world)])
-
-        monkeypatch.setattr(distributed, "is_distributed", lambda: True)
-        monkeypatch.setattr(distributed, "world_size", lambda: world)
-        monkeypatch.setattr(distributed, "rank", lambda rank=rank: rank)
-        monkeypatch.setattr(distributed, "local_offset", lambda local, rank=rank: rank * local)
-        monkeypatch.setattr(distributed, "gather_with_grad", gather)
-        loss = loss_fn(leaves[0][rank], leaves[1][rank])
-        loss.backward()
-        losses.append(loss.detach())
-        for v in range(2):
-            for s in range(world):
-                grads[v][s * n:(s + 1) * n] += leaves[v][s].grad
-    monkeypatch.undo()
-    return torch.stack(losses).mean(), grads[0] / world, grads[1] / world
-
-
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("temperature", [0.3, 0.001])
 def test_emulated_processes_match_one_process(monkeypatch, world, temperature):
     # The cross-process path of the fused function (separate candidates, offsets, the row-max
-    # branch at 1/T > 600 in float64) without spawning: see _emulated_processes.
+    # branch at 1/T > 600 in float64) without spawning: see loss_utils.emulated_processes.
     g = torch.Generator().manual_seed(world)
     z1, z2 = torch.randn(2, 2 * world, 8, generator=g, dtype=torch.float64)
-    expected = _value_and_grads(ntxent_loss, z1, z2, temperature=temperature)
-    got = _emulated_processes(monkeypatch, lambda a, b: ntxent_loss(a, b, temperature), z1, z2, world)
+    expected = value_and_grads(ntxent_loss, z1, z2, temperature=temperature)
+    got = emulated_processes(monkeypatch, lambda a, b: ntxent_loss(a, b, temperature), z1, z2, world)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -211,8 +162,8 @@ def test_low_temperature_float32_matches_float64(temperature, negatives):
     z1, z2, bank = torch.randn(3, 16, 8, generator=g, dtype=torch.float64)
     z1[1] = z1[0] + 1e-3 * z2[0]
     bank = bank if negatives else None
-    expected = _value_and_grads(ntxent_loss, z1, z2, temperature=temperature, negatives=bank)
-    got = _value_and_grads(ntxent_loss, z1.float(), z2.float(), temperature=temperature,
+    expected = value_and_grads(ntxent_loss, z1, z2, temperature=temperature, negatives=bank)
+    got = value_and_grads(ntxent_loss, z1.float(), z2.float(), temperature=temperature,
                            negatives=None if bank is None else bank.float())
     for a, b in zip(got, expected):
         assert torch.isfinite(a).all()

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from loss_utils import labelled_under_autocast, pml_proxy_value_and_grads, value_and_grads
 from sslkit.losses.proxy_anchor import ProxyAnchorHead, proxy_anchor_loss
 
 # name -> (num_classes, labels): a class present once, classes absent from the batch,
@@ -42,14 +43,6 @@ def proxy_anchor_reference(x, labels, proxies, alpha, delta):
     return torch.stack(pos_terms).sum() / len(pos_terms) + torch.stack(neg_terms).sum() / len(p)
 
 
-def _value_and_grads(fn, x, labels, proxies):
-    x = x.clone().requires_grad_(True)
-    proxies = proxies.clone().requires_grad_(True)
-    loss = fn(x, labels, proxies)
-    loss.backward()
-    return loss.detach(), x.grad, proxies.grad
-
-
 @pytest.mark.parametrize("case", sorted(LABELS))
 @pytest.mark.parametrize("d", [3, 16])
 @pytest.mark.parametrize("alpha,delta", [(32.0, 0.1), (4.0, 0.0), (16.0, 0.5)])
@@ -59,8 +52,8 @@ def test_matches_reference_value_and_gradient(case, d, alpha, delta):
     g = torch.Generator().manual_seed(len(case) * 10 + d)
     x = torch.randn(len(labels), d, generator=g, dtype=torch.float64)
     proxies = torch.randn(num_classes, d, generator=g, dtype=torch.float64)
-    ours = _value_and_grads(lambda a, y, p: proxy_anchor_loss(a, y, p, alpha, delta), x, labels, proxies)
-    ref = _value_and_grads(lambda a, y, p: proxy_anchor_reference(a, y, p, alpha, delta), x, labels, proxies)
+    ours = value_and_grads(lambda a, y, p: proxy_anchor_loss(a, y, p, alpha, delta), x, labels, proxies)
+    ref = value_and_grads(lambda a, y, p: proxy_anchor_reference(a, y, p, alpha, delta), x, labels, proxies)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -124,16 +117,13 @@ def test_matches_pytorch_metric_learning(case, alpha, delta):
     labels = torch.tensor(labels)
     x = torch.randn(len(labels), 16, dtype=torch.float64)
     proxies = torch.randn(num_classes, 16, dtype=torch.float64)
-    theirs_fn = pml.ProxyAnchorLoss(num_classes, 16, margin=delta, alpha=alpha)
     # pml keeps its proxies (C, D) like sslkit; copy ours in and read its gradient back.
-    theirs_fn.proxies.data = proxies.clone()
-    xt = x.clone().requires_grad_(True)
-    theirs = theirs_fn(xt, labels)
-    theirs.backward()
-    ours = _value_and_grads(lambda a, y, p: proxy_anchor_loss(a, y, p, alpha, delta), x, labels, proxies)
-    torch.testing.assert_close(ours[0], theirs.detach(), rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(ours[1], xt.grad, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(ours[2], theirs_fn.proxies.grad, rtol=1e-10, atol=1e-12)
+    theirs_fn = pml.ProxyAnchorLoss(num_classes, 16, margin=delta, alpha=alpha)
+    theirs = pml_proxy_value_and_grads(theirs_fn, x, labels, proxies)
+    ours = value_and_grads(lambda a, y, p: proxy_anchor_loss(a, y, p, alpha, delta), x, labels, proxies)
+    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(ours[2], theirs[2], rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -142,10 +132,7 @@ def test_half_precision_autocast_is_finite_and_close(dtype):
     head = ProxyAnchorHead(embedding_dim=32, num_classes=10)
     x = torch.randn(64, 32)
     labels = torch.randint(0, 10, (64,))
-    expected = head(x, labels)
-    with torch.autocast("cpu", dtype=dtype):
-        got = head(x.to(dtype), labels)
-    got.backward()
+    got, _, _, expected = labelled_under_autocast(head, x, labels, dtype, backward=True)
     assert got.dtype == torch.float32 and torch.isfinite(got)
     assert torch.isfinite(head.proxies.grad).all()
     # What is left is the embeddings' own rounding, amplified by alpha = 32 in the exponent.

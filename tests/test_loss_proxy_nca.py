@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from loss_utils import labelled_under_autocast, pml_proxy_value_and_grads, value_and_grads
 from sslkit.losses.proxy_nca import ProxyNCAHead, proxy_nca_loss
 
 # name -> (num_classes, labels): a class present once, classes absent from the batch,
@@ -35,14 +36,6 @@ def proxy_nca_reference(x, labels, proxies, scale, include_positive=False):
     return torch.stack(losses).mean()
 
 
-def _value_and_grads(fn, x, labels, proxies):
-    x = x.clone().requires_grad_(True)
-    proxies = proxies.clone().requires_grad_(True)
-    loss = fn(x, labels, proxies)
-    loss.backward()
-    return loss.detach(), x.grad, proxies.grad
-
-
 @pytest.mark.parametrize("case", sorted(LABELS))
 @pytest.mark.parametrize("d", [3, 16])
 @pytest.mark.parametrize("scale", [1.0, 9.0, 30.0])
@@ -53,11 +46,11 @@ def test_matches_reference_value_and_gradient(case, d, scale, include_positive):
     g = torch.Generator().manual_seed(len(case) * 10 + d)
     x = torch.randn(len(labels), d, generator=g, dtype=torch.float64)
     proxies = torch.randn(num_classes, d, generator=g, dtype=torch.float64)
-    ours = _value_and_grads(
+    ours = value_and_grads(
         lambda a, y, p: proxy_nca_loss(a, y, p, scale, include_positive_in_denominator=include_positive),
         x, labels, proxies,
     )
-    ref = _value_and_grads(lambda a, y, p: proxy_nca_reference(a, y, p, scale, include_positive), x, labels, proxies)
+    ref = value_and_grads(lambda a, y, p: proxy_nca_reference(a, y, p, scale, include_positive), x, labels, proxies)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -103,17 +96,13 @@ def test_matches_pytorch_metric_learning_softmax_form(case, scale):
     labels = torch.tensor(labels)
     x = torch.randn(len(labels), 16, dtype=torch.float64)
     proxies = torch.randn(num_classes, 16, dtype=torch.float64)
-    theirs_fn = pml.ProxyNCALoss(num_classes, 16, softmax_scale=scale)
-    theirs_fn.proxies.data = proxies.clone()
-    xt = x.clone().requires_grad_(True)
-    theirs = theirs_fn(xt, labels)
-    theirs.backward()
-    ours = _value_and_grads(
+    theirs = pml_proxy_value_and_grads(pml.ProxyNCALoss(num_classes, 16, softmax_scale=scale), x, labels, proxies)
+    ours = value_and_grads(
         lambda a, y, p: proxy_nca_loss(a, y, p, scale, include_positive_in_denominator=True), x, labels, proxies
     )
-    torch.testing.assert_close(ours[0], theirs.detach(), rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(ours[1], xt.grad, rtol=1e-9, atol=1e-11)
-    torch.testing.assert_close(ours[2], theirs_fn.proxies.grad, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(ours[2], theirs[2], rtol=1e-9, atol=1e-11)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -123,10 +112,7 @@ def test_half_precision_autocast_is_finite_and_close(dtype, include_positive):
     head = ProxyNCAHead(embedding_dim=32, num_classes=10, include_positive_in_denominator=include_positive)
     x = torch.randn(64, 32)
     labels = torch.randint(0, 10, (64,))
-    expected = head(x, labels)
-    with torch.autocast("cpu", dtype=dtype):
-        got = head(x.to(dtype), labels)
-    got.backward()
+    got, _, _, expected = labelled_under_autocast(head, x, labels, dtype, backward=True)
     assert got.dtype == torch.float32 and torch.isfinite(got)
     assert torch.isfinite(head.proxies.grad).all()
     # the only error left is the embeddings' own rounding to half precision (times scale 9)

@@ -8,6 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from dist_utils import run_in_processes
+from loss_utils import (
+    assert_processes_match_one_process,
+    labelled_under_autocast,
+    labelled_worker,
+    make_labels,
+    random_labelled_batch,
+    value_and_grads,
+)
 from sslkit.losses.soft_nn import SoftNearestNeighborsLoss, soft_nearest_neighbors_loss
 
 
@@ -30,23 +38,6 @@ def soft_nn_reference(embeddings, labels, temperature, normalize=False):
     return torch.stack(losses).mean()
 
 
-def make_labels(kind, n, generator):
-    if kind == "one_class":
-        return torch.zeros(n, dtype=torch.long)
-    if kind == "pairs":
-        return torch.arange(n) // 2
-    labels = torch.randint(0, max(1, n // 3), (n,), generator=generator)
-    labels[-1] = 99  # a class with a single sample
-    return labels
-
-
-def _value_and_grad(fn, x, labels, **kwargs):
-    x = x.clone().requires_grad_(True)
-    loss = fn(x, labels, **kwargs)
-    loss.backward()
-    return loss.detach(), x.grad
-
-
 @pytest.mark.parametrize("n,d", [(2, 3), (6, 8), (11, 4)])
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 10.0])
 @pytest.mark.parametrize("kind", ["mixed", "pairs", "one_class"])
@@ -55,8 +46,8 @@ def test_matches_reference_value_and_gradient(n, d, temperature, kind, normalize
     g = torch.Generator().manual_seed(n * 100 + d)
     x = torch.randn(n, d, generator=g, dtype=torch.float64)
     labels = make_labels(kind, n, g)
-    ours = _value_and_grad(soft_nearest_neighbors_loss, x, labels, temperature=temperature, normalize=normalize)
-    ref = _value_and_grad(soft_nn_reference, x, labels, temperature=temperature, normalize=normalize)
+    ours = value_and_grads(soft_nearest_neighbors_loss, x, labels, temperature=temperature, normalize=normalize)
+    ref = value_and_grads(soft_nn_reference, x, labels, temperature=temperature, normalize=normalize)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -105,18 +96,13 @@ def test_large_distances_stay_finite():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("normalize,temperature", [(False, 4.0), (True, 0.05)])
 def test_half_precision_autocast_is_finite_and_close(dtype, normalize, temperature):
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(64, 16, generator=g)
-    labels = torch.randint(0, 8, (64,), generator=g)
-    half = x.to(dtype).requires_grad_(True)
-    with torch.autocast("cpu", dtype=dtype):
-        got = soft_nearest_neighbors_loss(half, labels, temperature, normalize)
-    got.backward()
-    assert got.dtype == torch.float32 and torch.isfinite(got) and torch.isfinite(half.grad).all()
+    x, labels = random_labelled_batch(64, 16, num_classes=8, seed=2)
+    got, grad, rounded, expected = labelled_under_autocast(
+        soft_nearest_neighbors_loss, x, labels, dtype, backward=True, temperature=temperature, normalize=normalize
+    )
+    assert got.dtype == torch.float32 and torch.isfinite(got) and torch.isfinite(grad).all()
     # the math runs in fp32: the only error left is the embeddings' own rounding to half precision
-    rounded = soft_nearest_neighbors_loss(x.to(dtype).float(), labels, temperature, normalize)
     torch.testing.assert_close(got, rounded, rtol=1e-5, atol=1e-5)
-    expected = soft_nearest_neighbors_loss(x, labels, temperature, normalize)
     torch.testing.assert_close(got, expected, rtol=3e-2, atol=3e-2)
 
 
@@ -150,19 +136,10 @@ def test_rejects_bad_labels():
         soft_nearest_neighbors_loss(torch.randn(4, 8), torch.zeros(4))
 
 
-def _two_process_soft_nn(rank, world, x, labels):
-    n = x.shape[0] // world
-    local = x[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-    loss = SoftNearestNeighborsLoss(temperature=2.0)(local, labels[rank * n:(rank + 1) * n])
-    loss.backward()
-    return loss.detach(), local.grad
-
-
 def test_two_processes_match_one_process_on_whole_batch():
     x = torch.randn(10, 6, dtype=torch.float64)
     # rank 0 holds four anchors with a partner, rank 1 three: the normalisation must be global
     labels = torch.tensor([0, 0, 1, 2, 3, 1, 3, 3, 4, 5])
-    loss, grad = _value_and_grad(soft_nearest_neighbors_loss, x, labels, temperature=2.0)
-    results = run_in_processes(_two_process_soft_nn, x, labels)
-    torch.testing.assert_close(torch.stack([r[0] for r in results]).mean(), loss)
-    torch.testing.assert_close(torch.cat([r[1] for r in results]) / 2, grad)
+    expected = value_and_grads(soft_nearest_neighbors_loss, x, labels, temperature=2.0)
+    results = run_in_processes(labelled_worker, SoftNearestNeighborsLoss, [dict(temperature=2.0)], x, labels)
+    assert_processes_match_one_process([r[0] for r in results], expected)

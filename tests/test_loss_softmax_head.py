@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from loss_utils import random_class_batch
 from sslkit.losses.softmax import SoftmaxHead
 
 
@@ -21,11 +22,8 @@ def softmax_reference(x, weight, bias, labels):
 @pytest.mark.parametrize("n,d,c", [(1, 3, 2), (5, 4, 3), (8, 6, 5)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_matches_reference_value_and_gradient(n, d, c, bias):
-    g = torch.Generator().manual_seed(n * 10 + c)
     head = SoftmaxHead(d, c, bias=bias).double()
-    x = torch.randn(n, d, dtype=torch.float64, generator=g)
-    labels = torch.randint(0, c, (n,), generator=g)
-    labels[0] = c - 1  # a class with a single sample, whatever the draw
+    x, labels = random_class_batch(n, d, c, seed=n * 10 + c)
     x1 = x.clone().requires_grad_(True)
     loss = head(x1, labels)
     loss.backward()

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from loss_utils import head_and_pml, head_and_reference, random_class_batch
 from sslkit.losses.lsoftmax import margin_lambda
 from sslkit.losses.sphereface import SphereFaceHead
 
@@ -30,28 +31,15 @@ def sphereface_reference(x, weight, labels, m, lam):
     return torch.stack(losses).mean()
 
 
-def _ours_and_reference(head, x, labels, m, lam):
-    x1 = x.clone().requires_grad_(True)
-    loss = head(x1, labels)
-    loss.backward()
-    x2 = x.clone().requires_grad_(True)
-    w2 = head.weight.detach().clone().requires_grad_(True)
-    ref = sphereface_reference(x2, w2, labels, m, lam)
-    ref.backward()
-    return (loss, x1.grad, head.weight.grad), (ref.detach(), x2.grad, w2.grad)
-
-
 @pytest.mark.parametrize("n,d,c", [(1, 3, 2), (7, 5, 4), (8, 8, 9)])
 @pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("step", [0, 300, 10**5])
 def test_matches_reference_value_and_gradient(n, d, c, m, step):
-    g = torch.Generator().manual_seed(n * 13 + c + m)
     head = SphereFaceHead(d, c, margin=m).double()
     head.set_step(step)
-    x = torch.randn(n, d, dtype=torch.float64, generator=g) * 2
-    labels = torch.randint(0, c, (n,), generator=g)
-    labels[0] = c - 1
-    ours, ref = _ours_and_reference(head, x, labels, m, margin_lambda(step, 1000.0, 0.12, 1.0, 5.0))
+    x, labels = random_class_batch(n, d, c, seed=n * 13 + c + m)
+    lam = margin_lambda(step, 1000.0, 0.12, 1.0, 5.0)
+    ours, ref = head_and_reference(head, x * 2, labels, sphereface_reference, m=m, lam=lam)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
@@ -78,14 +66,10 @@ def test_matches_pytorch_metric_learning_without_annealing(m):
     with torch.no_grad():
         theirs.W.copy_(head.weight.T * 3)  # PML stores W as (D, C); its norm must not matter
     x, labels = torch.randn(10, 8, dtype=torch.float64) * 2, torch.randint(0, 5, (10,))
-    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    ours = head(x1, labels)
-    ours.backward()
-    ref = theirs(x2, labels)
-    ref.backward()
-    torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-8, atol=1e-10)
-    torch.testing.assert_close(head.weight.grad, theirs.W.grad.T * 3, rtol=1e-8, atol=1e-10)
+    ours, ref = head_and_pml(head, theirs, x, labels)
+    torch.testing.assert_close(ours[0], ref[0], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(ours[1], ref[1], rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(ours[2], ref[2] * 3, rtol=1e-8, atol=1e-10)
 
 
 @pytest.mark.parametrize("bad", [0, 2.5, -4])

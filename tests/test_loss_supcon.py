@@ -8,6 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from dist_utils import run_in_processes
+from loss_utils import (
+    assert_processes_match_one_process,
+    labelled_under_autocast,
+    labelled_worker,
+    make_labels,
+    random_labelled_batch,
+    value_and_grads,
+)
 from sslkit.losses.ntxent import ntxent_loss
 from sslkit.losses.supcon import SupConLoss, _SupConPerAnchor, supcon_loss
 
@@ -30,24 +38,6 @@ def supcon_reference(embeddings, labels, temperature, base_temperature=None):
     return scale * torch.stack(losses).mean()
 
 
-def make_labels(kind, n, generator):
-    if kind == "one_class":
-        return torch.zeros(n, dtype=torch.long)
-    if kind == "pairs":
-        return torch.arange(n) // 2  # an odd n leaves the last sample alone
-    # mixed: a few classes of random sizes, plus one class with a single sample
-    labels = torch.randint(0, max(1, n // 3), (n,), generator=generator)
-    labels[-1] = 99
-    return labels
-
-
-def _value_and_grad(fn, x, labels, **kwargs):
-    x = x.clone().requires_grad_(True)
-    loss = fn(x, labels, **kwargs)
-    loss.backward()
-    return loss.detach(), x.grad
-
-
 @pytest.mark.parametrize("n,d", [(2, 3), (6, 8), (11, 16)])
 @pytest.mark.parametrize("temperature", [0.05, 1.0])
 @pytest.mark.parametrize("kind", ["mixed", "pairs", "one_class"])
@@ -55,8 +45,8 @@ def test_matches_reference_value_and_gradient(n, d, temperature, kind):
     g = torch.Generator().manual_seed(n * 100 + d)
     x = torch.randn(n, d, generator=g, dtype=torch.float64)
     labels = make_labels(kind, n, g)
-    ours = _value_and_grad(supcon_loss, x, labels, temperature=temperature)
-    ref = _value_and_grad(supcon_reference, x, labels, temperature=temperature)
+    ours = value_and_grads(supcon_loss, x, labels, temperature=temperature)
+    ref = value_and_grads(supcon_reference, x, labels, temperature=temperature)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -65,8 +55,8 @@ def test_base_temperature_scales_by_t_over_base_t():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(9, 8, generator=g, dtype=torch.float64)
     labels = make_labels("mixed", 9, g)
-    ours = _value_and_grad(SupConLoss(temperature=0.1, base_temperature=0.07), x, labels)
-    ref = _value_and_grad(supcon_reference, x, labels, temperature=0.1, base_temperature=0.07)
+    ours = value_and_grads(SupConLoss(temperature=0.1, base_temperature=0.07), x, labels)
+    ref = value_and_grads(supcon_reference, x, labels, temperature=0.1, base_temperature=0.07)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     plain = supcon_loss(x, labels, 0.1)
@@ -94,12 +84,12 @@ def test_small_temperature_row_max_path_matches_double():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(16, 8, generator=g)
     labels = torch.arange(16) // 4
-    got = _value_and_grad(supcon_loss, x, labels, temperature=0.01)
-    expected = _value_and_grad(supcon_loss, x.double(), labels, temperature=0.01)
+    got = value_and_grads(supcon_loss, x, labels, temperature=0.01)
+    expected = value_and_grads(supcon_loss, x.double(), labels, temperature=0.01)
     torch.testing.assert_close(got[0].double(), expected[0], rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(got[1].double(), expected[1], rtol=1e-4, atol=1e-4)
     # fp64 at T = 0.001 takes the shift path too and stays finite where exp(1/T) would overflow
-    value, grad = _value_and_grad(supcon_loss, x.double(), labels, temperature=0.001)
+    value, grad = value_and_grads(supcon_loss, x.double(), labels, temperature=0.001)
     assert torch.isfinite(value) and torch.isfinite(grad).all()
 
 
@@ -114,8 +104,8 @@ def test_one_label_per_pair_is_ntxent():
     z1, z2 = torch.randn(2, 7, 16, dtype=torch.float64)
     labels = torch.arange(7)
     for temperature in (0.1, 0.5):
-        ours = _value_and_grad(lambda a, y: supcon_loss(torch.cat([a, z2]), y.repeat(2), temperature), z1, labels)
-        theirs = _value_and_grad(lambda a, y: ntxent_loss(a, z2, temperature), z1, labels)
+        ours = value_and_grads(lambda a, y: supcon_loss(torch.cat([a, z2]), y.repeat(2), temperature), z1, labels)
+        theirs = value_and_grads(lambda a, y: ntxent_loss(a, z2, temperature), z1, labels)
         for a, b in zip(ours, theirs):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
@@ -136,8 +126,8 @@ def test_matches_pytorch_metric_learning(kind, temperature):
     g = torch.Generator().manual_seed(7)
     x = torch.randn(13, 16, generator=g, dtype=torch.float64)
     labels = make_labels(kind, 13, g)
-    ours = _value_and_grad(supcon_loss, x, labels, temperature=temperature)
-    theirs = _value_and_grad(pml.SupConLoss(temperature=temperature), x, labels)
+    ours = value_and_grads(supcon_loss, x, labels, temperature=temperature)
+    theirs = value_and_grads(pml.SupConLoss(temperature=temperature), x, labels)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
 
@@ -154,17 +144,14 @@ def test_pytorch_metric_learning_returns_zero_without_negatives_where_eq_2_does_
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.05, 0.1])
 def test_half_precision_autocast_is_finite_and_close(dtype, temperature):
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(64, 32, generator=g)
-    labels = torch.randint(0, 10, (64,), generator=g)
-    half = x.to(dtype).requires_grad_(True)
-    with torch.autocast("cpu", dtype=dtype):
-        got = supcon_loss(half, labels, temperature)
-    got.backward()
-    assert got.dtype == torch.float32 and torch.isfinite(got) and torch.isfinite(half.grad).all()
+    x, labels = random_labelled_batch(64, 32, num_classes=10, seed=2)
+    got, grad, rounded, expected = labelled_under_autocast(
+        supcon_loss, x, labels, dtype, backward=True, temperature=temperature
+    )
+    assert got.dtype == torch.float32 and torch.isfinite(got) and torch.isfinite(grad).all()
     # the math runs in fp32: the only error left is the embeddings' own rounding to half precision
-    torch.testing.assert_close(got, supcon_loss(x.to(dtype).float(), labels, temperature), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got, supcon_loss(x, labels, temperature), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, rounded, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
 
 
 def test_fp16_tiny_temperature_stays_finite():
@@ -228,25 +215,14 @@ def test_rejects_bad_labels():
         supcon_loss(torch.randn(4, 8, 2), torch.zeros(4, dtype=torch.long))
 
 
-def _two_process_supcon(rank, world, x, labels):
-    n = x.shape[0] // world
-    local = x[rank * n:(rank + 1) * n].clone().requires_grad_(True)
-    local_labels = labels[rank * n:(rank + 1) * n]
-    loss = SupConLoss(temperature=0.2)(local, local_labels)
-    loss.backward()
-    alone = SupConLoss(temperature=0.2, gather_distributed=False)(local.detach(), local_labels)
-    return loss.detach(), local.grad, alone
-
-
 def test_two_processes_match_one_process_on_whole_batch():
     x = torch.randn(10, 16, dtype=torch.float64)
     # rank 0 holds four anchors with a positive, rank 1 three: the normalisation must be global
     labels = torch.tensor([0, 0, 1, 2, 3, 1, 3, 3, 4, 5])
-    loss, grad = _value_and_grad(supcon_loss, x, labels, temperature=0.2)
-    results = run_in_processes(_two_process_supcon, x, labels)
-    torch.testing.assert_close(torch.stack([r[0] for r in results]).mean(), loss)
-    # A process's gradient is world_size x the 1-process gradient of its slice (DDP averages it back).
-    torch.testing.assert_close(torch.cat([r[1] for r in results]) / 2, grad)
+    cases = [dict(temperature=0.2), dict(temperature=0.2, gather_distributed=False)]
+    results = run_in_processes(labelled_worker, SupConLoss, cases, x, labels)
+    expected = value_and_grads(supcon_loss, x, labels, temperature=0.2)
+    assert_processes_match_one_process([r[0] for r in results], expected)
     # gather_distributed=False: each process sees only its own half
     for rank, r in enumerate(results):
-        torch.testing.assert_close(r[2], supcon_loss(x[rank * 5:(rank + 1) * 5], labels[rank * 5:(rank + 1) * 5], 0.2))
+        torch.testing.assert_close(r[1][0], supcon_loss(x[rank * 5:(rank + 1) * 5], labels[rank * 5:(rank + 1) * 5], 0.2))
