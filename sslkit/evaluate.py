@@ -26,7 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--recipe", help="the recipe to read data/model settings from (default: the run's config.yaml)")
     parser.add_argument("--out", help="where to write the JSON results (default: <run>/eval.json)")
     parser.add_argument("--no-linear", action="store_true", help="skip the linear probe")
-    return parser.parse_args(argv)
+    # Intermixed: overrides may come before or after the --options, as users type them.
+    return parser.parse_intermixed_args(argv)
 
 
 def find_recipe(target: Path) -> Path | None:
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from sslkit.config import load_config
     from sslkit.console import console, print_user_error, results_table
     from sslkit.errors import UserError
-    from sslkit.train import eval_loaders, evaluate_backbone, evaluate_unseen
+    from sslkit.train import eval_loaders, evaluate_backbone, evaluate_raw_pixels, evaluate_unseen
 
     try:
         target = Path(args.target)
@@ -86,13 +87,19 @@ def main(argv: list[str] | None = None) -> int:
         if unseen_set is not None:
             unseen_loader = accelerator.prepare(eval_loaders(cfg, unseen_set, unseen_set, cfg.eval.batch_size)[0])
             results["encoder"].update(evaluate_unseen(backbone, preprocess, unseen_loader, accelerator))
+        if cfg.eval.compare_raw_pixels:  # the floor to beat, with the same kNN (and probe)
+            if raw := evaluate_raw_pixels(cfg, train_set, test_set, info.num_classes, linear=not args.no_linear):
+                results["raw pixels"] = raw
     except UserError as error:
         print_user_error(error)
         return 2
     if accelerator.is_main_process:
         console.print(results_table(results, f"{target}: {d.name}"))
         out = Path(args.out) if args.out else (recipe.parent / "eval.json")
-        out.write_text(json.dumps({"target": str(target), "results": results["encoder"]}, indent=2))
+        report = {"target": str(target), "results": results["encoder"]}
+        if "raw pixels" in results:
+            report["raw_pixels"] = results["raw pixels"]
+        out.write_text(json.dumps(report, indent=2))
         console.print(f"results written to {out}")
     return 0
 

@@ -103,15 +103,15 @@ def evaluate_backbone(backbone, cfg: Config, preprocess, train_loader, test_load
     return results
 
 
-def evaluate_raw_pixels(cfg: Config, train_set, test_set, num_classes: int) -> dict[str, float]:
-    """The same kNN and linear probe on flattened pixels: what an encoder has to beat."""
+def evaluate_raw_pixels(cfg: Config, train_set, test_set, num_classes: int, linear: bool = True) -> dict[str, float]:
+    """The same kNN (and optionally linear probe) on flattened pixels: what an encoder has to beat."""
     if not hasattr(train_set, "images"):
         return {}
     train_x, test_x = train_set.images.flatten(1).float() / 255, test_set.images.flatten(1).float() / 255
     e = cfg.eval
     results = {"knn_top1": evaluation.knn_accuracy(train_x, train_set.labels, test_x, test_set.labels, num_classes,
                                                    k=e.knn_k, temperature=e.knn_temperature)}
-    if e.linear_epochs == 0:
+    if not linear or e.linear_epochs == 0:
         return results
     probe = evaluation.linear_probe(train_x, train_set.labels, test_x, test_set.labels, num_classes, epochs=e.linear_epochs,
                                     lr=e.linear_lr, batch_size=e.linear_batch_size, weight_decay=e.linear_weight_decay, seed=cfg.run.seed)

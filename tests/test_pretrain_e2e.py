@@ -71,6 +71,24 @@ def test_one_process_run_writes_everything(tmp_path):
     build_backbone("resnet18", width=4, cifar_stem=True, in_channels=1).load_state_dict(load_file(run / "backbone.safetensors"))
 
 
+def test_evaluate_a_run_next_to_raw_pixels(tmp_path):
+    """``sslkit/evaluate.py RUN`` as a user types it: overrides before and after the --options."""
+    trained = pretrain(tmp_path, "run.name=ev", "train.epochs=1", "train.max_steps=2", "eval.linear_epochs=0")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    out = tmp_path / "ev.json"
+    command = [sys.executable, str(ROOT / "sslkit" / "evaluate.py"), str(tmp_path / "ev"), "eval.knn_k=5",
+               "--no-linear", "--out", str(out), "eval.compare_raw_pixels=true"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env(), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["results"]) == {"knn_top1"} and set(report["raw_pixels"]) == {"knn_top1"}
+    assert 0.1 < report["raw_pixels"]["knn_top1"] <= 1.0  # digits: raw-pixel kNN is far above chance
+    assert "raw pixels" in result.stdout
+    missing = subprocess.run([*command[:2], str(tmp_path / "nope")], capture_output=True, text=True, timeout=240,
+                             env=env(), cwd=tmp_path)
+    assert_one_line_error(missing, "nope", "not found")
+
+
 def test_two_processes_with_accelerate_launch(tmp_path):
     from dist_utils import _free_port
 

@@ -35,7 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--images", type=int, default=8, help="rows: how many training images (default 8)")
     parser.add_argument("--views", type=int, default=6, help="augmented views per image (default 6)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: the recipe's run.seed)")
-    return parser.parse_args(argv)
+    # Intermixed: overrides may come before or after the --options, as users type them.
+    return parser.parse_intermixed_args(argv)
 
 
 def first_images(dataset, count: int) -> torch.Tensor:

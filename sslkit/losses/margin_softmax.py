@@ -13,15 +13,23 @@ forward pass here (as pytorch-metric-learning's ``LargeMarginSoftmaxLoss`` is th
 AdaCos's dynamic scale additionally overrides ``forward`` to update ``s`` between the cosine and
 the loss.
 
-Why two small autograd functions. The (N, C) logit matrix is the only large tensor, and at
+Why hand-written autograd functions. The (N, C) logit matrix is the only large tensor, and at
 face-recognition sizes (N=512, D=512, C=10,000) every extra pass over an (N, C) or (C, D)
 tensor costs a few percent of the three (N x D x C) matmuls. The plain-autograd way
 (a one-hot (N, C) mask as in pytorch-metric-learning, then ``F.cross_entropy``) allocates
 half a dozen (N, C) temporaries; ``F.normalize`` on the (C, D) weights adds as many again.
-:func:`margin_cross_entropy` edits the target column of the matmul's own output in place,
-turns it into log-probabilities in place, and in backward into the gradient in place;
-:func:`cosine_logits` scales the product's columns by ``1/||W_j||`` instead of normalising the
-(C, D) weight, and removes the radial part of the weight gradient itself.
+
+* :func:`cosine_margin_cross_entropy` (every head whose class weights are normalised) does the
+  whole loss in one function: the forward is the matmul, one column scaling, one ``exp`` and a
+  row sum in the matmul's own buffer; the backward folds every per-row factor into the thin
+  (N, D) side of its two matmuls and handles the target column as N sparse rows. Measured at
+  N=512, D=512, C=10,000, fp32, one CPU thread: about 1.15x the three bare matmuls (the two
+  functions below: 1.2x; pytorch-metric-learning's ArcFaceLoss: 2-4x).
+* :func:`margin_cross_entropy` and :func:`cosine_logits` are the two steps separately, for the
+  heads that must see the logits before the loss (AdaCos's dynamic scale) or keep ``||W_j||``
+  (L-Softmax): the target column of the matmul's output is edited in place, turned into
+  log-probabilities in place, and in backward into the gradient in place; the product's
+  columns are scaled by ``1/||W_j||`` instead of normalising the (C, D) weight.
 
 References:
     [0] Large-Margin Softmax (L-Softmax), Liu et al. 2016, https://arxiv.org/abs/1612.02295
