@@ -68,6 +68,7 @@ QUICK_OVERRIDES = ["data.name=digits", "augment.image_size=16", "model.width=8",
 SSLKIT_RUN_OVERRIDES = ["train.log_every_steps=1", "train.knn_every_epochs=0", "eval.linear_epochs=1",
                         "eval.compare_random_init=false"]
 PROBE_STEPS, QUICK_PROBE_STEPS = 30, 3
+DEFAULT_EPOCHS = 4
 WORKER_CHOICES = (0, 2)
 
 
@@ -372,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/bench/race.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", type=Path, help=f"YAML recipe (default {FASHION_RECIPE.relative_to(ROOT)})")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to both sides")
-    parser.add_argument("--epochs", type=int, help="epochs for both sides (default: the recipe's; --quick 1)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help=f"epochs for both sides (default {DEFAULT_EPOCHS}: the recipe's 10 would take about 40 min for both; --quick 1)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch.set_num_threads for both sides (default 1: steady on a shared machine; lightly's workers use further cores)")
     parser.add_argument("--workers", type=int, choices=WORKER_CHOICES, help="lightly loader workers (default: the faster in a probe)")
@@ -387,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     from sslkit.errors import UserError
 
     load_before = os.getloadavg()[0]
-    epochs = 1 if args.quick and args.epochs is None else args.epochs
+    epochs = args.epochs if args.epochs is not None else (1 if args.quick else DEFAULT_EPOCHS)
     recipe, implied = (args.recipe, []) if args.recipe else default_recipe()
     overrides = implied + race_overrides(args.quick, epochs, args.threads, args.overrides)
     note = None
