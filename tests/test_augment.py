@@ -245,6 +245,22 @@ def test_resized_crop_samples_the_box_and_resizes_its_inside_like_torchvision():
     torch.testing.assert_close(out[0], F.interpolate(images[0:1], size=(24, 24), mode="bilinear", align_corners=False)[0], atol=1e-5, rtol=0)
 
 
+def test_resized_crop_paths_agree_where_both_apply():
+    """Crops no larger than the output take F.grid_sample; a batch with one larger crop takes
+    roi_align for all. On the crops both can do, they give the same pixels."""
+    g = torch.Generator().manual_seed(7)
+    images = torch.rand(4, 3, 32, 32, generator=g)
+    side = torch.randint(4, 33, (12, 2), generator=g)
+    corner = (torch.rand(12, 2, generator=g) * (33 - side)).floor()
+    small = torch.cat([corner, corner + side - 1], dim=1).float()  # every crop <= 32: the grid path
+    index = torch.arange(12) % 4
+    large = torch.tensor([[0.0, 0.0, 63.0, 63.0]])  # 64 > 32: forces roi_align for the whole call
+    grid_path = resized_crop(images, small, index, 32)
+    big_image = F.pad(images, (0, 32, 0, 32), mode="replicate")  # replicate: the edge clamps as before
+    roi_path = resized_crop(big_image, torch.cat([small, large]), torch.cat([index, torch.tensor([0])]), 32)[:12]
+    torch.testing.assert_close(grid_path, roi_path, atol=1e-5, rtol=0)
+
+
 def test_resized_crop_does_not_alias_when_shrinking():
     checkerboard = ((torch.arange(64)[:, None] + torch.arange(64)[None, :]) % 2).float().expand(1, 1, 64, 64)
     out = resized_crop(checkerboard, torch.tensor([[0.0, 0.0, 63.0, 63.0]]), torch.tensor([0]), 16)
