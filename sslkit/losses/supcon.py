@@ -44,6 +44,26 @@ def _through_unit_rows(grad_u: torch.Tensor, u: torch.Tensor, inv_norm: torch.Te
     return grad_u.addcmul_(u, along, value=-1.0).mul_(inv_norm)
 
 
+def _symmetric_backward(z, inv_norm, exp, softmax_scale, positive_scale, positives, class_of, num_classes, inv_t):
+    """The backward of :class:`_SupConPerAnchor` in one process without a row shift, where E is symmetric.
+
+    The anchors are the candidates, so their two gradients add (``dL/dz_i + dL/dc_i``), and
+    ``E^T = E`` turns both products into one (n, 2D)-wide product ``E [z, s a]``: E is read
+    once, and no transposed product is needed (1.1-1.3x faster than the two on a CPU).
+
+    Shape:
+        z: (n, D) unit rows; exp: (n, n); softmax_scale, positive_scale: (n, 1); returns dL/dx (n, D).
+    """
+    dim = z.shape[1]
+    pulled = z * (positive_scale * inv_t)  # (n, D): g_i w_i a_i
+    both = exp @ torch.cat([z, z * (softmax_scale * inv_t)], dim=1)  # (n, 2D): [E z, E (s a)]
+    grad = both[:, dim:].addcmul_(both[:, :dim], softmax_scale * inv_t)  # anchor side + candidate side
+    grad.addcmul_(positives, positive_scale * inv_t, value=-1.0)  # the anchor's pull towards its positives
+    per_class = pulled.new_zeros(num_classes, dim).index_add_(0, class_of, pulled)
+    grad.sub_(per_class.index_select(0, class_of)).add_(pulled)  # each positive pulled back, but not itself
+    return _through_unit_rows(grad, z, inv_norm)
+
+
 class _SupConPerAnchor(torch.autograd.Function):
     """Per-anchor SupCon terms, with a hand-written backward that makes no (n, N) temporary.
 
@@ -95,6 +115,8 @@ class _SupConPerAnchor(torch.autograd.Function):
         positive_logits = torch.linalg.vecdot(anchors, positives)  # (n,) sum_p z_i . c_p / T
         ctx.save_for_backward(z, inv_norm, c, inv_norm_c, exp, row_sum, positives, class_of, weight)
         ctx.inv_t, ctx.offset, ctx.num_classes, ctx.same_input = inv_t, offset, num_classes, same_input
+        # One process and no shift: exp_ij = exp(z_i . z_j / T) is a symmetric matrix (diagonal 0).
+        ctx.symmetric = same_input and not needs_row_shift(inv_t, logits.dtype)
         return row_max.squeeze(1) + row_sum.log() - weight * positive_logits
 
     @staticmethod
@@ -106,6 +128,9 @@ class _SupConPerAnchor(torch.autograd.Function):
         positive_scale = (grad * weight)[:, None]  # (n, 1): g_i w_i
         grad_z = grad_c = None
         with full_precision(grad.device):
+            if ctx.symmetric and ctx.needs_input_grad[0]:
+                return _symmetric_backward(z, inv_norm, exp, softmax_scale, positive_scale, positives, class_of,
+                                           ctx.num_classes, inv_t), None, None, None, None, None, None
             if ctx.needs_input_grad[0]:
                 grad_z = (exp @ c).mul_(softmax_scale)  # (n, D)
                 grad_z.addcmul_(positives, positive_scale, value=-1.0).mul_(inv_t)
