@@ -160,10 +160,14 @@ class _TwoViewSoftmaxCE(torch.autograd.Function):
         grad_z = grad_c = None
         with full_precision(grad.device):
             if needs_anchors:
-                grad_z = (exp @ candidates).mul_(softmax_scale * anchor_scale)  # (2n, D)
                 if ctx.symmetric:
-                    grad_z.addmm_(exp, anchors * (softmax_scale * anchor_scale))  # E^T = E, see the docstring
-                elif same_input:  # one process, rows shifted: E is not symmetric
+                    # E^T = E (see the docstring): both products in one (2n, 2D)-wide one, E read once
+                    dim = anchors.shape[1]
+                    both = exp @ torch.cat([candidates, anchors * (softmax_scale * anchor_scale)], dim=1)
+                    grad_z = both[:, dim:].addcmul_(both[:, :dim], softmax_scale * anchor_scale)  # (2n, D)
+                else:
+                    grad_z = (exp @ candidates).mul_(softmax_scale * anchor_scale)  # (2n, D)
+                if same_input and not ctx.symmetric:  # one process, rows shifted: E is not symmetric
                     grad_z.add_(exp.T @ (anchors * (softmax_scale * anchor_scale)))
                 if same_input:
                     # row j is also the positive of p(j): h_p(j) A_p(j) joins h_j C_p(j) (A = C here)
