@@ -197,11 +197,11 @@ def test_cosine_logits_match_f_normalize(n, c, d):
 
 @pytest.mark.parametrize("dtype,scale", [(torch.float64, 1.0), (torch.float64, 30.0), (torch.float64, 900.0),
                                          (torch.float32, 20.0), (torch.float32, 200.0)])
-@pytest.mark.parametrize("per_row_radius", [False, True])
-def test_fused_cosine_margin_ce_matches_the_two_step_path(dtype, scale, per_row_radius):
+@pytest.mark.parametrize("per_row_radius,radius_grad", [(False, False), (True, True), (False, True)])
+def test_fused_cosine_margin_ce_matches_the_two_step_path(dtype, scale, per_row_radius, radius_grad):
     """Value and gradients (features, weight, radius) of the fused function equal cosine_logits +
-    margin_cross_entropy, with unequal ||W_j||, a zero class weight, and scales on both sides of the
-    no-shift bound (60 in fp32, 600 in fp64)."""
+    margin_cross_entropy, with unequal ||W_j||, a zero class weight, scales on both sides of the
+    no-shift bound (60 in fp32, 600 in fp64), and a radius given per row or as one learnable number."""
     g = torch.Generator().manual_seed(int(scale) + per_row_radius)
     n, c, d = 7, 9, 5
     unit = F.normalize(torch.randn(n, d, dtype=torch.float64, generator=g), dim=1)
@@ -214,7 +214,7 @@ def test_fused_cosine_margin_ce_matches_the_two_step_path(dtype, scale, per_row_
         return arcface_target_logit(cos, 0.5)
 
     def inputs():
-        r = radius.to(dtype).clone().requires_grad_(per_row_radius)
+        r = radius.to(dtype).clone().requires_grad_(radius_grad)
         u = unit.to(dtype).clone().requires_grad_(True)
         w = weight.to(dtype).clone().requires_grad_(True)
         return u, r, w
@@ -232,7 +232,8 @@ def test_fused_cosine_margin_ce_matches_the_two_step_path(dtype, scale, per_row_
     torch.testing.assert_close(ours, theirs, **tol)
     torch.testing.assert_close(u1.grad, u2.grad, **tol)
     torch.testing.assert_close(w1.grad, w2.grad, **tol)
-    if per_row_radius:
+    if radius_grad:
+        assert r1.grad.shape == r1.shape
         torch.testing.assert_close(r1.grad, r2.grad, **tol)
 
 

@@ -229,9 +229,11 @@ class _CosineMarginCE(torch.autograd.Function):
         with torch.enable_grad():
             # Leaves of a small (N,) graph: backward differentiates target_logit through them.
             raw = logits.gather(1, column).squeeze(1).requires_grad_()
-            r = radius.detach().requires_grad_(radius.requires_grad)
+            # One radius per row even when the caller gave one number: backward scales each
+            # row's radius gradient by that row's softmax factor, then sums them back.
+            r = radius.detach().expand(raw.shape).clone().requires_grad_(radius.requires_grad)
             # A zero-length embedding has raw = 0 and r = 0; its cosine is 0, not 0/0.
-            cos = raw / r.clamp_min(_NORM_EPS) if r.dim() else raw / r
+            cos = raw / r.clamp_min(_NORM_EPS)
             target = r * target_logit(cos)  # (N,)
         t = target.detach().to(logits.dtype)
         logits.scatter_(1, column, float("-inf"))  # the target's exp is added from t below
@@ -249,6 +251,7 @@ class _CosineMarginCE(torch.autograd.Function):
         radial_scale = inv_norm * inv_norm * (norm > _NORM_EPS)  # (C,)
         ctx.save_for_backward(features, weight, inv_norm, radial_scale, labels, exp, row_sum, target_exp)
         ctx.graph = (raw, r, target)
+        ctx.radius_shape = radius.shape
         return loss
 
     @staticmethod
@@ -259,21 +262,27 @@ class _CosineMarginCE(torch.autograd.Function):
         features, weight, inv_norm, radial_scale, labels, exp, row_sum, target_exp = ctx.saved_tensors
         raw, r, target = ctx.graph
         ctx.graph = None
-        g = grad_loss / exp.shape[0]  # each row's share of the mean
-        row_scale = (g / row_sum).unsqueeze(1)  # (N, 1) a_i: softmax = E_ij / Z_i
-        grad_target = g * (target_exp / row_sum - 1)  # (N,) d loss / d t_i
+        row_scale = (grad_loss / exp.shape[0] / row_sum).unsqueeze(1)  # (N, 1) a_i: softmax = E_ij / Z_i
+        # d loss / d t_i = a_i (exp(t_i - m_i) - Z_i). Differentiate target_logit with the a_i
+        # left out: the target column then joins E below and meets a_i on the thin side.
+        grad_target = target_exp - row_sum  # (N,)
         inputs = (raw, r) if r.requires_grad else (raw,)
         grads = torch.autograd.grad(target, inputs, grad_target.to(target.dtype), allow_unused=True)
-        grad_raw = (grads[0] if grads[0] is not None else torch.zeros_like(raw)).to(features.dtype)  # (N,) b_i
-        grad_radius = grads[1] if len(grads) > 1 else None
-        scaled = exp.mul_(inv_norm)  # E' in place: the saved buffer is not read again (one backward only)
-        target_scale = (grad_raw * inv_norm[labels]).unsqueeze(1)  # (N, 1) b_i inv_{y_i}
+        grad_raw = grads[0] if grads[0] is not None else torch.zeros_like(raw)  # (N,) b_i / a_i
+        grad_radius = None
+        if len(grads) > 1 and grads[1] is not None:
+            grad_radius = (grads[1] * row_scale.squeeze(1).to(grads[1].dtype)).sum_to_size(ctx.radius_shape)
+        # E' = E diag(inv) in place (the saved buffer is not read again: one backward only), and
+        # the target column (exp 0 so far) set to b_i inv_{y_i} / a_i, so that the two matmuls
+        # below carry the target's gradient too: no sparse (N, D) or (C, D) updates.
+        scaled = exp.mul_(inv_norm)
+        column = labels.unsqueeze(1)
+        scaled.scatter_(1, column, (grad_raw.to(scaled.dtype) * inv_norm[labels]).unsqueeze(1))
         grad_features = grad_weight = None
         if ctx.needs_input_grad[0]:
-            grad_features = (scaled @ weight).mul_(row_scale).addcmul_(weight[labels], target_scale)  # (N, D)
+            grad_features = (scaled @ weight).mul_(row_scale)  # (N, D)
         if ctx.needs_input_grad[1]:
             grad_weight = scaled.T @ (features * row_scale)  # (C, D)
-            grad_weight.index_add_(0, labels, features * target_scale)
             _remove_radial_(grad_weight, weight, radial_scale)
         return grad_features, grad_weight, None, grad_radius, None, None
 
