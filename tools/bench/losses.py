@@ -211,13 +211,17 @@ def bench_batch_losses(sizes: dict, repeats: int) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(two_n, dim, generator=g)
     # Two views of N images; for SupCon each image is its own class (the SimCLR case), so all
-    # three losses see the same positives.
-    labels = torch.arange(two_n // 2).repeat(2)
+    # three losses see the same positives. SupCon runs a second time the way supervised training
+    # feeds it: the N images drawn from 100 classes, about 10 positives per anchor.
+    simclr_labels = torch.arange(two_n // 2).repeat(2)
+    class_labels = torch.randint(0, 100, (two_n // 2,), generator=g).repeat(2)
+    cases = [(name, name, form, simclr_labels) for name, _, _, form in BATCH_LOSSES]
+    cases.append(("supcon, 100 classes", "supcon", "label", class_labels))
     rows = []
-    for name, _, _, form in BATCH_LOSSES:
+    for row_name, name, form, labels in cases:
         ours = build_sslkit(name, dim, temperature=TEMPERATURE)
         peer_label, peer_factory, peer_form = PEERS[name]
-        row = {"loss": name, "peer": peer_label, "available": not isinstance(ours, str)}
+        row = {"loss": row_name, "peer": peer_label, "available": not isinstance(ours, str)}
         if isinstance(ours, str):
             rows.append({**row, "note": ours})
             continue
