@@ -40,7 +40,7 @@ def test_quick_run_writes_every_section(tmp_path):
     assert meta["memory_method"] != "not measured"
 
     # Every loss has a row, measured or saying why not (files still landing are "not available").
-    assert [r["loss"] for r in report["batch_losses"]] == BATCH
+    assert [r["loss"] for r in report["batch_losses"]] == BATCH + ["supcon, 100 classes"]
     assert [r["loss"] for r in report["heads"]] == HEADS
     assert [r["loss"] for r in report["pairwise"]] == PAIRWISE
     for row in report["batch_losses"] + report["heads"]:

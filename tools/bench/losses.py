@@ -11,8 +11,9 @@ Not a test: it measures, it does not assert. Three sections, all float32, forwar
     multiple of one (2N x 2N) fp32 matrix; and pytorch-metric-learning's NTXentLoss (which
     builds a (positives x negatives) matrix, O(N^3)) at the sizes it survives, next to sslkit's.
 
-Timing: candidates of a row run interleaved (baseline, sslkit, peer, baseline, ...) so drift
-in machine load hits all of them alike; a figure is the ratio of their median times.
+Timing: candidates of a row run interleaved (baseline, sslkit, peer, in a new random order each
+repeat), and a figure is the median over repeats of the ratio of two candidates' times in the
+same repeat: they ran milliseconds apart, so drift in the machine's speed cancels.
 
 Memory (section c) runs in one subprocess whose allocations >= 64 KiB are mmap'ed
 (``MALLOC_MMAP_THRESHOLD_``, which also stops glibc from keeping freed blocks resident; what
@@ -44,6 +45,7 @@ import importlib
 import json
 import os
 import platform
+import random
 import resource
 import signal
 import statistics
@@ -175,10 +177,32 @@ def make_matmul_step(m: int, k: int, n: int) -> Callable[[], float]:
     return step
 
 
-def median_times(steps: dict[str, Callable], repeats: int) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
-    """Median seconds per step, candidates interleaved, and each step's value from its warm-up call.
+class Timings(dict):
+    """Median seconds per candidate (the dict), with every repeat's time kept for paired ratios."""
 
-    A step that raises is reported in the third dict, not timed.
+    def __init__(self, samples: dict[str, list[float]]) -> None:
+        super().__init__({name: statistics.median(t) for name, t in samples.items()})
+        self.samples = samples
+
+    def ratio(self, a: str, b: str) -> float | None:
+        """Median over repeats of ``time[a] / time[b]`` within the same repeat.
+
+        The two were timed a few milliseconds apart, so a change in the machine's speed during
+        the run (other jobs, clock changes) cancels in each ratio; a ratio of the two medians
+        would mix repeats taken minutes apart.
+        """
+        if a not in self.samples or b not in self.samples:
+            return None
+        return statistics.median(x / y for x, y in zip(self.samples[a], self.samples[b]))
+
+
+def median_times(steps: dict[str, Callable], repeats: int) -> tuple[Timings, dict[str, float], dict[str, str]]:
+    """Seconds per step, candidates interleaved in a fresh random order each repeat, and each
+    step's value from its warm-up call.
+
+    A random order keeps any candidate from always running just after the same other one
+    (whose cache and memory state it would inherit). A step that raises is reported in the
+    third dict, not timed.
     """
     errors: dict[str, str] = {}
     values: dict[str, float] = {}
@@ -188,13 +212,16 @@ def median_times(steps: dict[str, Callable], repeats: int) -> tuple[dict[str, fl
         except Exception as exc:
             errors[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
             del steps[name]
-    times: dict[str, list[float]] = {name: [] for name in steps}
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    order = list(steps)
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
-        for name, step in steps.items():
+        shuffle(order)
+        for name in order:
             start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}, values, errors
+            steps[name]()
+            samples[name].append(time.perf_counter() - start)
+    return Timings(samples), values, errors
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -233,9 +260,9 @@ def bench_batch_losses(sizes: dict, repeats: int) -> list[dict]:
         times, values, errors = median_times(steps, repeats)
         rows.append({
             **row,
-            "sslkit_over_matmul3": ratio(times.get("sslkit"), times.get("matmul3")),
-            "peer_over_matmul3": ratio(times.get("peer"), times.get("matmul3")),
-            "sslkit_over_peer": ratio(times.get("sslkit"), times.get("peer")),
+            "sslkit_over_matmul3": times.ratio("sslkit", "matmul3"),
+            "peer_over_matmul3": times.ratio("peer", "matmul3"),
+            "sslkit_over_peer": times.ratio("sslkit", "peer"),
             "abs_value_diff_vs_peer": abs(values["sslkit"] - values["peer"]) if not errors else None,
             "raw_median_ms": {k: 1e3 * v for k, v in times.items()},
             **({"errors": errors} if errors else {}),
@@ -264,9 +291,9 @@ def bench_heads(sizes: dict, repeats: int) -> list[dict]:
         times, _, errors = median_times(steps, repeats)
         rows.append({
             **row,
-            "sslkit_over_matmul3": ratio(times.get("sslkit"), times.get("matmul3")),
-            "peer_over_matmul3": ratio(times.get("peer"), times.get("matmul3")),
-            "sslkit_over_peer": ratio(times.get("sslkit"), times.get("peer")),
+            "sslkit_over_matmul3": times.ratio("sslkit", "matmul3"),
+            "peer_over_matmul3": times.ratio("peer", "matmul3"),
+            "sslkit_over_peer": times.ratio("sslkit", "peer"),
             "raw_median_ms": {k: 1e3 * v for k, v in times.items()},
             **({"errors": errors} if errors else {}),
         })
@@ -356,6 +383,7 @@ def _measure_loss(loss, form: str, two_n: int, dim: int, repeats: int, with_matm
         "memory_method": method,
         "seconds": times["loss"],
         "matmul3_seconds": times.get("matmul3"),
+        "over_matmul3": times.ratio("loss", "matmul3"),
     }
 
 
@@ -471,7 +499,7 @@ def pairwise_rows(config: dict, results: list[dict]) -> tuple[list[dict], list[d
             continue
         rows.append({
             **row,
-            "over_matmul3": ratio(r["seconds"], r["matmul3_seconds"]),
+            "over_matmul3": r.get("over_matmul3", ratio(r["seconds"], r["matmul3_seconds"])),
             "peak_over_matrix": max(r["peak_bytes"], 0) / matrix,
             "memory_method": r["memory_method"],
             "raw": {"seconds": r["seconds"], "matmul3_seconds": r["matmul3_seconds"], "peak_bytes": r["peak_bytes"]},
