@@ -226,3 +226,16 @@ def test_two_processes_match_one_process_on_whole_batch():
     # gather_distributed=False: each process sees only its own half
     for rank, r in enumerate(results):
         torch.testing.assert_close(r[1][0], supcon_loss(x[rank * 5:(rank + 1) * 5], labels[rank * 5:(rank + 1) * 5], 0.2))
+
+
+@pytest.mark.parametrize("temperature", [0.1, 0.01])  # 0.01: past the no-shift bound, the general backward
+def test_supcon_backward_twice_with_retain_graph_gives_the_same_gradient(temperature):
+    """The one-process backward fills a buffer the forward kept; a second backward must not see a stale one."""
+    x = torch.randn(12, 6, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 0, 3, 3, 1, 4, 4])
+    loss = SupConLoss(temperature=temperature)(x, labels)
+    loss.backward(retain_graph=True)
+    first = x.grad.clone()
+    x.grad = None
+    loss.backward()
+    torch.testing.assert_close(x.grad, first)

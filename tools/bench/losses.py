@@ -82,6 +82,8 @@ PAIR_LOSSES = BATCH_LOSSES + [
 ]
 SPECS = {name: (module, cls, form) for name, module, cls, form in PAIR_LOSSES + HEADS}
 
+BATCH_REPEAT_FACTOR = 10  # section (a) steps are short: this many times the repeats (see main)
+
 TEMPERATURE = 0.1  # section (a): the same T for sslkit and the peer, so their values must agree
 
 # Peers: name -> (label, factory(embedding_dim, num_classes), call form). Each library's own
@@ -546,7 +548,8 @@ def print_report(report: dict) -> None:
     meta = report["meta"]
     console.print(
         f"[bold]sslkit loss benchmark[/bold]: torch {meta['torch']}, {meta['threads']} threads "
-        f"(torch.set_num_threads), float32 forward+backward, median of {meta['repeats']} interleaved repeats"
+        f"(torch.set_num_threads), float32 forward+backward, medians over "
+        f"{meta.get('batch_repeats', meta['repeats'])} (a) / {meta['repeats']} (b, c) interleaved repeats"
         + (" [yellow](--quick sizes)[/yellow]" if meta["quick"] else "")
     )
     s = meta["sizes"]
@@ -616,7 +619,10 @@ def main(argv: list[str] | None = None) -> dict:
     # --quick only checks that everything runs, so its memory worker overlaps sections (a) and
     # (b); a full run keeps them apart so that no measurement competes with another for the CPU.
     early = start_worker(worker_config) if args.quick else None
-    batch_rows = bench_batch_losses(config["batch"], repeats)
+    # A batch-loss step takes 3-10 ms against 100+ ms for a head: ten times the repeats gives
+    # both sections about the same measuring time, and one noisy millisecond less weight.
+    batch_repeats = BATCH_REPEAT_FACTOR * repeats
+    batch_rows = bench_batch_losses(config["batch"], batch_repeats)
     head_rows = bench_heads(config["heads"], repeats)
     results = collect_worker(worker_config, early or start_worker(worker_config))
     pair_rows, pml_rows = pairwise_rows(worker_config, results)
@@ -628,6 +634,7 @@ def main(argv: list[str] | None = None) -> dict:
             "machine": platform.machine(),
             "threads": torch.get_num_threads(),
             "repeats": repeats,
+            "batch_repeats": batch_repeats,
             "quick": args.quick,
             "dtype": "float32",
             "timing": "median of interleaved repeats of forward+backward, after one warm-up call",
