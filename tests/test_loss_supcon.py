@@ -17,7 +17,7 @@ from loss_utils import (
     value_and_grads,
 )
 from sslkit.losses.ntxent import ntxent_loss
-from sslkit.losses.supcon import SupConLoss, _SupConPerAnchor, supcon_loss
+from sslkit.losses.supcon import SupConLoss, _SupConWeightedSum, supcon_loss
 
 
 def supcon_reference(embeddings, labels, temperature, base_temperature=None):
@@ -72,9 +72,10 @@ def test_custom_backward_passes_gradcheck_with_separate_candidates():
     candidates.requires_grad_(True)
     class_of = torch.tensor([0, 1, 1, 2, 0, 2, 1, 3])
     weight = torch.rand(4, generator=g, dtype=torch.float64)
+    row_weight = torch.tensor([0.7, 0.0, 1.3, 0.2], dtype=torch.float64)  # one anchor skipped
     for inv_t in (3.0, 700.0):  # without and with the row-maximum shift (fp64 switches at 600)
         assert torch.autograd.gradcheck(
-            lambda a, c: _SupConPerAnchor.apply(a, c, inv_t, 4, class_of, 4, weight),
+            lambda a, c: _SupConWeightedSum.apply(a, c, inv_t, 4, class_of, 4, weight, row_weight),
             (x, candidates),
         )
 

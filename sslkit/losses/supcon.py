@@ -14,12 +14,12 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from sslkit import distributed
 from sslkit.losses._common import (
     check_embeddings_labels,
     check_positive,
     full_precision,
     gather_labelled,
-    mean_over_processes,
     needs_row_shift,
     upcast,
 )
@@ -45,7 +45,7 @@ def _through_unit_rows(grad_u: torch.Tensor, u: torch.Tensor, inv_norm: torch.Te
 
 
 def _symmetric_backward(z, inv_norm, exp, softmax_scale, positive_scale, positives, class_of, num_classes, inv_t):
-    """The backward of :class:`_SupConPerAnchor` in one process without a row shift, where E is symmetric.
+    """The backward of :class:`_SupConWeightedSum` in one process without a row shift, where E is symmetric.
 
     The anchors are the candidates, so their two gradients add (``dL/dz_i + dL/dc_i``), and
     ``E^T = E`` turns both products into one (n, 2D)-wide product ``E [z, s a]``: E is read
@@ -64,13 +64,18 @@ def _symmetric_backward(z, inv_norm, exp, softmax_scale, positive_scale, positiv
     return _through_unit_rows(grad, z, inv_norm)
 
 
-class _SupConPerAnchor(torch.autograd.Function):
-    """Per-anchor SupCon terms, with a hand-written backward that makes no (n, N) temporary.
+class _SupConWeightedSum(torch.autograd.Function):
+    """``sum_i r_i l_i`` over the per-anchor SupCon terms, with a hand-written backward that makes no (n, N) temporary.
 
     For local anchor ``i`` (candidate ``i + offset``), with ``z = x / ||x||`` and ``c`` the
     candidates normalised the same way::
 
         l_i = log sum_{j != i} exp(z_i . c_j / T)  -  w_i sum_{p in P(i)} z_i . c_p / T,   w_i = 1 / |P(i)|
+
+    ``r_i`` (``row_weight``) is the reduction: the mean's factor, 0 for a skipped anchor. Taking
+    it inside saves the masking, sum and division nodes (each a few small ops forward and
+    back) that would otherwise follow the function: at 2N = 1024 on a CPU those fixed costs
+    are a large part of what the loss adds to its matmuls.
 
     Why by hand: autograd would build ``logits - max`` and ``exp(logits - lse)`` as fresh
     (n, N) tensors, copy the (n, N) gradient to mask the diagonal, and chain a dozen small
@@ -93,7 +98,7 @@ class _SupConPerAnchor(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, x_candidates, inv_t, offset, class_of, num_classes, weight):
+    def forward(ctx, x, x_candidates, inv_t, offset, class_of, num_classes, weight, row_weight):
         n = x.shape[0]
         same_input = x_candidates is x  # one process: anchors and candidates are one tensor
         local_class = class_of[offset:offset + n]  # (n,)
@@ -113,24 +118,27 @@ class _SupConPerAnchor(torch.autograd.Function):
         class_sums = c.new_zeros(num_classes, c.shape[1]).index_add_(0, class_of, c)  # (C, D)
         positives = class_sums.index_select(0, local_class).sub_(c[offset:offset + n])  # (n, D)
         positive_logits = torch.linalg.vecdot(anchors, positives)  # (n,) sum_p z_i . c_p / T
-        ctx.save_for_backward(z, inv_norm, c, inv_norm_c, exp, row_sum, positives, class_of, weight)
+        ctx.save_for_backward(z, inv_norm, c, inv_norm_c, exp, row_sum, positives, class_of, weight, row_weight)
         ctx.inv_t, ctx.offset, ctx.num_classes, ctx.same_input = inv_t, offset, num_classes, same_input
         # One process and no shift: exp_ij = exp(z_i . z_j / T) is a symmetric matrix (diagonal 0).
         ctx.symmetric = same_input and not needs_row_shift(inv_t, logits.dtype)
-        return row_max.squeeze(1) + row_sum.log() - weight * positive_logits
+        per_anchor = row_sum.log().add_(row_max.squeeze(1)).sub_(positive_logits.mul_(weight))  # (n,) l_i
+        # A weight of 0 (an anchor without positive) multiplies a finite l_i: exactly nothing.
+        return torch.dot(row_weight, per_anchor)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad):
-        z, inv_norm, c, inv_norm_c, exp, row_sum, positives, class_of, weight = ctx.saved_tensors
+    def backward(ctx, grad_loss):
+        z, inv_norm, c, inv_norm_c, exp, row_sum, positives, class_of, weight, row_weight = ctx.saved_tensors
         n, offset, inv_t = z.shape[0], ctx.offset, ctx.inv_t
+        grad = grad_loss * row_weight  # (n,) g_i: the loss's gradient for each anchor's term
         softmax_scale = (grad / row_sum)[:, None]  # (n, 1): exp_ij times this is g_i q_ij
         positive_scale = (grad * weight)[:, None]  # (n, 1): g_i w_i
         grad_z = grad_c = None
         with full_precision(grad.device):
             if ctx.symmetric and ctx.needs_input_grad[0]:
                 return _symmetric_backward(z, inv_norm, exp, softmax_scale, positive_scale, positives, class_of,
-                                           ctx.num_classes, inv_t), None, None, None, None, None, None
+                                           ctx.num_classes, inv_t), None, None, None, None, None, None, None
             if ctx.needs_input_grad[0]:
                 grad_z = (exp @ c).mul_(softmax_scale)  # (n, D)
                 grad_z.addcmul_(positives, positive_scale, value=-1.0).mul_(inv_t)
@@ -144,10 +152,10 @@ class _SupConPerAnchor(torch.autograd.Function):
                 grad_c[offset:offset + n].add_(pulled)
             if ctx.same_input and grad_z is not None and grad_c is not None:
                 # one tensor: add the two gradients once, before the (shared) normalisation
-                return _through_unit_rows(grad_z.add_(grad_c), z, inv_norm), None, None, None, None, None, None
+                return _through_unit_rows(grad_z.add_(grad_c), z, inv_norm), None, None, None, None, None, None, None
             grad_x = None if grad_z is None else _through_unit_rows(grad_z, z, inv_norm)
             grad_candidates = None if grad_c is None else _through_unit_rows(grad_c, c, inv_norm_c)
-        return grad_x, grad_candidates, None, None, None, None, None
+        return grad_x, grad_candidates, None, None, None, None, None, None
 
 
 def supcon_loss(
@@ -180,7 +188,7 @@ def supcon_loss(
     is still defined and this loss computes it.
 
     Cost: one (n, N) matmul forward and two backward, a few in-place passes over the (n, N)
-    logits, and no (n, N) positive mask (see ``_SupConPerAnchor``).
+    logits, and no (n, N) positive mask (see ``_SupConWeightedSum``).
 
     Across processes, local anchors are compared with every process's embeddings and each
     process's loss is scaled so that their mean is the loss of the whole batch, however the
@@ -198,17 +206,20 @@ def supcon_loss(
         candidates, candidate_labels, offset = gather_labelled(x, labels, gather_distributed)
         n = x.shape[0]
         classes, class_of, class_size = torch.unique(candidate_labels, return_inverse=True, return_counts=True)
-        if not (class_size > 1).any():
-            # Every process sees the same gathered labels, so all of them return here together
-            # (no process waits in a collective that the others skip).
-            return candidates.sum() * 0.0
         num_positives = class_size[class_of[offset:offset + n]] - 1  # (n,)
         has_positive = num_positives > 0
+        count, world = has_positive.sum(), 1  # anchors with a positive, over every process
+        if gather_distributed and distributed.is_distributed():
+            count, world = distributed.gather_no_grad(count.reshape(1)).sum(), distributed.world_size()
+        if not count:
+            # Every process holds the same global count, so all of them return here together
+            # (no process waits in a collective that the others skip).
+            return candidates.sum() * 0.0
         weight = 1.0 / num_positives.clamp_min(1).to(x.dtype)  # (n,) 1/|P(i)|
-        per_anchor = _SupConPerAnchor.apply(x, candidates, inv_t, offset, class_of, len(classes), weight)  # (n,)
-        # where, not multiply: skipped anchors must contribute exactly nothing.
-        total = torch.where(has_positive, per_anchor, torch.zeros_like(per_anchor)).sum()
-        return scale * mean_over_processes(total, has_positive.sum(), gather_distributed)
+        # The mean over all anchors with a positive, as each process's share (the factor of
+        # mean_over_processes, put on the rows): 0 for the skipped anchors.
+        row_weight = has_positive.to(x.dtype) * (scale * world / count.to(x.dtype))  # (n,)
+        return _SupConWeightedSum.apply(x, candidates, inv_t, offset, class_of, len(classes), weight, row_weight)
 
 
 class SupConLoss(nn.Module):
