@@ -22,11 +22,14 @@ half a dozen (N, C) temporaries; ``F.normalize`` on the (C, D) weights adds as m
 * :func:`cosine_margin_cross_entropy` (every head whose class weights are normalised) does the
   whole loss in one function: the forward is the matmul, one column scaling, one ``exp`` and a
   row sum in the matmul's own buffer; the backward folds every per-row factor into the thin
-  (N, D) side of its two matmuls and handles the target column as N sparse rows. Measured at
-  N=512, D=512, C=10,000, fp32, on a 2-core CPU (``tools/bench/losses.py``): 1.17-1.26x the
-  three bare matmuls (the two functions below: 1.19-1.26x; pytorch-metric-learning's
-  ArcFaceLoss: 2.3-3.0x). Its one host sync (the largest target logit, to decide whether the
-  softmax needs a row shift) adds nothing to a training step, which syncs on the loss anyway.
+  (N, D) side of its two matmuls, and writes the target column's gradient into the softmax
+  matrix so that the same two matmuls carry it. Measured at N=512, D=512, C=10,000, fp32, on a
+  2-core CPU (``tools/bench/losses.py``): 1.14-1.25x the three bare matmuls (the two functions
+  below: 1.19-1.26x; pytorch-metric-learning's ArcFaceLoss: 2.3-3.0x). What is left over the
+  matmuls is memory passes: the weight norms, one ``exp``, one row sum, two column scalings and
+  the radial part of the weight gradient (blocked, see :func:`_remove_radial_`). Its one host
+  sync (the largest target logit, to decide whether the softmax needs a row shift) adds nothing
+  to a training step, which syncs on the loss anyway.
 * :func:`margin_cross_entropy` and :func:`cosine_logits` are the two steps separately, for the
   heads that must see the logits before the loss (AdaCos's dynamic scale) or keep ``||W_j||``
   (L-Softmax): the target column of the matmul's output is edited in place, turned into
@@ -206,16 +209,19 @@ class _CosineMarginCE(torch.autograd.Function):
         Z_i = sum_j E_ij + exp(t_i - m_i);   loss = mean_i (log Z_i + m_i - t_i)
 
     backward, with ``a_i = g / (N Z_i)``, ``b_i`` = d loss / d L_iy (through ``t_i``),
-    ``E' = E diag(inv)`` and ``U_j = inv_j W_j``::
+    ``U_j = inv_j W_j`` and ``E'`` = E with its target entries set to ``b_i / a_i``, then
+    scaled by column (``E' diag(inv)``)::
 
-        dL/dF   = a * (E' W) + b_i U_{y_i}
-        dL/dW_j = K_j - W_j inv_j^2 <K_j, W_j>,   K = E'^T (a * F) + sum_i b_i inv_{y_i} F_i at row y_i
+        dL/dF   = a * (E' W)
+        dL/dW_j = K_j - W_j inv_j^2 <K_j, W_j>,   K = E'^T (a * F)
 
     (the second line is the chain rule through ``U = W / ||W||``: ``inv_j`` times the
-    gradient with respect to ``U_j`` less its radial part). Every per-row factor lands on the
-    thin (N, D) side, the per-class ``inv`` is one in-place pass over E, and the target column
-    is added as N sparse rows: after the forward's ``exp`` and row sum no other pass over the
-    (N, C) matrix is left but the backward matmuls, and no (C, D) normalised weight is made.
+    gradient with respect to ``U_j`` less its radial part). ``b_i / a_i`` is computed without
+    ``g``: the target logit's chain rule runs with the upstream gradient ``exp(t_i - m_i) - Z_i``.
+    Every per-row factor lands on the thin (N, D) side, the per-class ``inv`` is one in-place
+    pass over E, and the target column rides in the same two matmuls: after the forward's
+    ``exp`` and row sum no other pass over the (N, C) matrix is left but the backward matmuls,
+    no sparse (N, D) or (C, D) update, and no (C, D) normalised weight is made.
     The plain way (``log_softmax`` of the edited logits, autograd's ``(softmax - onehot)`` and
     the normalised weight's backward) makes six or more (N, C) passes and two (C, D) copies.
     """
