@@ -235,6 +235,22 @@ def ratio(a: float | None, b: float | None) -> float | None:
 # ---------------------------------------------------------------------------------------------
 
 
+def against_the_floor(matmul3: Callable, ours: Callable, peer: Callable, repeats: int) -> tuple[dict, dict]:
+    """sslkit and the peer timed interleaved with the three matmuls: one row's figures.
+
+    Returns the row's figures (ratios of paired times, raw medians in ms, errors) and each
+    step's value from its warm-up call.
+    """
+    times, values, errors = median_times({"matmul3": matmul3, "sslkit": ours, "peer": peer}, repeats)
+    figures = {
+        "sslkit_over_matmul3": times.ratio("sslkit", "matmul3"),
+        "peer_over_matmul3": times.ratio("peer", "matmul3"),
+        "sslkit_over_peer": times.ratio("sslkit", "peer"),
+        "raw_median_ms": {k: 1e3 * v for k, v in times.items()},
+    }
+    return ({**figures, "errors": errors} if errors else figures), values
+
+
 def bench_batch_losses(sizes: dict, repeats: int) -> list[dict]:
     two_n, dim = sizes["two_n"], sizes["dim"]
     g = torch.Generator().manual_seed(0)
@@ -254,21 +270,14 @@ def bench_batch_losses(sizes: dict, repeats: int) -> list[dict]:
         if isinstance(ours, str):
             rows.append({**row, "note": ours})
             continue
-        steps = {
-            "matmul3": make_matmul_step(two_n, dim, two_n),
-            "sslkit": make_step(ours, form, x, labels),
-            "peer": make_step(peer_factory(dim, None), peer_form, x, labels),
-        }
-        times, values, errors = median_times(steps, repeats)
-        rows.append({
-            **row,
-            "sslkit_over_matmul3": times.ratio("sslkit", "matmul3"),
-            "peer_over_matmul3": times.ratio("peer", "matmul3"),
-            "sslkit_over_peer": times.ratio("sslkit", "peer"),
-            "abs_value_diff_vs_peer": abs(values["sslkit"] - values["peer"]) if not errors else None,
-            "raw_median_ms": {k: 1e3 * v for k, v in times.items()},
-            **({"errors": errors} if errors else {}),
-        })
+        figures, values = against_the_floor(
+            make_matmul_step(two_n, dim, two_n),
+            make_step(ours, form, x, labels),
+            make_step(peer_factory(dim, None), peer_form, x, labels),
+            repeats,
+        )
+        diff = abs(values["sslkit"] - values["peer"]) if {"sslkit", "peer"} <= set(values) else None
+        rows.append({**row, **figures, "abs_value_diff_vs_peer": diff})
     return rows
 
 
@@ -285,20 +294,13 @@ def bench_heads(sizes: dict, repeats: int) -> list[dict]:
         if isinstance(ours, str):
             rows.append({**row, "note": ours})
             continue
-        steps = {
-            "matmul3": make_matmul_step(batch, dim, classes),
-            "sslkit": make_step(ours, form, x, labels),
-            "peer": make_step(peer_factory(dim, classes), peer_form, x, labels),
-        }
-        times, _, errors = median_times(steps, repeats)
-        rows.append({
-            **row,
-            "sslkit_over_matmul3": times.ratio("sslkit", "matmul3"),
-            "peer_over_matmul3": times.ratio("peer", "matmul3"),
-            "sslkit_over_peer": times.ratio("sslkit", "peer"),
-            "raw_median_ms": {k: 1e3 * v for k, v in times.items()},
-            **({"errors": errors} if errors else {}),
-        })
+        figures, _ = against_the_floor(
+            make_matmul_step(batch, dim, classes),
+            make_step(ours, form, x, labels),
+            make_step(peer_factory(dim, classes), peer_form, x, labels),
+            repeats,
+        )
+        rows.append({**row, **figures})
     return rows
 
 
