@@ -61,3 +61,33 @@ def test_quick_run_writes_every_section(tmp_path):
 
     assert report["pml_ntxent"] and report["pml_ntxent"][0]["survived"]
     assert report["pml_ntxent"][0]["pml_peak_over_matrix"] >= 0
+
+
+def test_ratios_pair_the_times_of_each_repeat():
+    """A machine that slows down mid-run (second repeat 10x slower for everyone) leaves a paired
+    ratio untouched, where the ratio of medians would mix fast and slow repeats."""
+    sys.path.insert(0, str(ROOT / "tools/bench"))
+    try:
+        import losses as bench
+    finally:
+        sys.path.pop(0)
+    times = bench.Timings({"loss": [1.2, 12.0, 12.0], "matmul3": [1.0, 10.0, 10.0]})
+    assert times.ratio("loss", "matmul3") == pytest.approx(1.2)
+    assert times["loss"] == 12.0 and times["matmul3"] == 10.0  # the medians stay available
+    assert times.ratio("loss", "peer") is None
+
+
+def test_every_candidate_is_timed_each_repeat_in_a_varying_order():
+    sys.path.insert(0, str(ROOT / "tools/bench"))
+    try:
+        import losses as bench
+    finally:
+        sys.path.pop(0)
+    calls = []
+    steps = {name: (lambda name=name: calls.append(name) or 0.0) for name in ("matmul3", "sslkit", "peer")}
+    times, values, errors = bench.median_times(steps, repeats=20)
+    timed = calls[3:]  # after one warm-up call each
+    assert len(timed) == 60 and all(len(times.samples[n]) == 20 for n in steps)
+    orders = {tuple(timed[i:i + 3]) for i in range(0, 60, 3)}
+    assert len(orders) > 1 and all(sorted(o) == sorted(steps) for o in orders)
+    assert values == {"matmul3": 0.0, "sslkit": 0.0, "peer": 0.0} and errors == {}
