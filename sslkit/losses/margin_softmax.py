@@ -119,6 +119,35 @@ def cosine_logits(features: torch.Tensor, weight: torch.Tensor, private_grad: bo
     return _CosineLogits.apply(features, weight, private_grad)
 
 
+class _TargetGraph:
+    """The target logit as a small autograd graph on (N,) leaves, kept from forward to backward.
+
+    ``target_i = r_i * target_logit(raw_i / r_i)``: ``raw`` are the target column's logits and
+    ``r`` one radius per row, even when the caller gave one number (so a caller can scale each
+    row's radius gradient before they are summed back). Both autograd functions below build it
+    in forward and differentiate it in backward with :meth:`grads`.
+    """
+
+    def __init__(self, raw: torch.Tensor, radius: torch.Tensor, target_logit) -> None:
+        self.radius_shape = radius.shape
+        with torch.enable_grad():
+            self.raw = raw.detach().requires_grad_()
+            self.r = radius.detach().expand(raw.shape).clone().requires_grad_(radius.requires_grad)
+            # A zero-length embedding has raw = 0 and r = 0; its cosine is 0, not 0/0.
+            self.target = self.r * target_logit(self.raw / self.r.clamp_min(_NORM_EPS))  # (N,)
+
+    def grads(self, upstream: torch.Tensor, radius_factor: torch.Tensor | float = 1.0):
+        """``(d/d raw, d/d radius)`` of ``sum(upstream * target)``; the radius part per row times
+        ``radius_factor``, summed back to the radius's shape (None when it needs no gradient)."""
+        inputs = (self.raw, self.r) if self.r.requires_grad else (self.raw,)
+        grads = torch.autograd.grad(self.target, inputs, upstream.to(self.target.dtype), allow_unused=True)
+        grad_raw = grads[0] if grads[0] is not None else torch.zeros_like(self.raw)
+        grad_radius = None
+        if len(grads) > 1 and grads[1] is not None:
+            grad_radius = (grads[1] * radius_factor).sum_to_size(self.radius_shape)
+        return grad_raw, grad_radius
+
+
 class _MarginCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of ``logits`` with the target column replaced, computed in place.
 
@@ -131,20 +160,14 @@ class _MarginCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, labels, radius, target_logit):
         column = labels.unsqueeze(1)  # (N, 1)
-        with torch.enable_grad():
-            # Leaves of a small (N,) graph: backward differentiates target_logit through them.
-            raw = logits.detach().gather(1, column).squeeze(1).requires_grad_()
-            r = radius.detach().requires_grad_(radius.requires_grad)
-            # A zero-length embedding has raw = 0 and r = 0; its cosine is 0, not 0/0.
-            cos = raw / r.clamp_min(_NORM_EPS) if r.dim() else raw / r
-            target = r * target_logit(cos)  # (N,)
-        logits.scatter_(1, column, target.detach().unsqueeze(1).to(logits.dtype))
+        graph = _TargetGraph(logits.gather(1, column).squeeze(1), radius, target_logit)
+        logits.scatter_(1, column, graph.target.detach().unsqueeze(1).to(logits.dtype))
         # In place: the matmul's output becomes the log-probabilities; no (N, C) copy.
         log_probs = torch.log_softmax(logits, dim=1, out=logits)
         ctx.mark_dirty(logits)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(log_probs, labels)
-        ctx.graph = (raw, r, target)
+        ctx.graph = graph
         loss = -log_probs.gather(1, column).mean()
         return loss, log_probs
 
@@ -157,8 +180,7 @@ class _MarginCrossEntropy(torch.autograd.Function):
                 "backward pass (retain_graph=True with a second backward is not supported)"
             )
         log_probs, labels = ctx.saved_tensors
-        raw, r, target = ctx.graph
-        ctx.graph = None
+        graph, ctx.graph = ctx.graph, None
         if grad_loss is None:
             return None, None, None, None
         n = log_probs.shape[0]
@@ -166,11 +188,8 @@ class _MarginCrossEntropy(torch.autograd.Function):
         weight = grad_loss / n
         grad = log_probs.exp_().mul_(weight)  # (N, C) softmax * dL/dloss / N, in place
         grad_target = grad.gather(1, column).squeeze(1) - weight  # (N,) d loss / d target logit
-        inputs = (raw, r) if r.requires_grad else (raw,)
-        grads = torch.autograd.grad(target, inputs, grad_target.to(target.dtype), allow_unused=True)
-        grad_raw = grads[0] if grads[0] is not None else torch.zeros_like(raw)
+        grad_raw, grad_radius = graph.grads(grad_target)
         grad.scatter_(1, column, grad_raw.unsqueeze(1).to(grad.dtype))
-        grad_radius = grads[1] if len(grads) > 1 else None
         return grad, None, grad_radius, None
 
 
@@ -232,16 +251,8 @@ class _CosineMarginCE(torch.autograd.Function):
         inv_norm = norm.clamp_min(_NORM_EPS).reciprocal_()
         logits = (features @ weight.T).mul_(inv_norm)  # (N, C) cosines times the features' scale
         column = labels.unsqueeze(1)
-        with torch.enable_grad():
-            # Leaves of a small (N,) graph: backward differentiates target_logit through them.
-            raw = logits.gather(1, column).squeeze(1).requires_grad_()
-            # One radius per row even when the caller gave one number: backward scales each
-            # row's radius gradient by that row's softmax factor, then sums them back.
-            r = radius.detach().expand(raw.shape).clone().requires_grad_(radius.requires_grad)
-            # A zero-length embedding has raw = 0 and r = 0; its cosine is 0, not 0/0.
-            cos = raw / r.clamp_min(_NORM_EPS)
-            target = r * target_logit(cos)  # (N,)
-        t = target.detach().to(logits.dtype)
+        graph = _TargetGraph(logits.gather(1, column).squeeze(1), radius, target_logit)
+        t = graph.target.detach().to(logits.dtype)
         logits.scatter_(1, column, float("-inf"))  # the target's exp is added from t below
         largest = max(max_abs_logit, float(t.max()) if t.numel() else 0.0)
         if logits.shape[1] < 2 or needs_row_shift(largest, logits.dtype, terms=logits.shape[1]):
@@ -256,8 +267,7 @@ class _CosineMarginCE(torch.autograd.Function):
         # Below eps the norm is clamped (as in F.normalize): no radial gradient there.
         radial_scale = inv_norm * inv_norm * (norm > _NORM_EPS)  # (C,)
         ctx.save_for_backward(features, weight, inv_norm, radial_scale, labels, exp, row_sum, target_exp)
-        ctx.graph = (raw, r, target)
-        ctx.radius_shape = radius.shape
+        ctx.graph = graph
         return loss
 
     @staticmethod
@@ -266,18 +276,12 @@ class _CosineMarginCE(torch.autograd.Function):
         if getattr(ctx, "graph", None) is None:
             raise RuntimeError("cosine_margin_cross_entropy supports one backward pass (retain_graph=True is not supported)")
         features, weight, inv_norm, radial_scale, labels, exp, row_sum, target_exp = ctx.saved_tensors
-        raw, r, target = ctx.graph
-        ctx.graph = None
+        graph, ctx.graph = ctx.graph, None
         row_scale = (grad_loss / exp.shape[0] / row_sum).unsqueeze(1)  # (N, 1) a_i: softmax = E_ij / Z_i
         # d loss / d t_i = a_i (exp(t_i - m_i) - Z_i). Differentiate target_logit with the a_i
         # left out: the target column then joins E below and meets a_i on the thin side.
-        grad_target = target_exp - row_sum  # (N,)
-        inputs = (raw, r) if r.requires_grad else (raw,)
-        grads = torch.autograd.grad(target, inputs, grad_target.to(target.dtype), allow_unused=True)
-        grad_raw = grads[0] if grads[0] is not None else torch.zeros_like(raw)  # (N,) b_i / a_i
-        grad_radius = None
-        if len(grads) > 1 and grads[1] is not None:
-            grad_radius = (grads[1] * row_scale.squeeze(1).to(grads[1].dtype)).sum_to_size(ctx.radius_shape)
+        # The radius's gradient gets each row's a_i back before the rows are summed.
+        grad_raw, grad_radius = graph.grads(target_exp - row_sum, radius_factor=row_scale.squeeze(1))  # b_i / a_i
         # E' = E diag(inv) in place (the saved buffer is not read again: one backward only), and
         # the target column (exp 0 so far) set to b_i inv_{y_i} / a_i, so that the two matmuls
         # below carry the target's gradient too: no sparse (N, D) or (C, D) updates.
