@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,27 @@ def test_every_candidate_is_timed_each_repeat_in_a_varying_order():
     orders = {tuple(timed[i:i + 3]) for i in range(0, 60, 3)}
     assert len(orders) > 1 and all(sorted(o) == sorted(steps) for o in orders)
     assert values == {"matmul3": 0.0, "sslkit": 0.0, "peer": 0.0} and errors == {}
+
+
+def test_a_block_times_consecutive_calls_and_records_the_time_per_call():
+    sys.path.insert(0, str(ROOT / "tools/bench"))
+    try:
+        import losses as bench
+    finally:
+        sys.path.pop(0)
+    calls = []
+
+    def step(name, seconds):
+        def run():
+            calls.append(name)
+            time.sleep(seconds)
+            return 0.0
+        return run
+
+    steps = {"short": step("short", 0.002), "long": step("long", 0.03)}
+    times, _, _ = bench.median_times(steps, repeats=3, block_s=0.02)
+    # two warm-up calls each (the second sets the block), then blocks: ~10 short calls, 1 long
+    timed = calls[4:]
+    assert timed.count("long") == 3 and 3 * 5 <= timed.count("short") <= 3 * 12
+    assert timed.count("short") % 3 == 0  # the same block length every repeat
+    assert 0.002 <= times["short"] < 0.01 and times["long"] >= 0.03  # time per call, not per block

@@ -13,7 +13,10 @@ Not a test: it measures, it does not assert. Three sections, all float32, forwar
 
 Timing: candidates of a row run interleaved (baseline, sslkit, peer, in a new random order each
 repeat), and a figure is the median over repeats of the ratio of two candidates' times in the
-same repeat: they ran milliseconds apart, so drift in the machine's speed cancels.
+same repeat: they ran milliseconds apart, so drift in the machine's speed cancels. In sections
+(a) and (b) a candidate's time in a repeat is the time per call over a block of consecutive
+calls about ``--block-ms`` long (25 ms: several calls of a batch loss, one of a head), as
+``timeit`` does; ``--block-ms 0`` times single calls, which also counts waking the thread pool.
 
 Memory (section c) runs in one subprocess whose allocations >= 64 KiB are mmap'ed
 (``MALLOC_MMAP_THRESHOLD_``, which also stops glibc from keeping freed blocks resident; what
@@ -82,6 +85,9 @@ PAIR_LOSSES = BATCH_LOSSES + [
 ]
 SPECS = {name: (module, cls, form) for name, module, cls, form in PAIR_LOSSES + HEADS}
 
+# Sections (a) and (b) time blocks of consecutive calls about this long (see median_times): a
+# batch-loss step is a few ms, so its block is several calls; a head step (100+ ms) runs once.
+BLOCK_MS = 25.0
 BATCH_REPEAT_FACTOR = 10  # section (a) steps are short: this many times the repeats (see main)
 
 TEMPERATURE = 0.1  # section (a): the same T for sslkit and the peer, so their values must agree
@@ -198,19 +204,35 @@ class Timings(dict):
         return statistics.median(x / y for x, y in zip(self.samples[a], self.samples[b]))
 
 
-def median_times(steps: dict[str, Callable], repeats: int) -> tuple[Timings, dict[str, float], dict[str, str]]:
+def median_times(
+    steps: dict[str, Callable], repeats: int, block_s: float = 0.0
+) -> tuple[Timings, dict[str, float], dict[str, str]]:
     """Seconds per step, candidates interleaved in a fresh random order each repeat, and each
     step's value from its warm-up call.
 
     A random order keeps any candidate from always running just after the same other one
     (whose cache and memory state it would inherit). A step that raises is reported in the
     third dict, not timed.
+
+    ``block_s > 0`` times each candidate, in each repeat, as a block of consecutive calls
+    lasting about that long (the count fixed per candidate from its warm-up call, as
+    ``timeit`` and ``torch.utils.benchmark`` do), and records the time per call. One call of a
+    few milliseconds on its own also measures waking the thread pool and refilling the cache
+    after the candidate before it; a training step calls the loss between the network's own
+    parallel ops, which keep the threads awake. Steps longer than ``block_s`` run once.
     """
     errors: dict[str, str] = {}
     values: dict[str, float] = {}
+    calls: dict[str, int] = {}
     for name, step in list(steps.items()):  # warm-up, and drop what fails
         try:
             values[name] = step()
+            if block_s > 0:  # a second call, warm, sets the block's length
+                start = time.perf_counter()
+                step()
+                calls[name] = max(1, round(block_s / max(time.perf_counter() - start, 1e-9)))
+            else:
+                calls[name] = 1
         except Exception as exc:
             errors[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
             del steps[name]
@@ -221,8 +243,9 @@ def median_times(steps: dict[str, Callable], repeats: int) -> tuple[Timings, dic
         shuffle(order)
         for name in order:
             start = time.perf_counter()
-            steps[name]()
-            samples[name].append(time.perf_counter() - start)
+            for _ in range(calls[name]):
+                steps[name]()
+            samples[name].append((time.perf_counter() - start) / calls[name])
     return Timings(samples), values, errors
 
 
@@ -235,13 +258,15 @@ def ratio(a: float | None, b: float | None) -> float | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def against_the_floor(matmul3: Callable, ours: Callable, peer: Callable, repeats: int) -> tuple[dict, dict]:
+def against_the_floor(
+    matmul3: Callable, ours: Callable, peer: Callable, repeats: int, block_s: float
+) -> tuple[dict, dict]:
     """sslkit and the peer timed interleaved with the three matmuls: one row's figures.
 
     Returns the row's figures (ratios of paired times, raw medians in ms, errors) and each
     step's value from its warm-up call.
     """
-    times, values, errors = median_times({"matmul3": matmul3, "sslkit": ours, "peer": peer}, repeats)
+    times, values, errors = median_times({"matmul3": matmul3, "sslkit": ours, "peer": peer}, repeats, block_s)
     figures = {
         "sslkit_over_matmul3": times.ratio("sslkit", "matmul3"),
         "peer_over_matmul3": times.ratio("peer", "matmul3"),
@@ -251,7 +276,7 @@ def against_the_floor(matmul3: Callable, ours: Callable, peer: Callable, repeats
     return ({**figures, "errors": errors} if errors else figures), values
 
 
-def bench_batch_losses(sizes: dict, repeats: int) -> list[dict]:
+def bench_batch_losses(sizes: dict, repeats: int, block_s: float = 0.0) -> list[dict]:
     two_n, dim = sizes["two_n"], sizes["dim"]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(two_n, dim, generator=g)
@@ -275,13 +300,14 @@ def bench_batch_losses(sizes: dict, repeats: int) -> list[dict]:
             make_step(ours, form, x, labels),
             make_step(peer_factory(dim, None), peer_form, x, labels),
             repeats,
+            block_s,
         )
         diff = abs(values["sslkit"] - values["peer"]) if {"sslkit", "peer"} <= set(values) else None
         rows.append({**row, **figures, "abs_value_diff_vs_peer": diff})
     return rows
 
 
-def bench_heads(sizes: dict, repeats: int) -> list[dict]:
+def bench_heads(sizes: dict, repeats: int, block_s: float = 0.0) -> list[dict]:
     batch, dim, classes = sizes["batch"], sizes["dim"], sizes["classes"]
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch, dim, generator=g)
@@ -299,6 +325,7 @@ def bench_heads(sizes: dict, repeats: int) -> list[dict]:
             make_step(ours, form, x, labels),
             make_step(peer_factory(dim, classes), peer_form, x, labels),
             repeats,
+            block_s,
         )
         rows.append({**row, **figures})
     return rows
@@ -552,6 +579,7 @@ def print_report(report: dict) -> None:
         f"[bold]sslkit loss benchmark[/bold]: torch {meta['torch']}, {meta['threads']} threads "
         f"(torch.set_num_threads), float32 forward+backward, medians over "
         f"{meta.get('batch_repeats', meta['repeats'])} (a) / {meta['repeats']} (b, c) interleaved repeats"
+        f", blocks of {meta.get('block_ms', 0):g} ms (a, b)"
         + (" [yellow](--quick sizes)[/yellow]" if meta["quick"] else "")
     )
     s = meta["sizes"]
@@ -604,6 +632,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run in seconds")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch.set_num_threads")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per candidate (median)")
+    parser.add_argument(
+        "--block-ms", type=float, default=BLOCK_MS,
+        help="time sections (a) and (b) in blocks of consecutive calls this long (0: one call per repeat)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -624,8 +656,9 @@ def main(argv: list[str] | None = None) -> dict:
     # A batch-loss step takes 3-10 ms against 100+ ms for a head: ten times the repeats gives
     # both sections about the same measuring time, and one noisy millisecond less weight.
     batch_repeats = BATCH_REPEAT_FACTOR * repeats
-    batch_rows = bench_batch_losses(config["batch"], batch_repeats)
-    head_rows = bench_heads(config["heads"], repeats)
+    block_s = args.block_ms / 1e3
+    batch_rows = bench_batch_losses(config["batch"], batch_repeats, block_s)
+    head_rows = bench_heads(config["heads"], repeats, block_s)
     results = collect_worker(worker_config, early or start_worker(worker_config))
     pair_rows, pml_rows = pairwise_rows(worker_config, results)
     methods = {r["memory_method"] for r in pair_rows if "memory_method" in r}
@@ -640,6 +673,7 @@ def main(argv: list[str] | None = None) -> dict:
             "quick": args.quick,
             "dtype": "float32",
             "timing": "median of interleaved repeats of forward+backward, after one warm-up call",
+            "block_ms": args.block_ms,
             "memory_method": "; ".join(sorted(methods)) or "not measured",
             "memory_cap_gb": config["memory_cap_gb"],
             "sizes": {k: config[k] for k in ("batch", "heads", "pairwise", "pml_ntxent_sizes")},
