@@ -45,7 +45,9 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
+if __name__ == "__main__" and __package__ in (None, ""):
+    # Run as a script: the repository root first on the path. Not when a test imports this file
+    # as a module, where sys.path[0] is the test process's own entry.
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch  # noqa: E402
