@@ -76,7 +76,7 @@ def fill_queue(method: MoCo, count: int = 32) -> None:
 # --------------------------------------------------------------------------- BatchNorm in one process
 
 
-def test_split_batch_norm_normalises_each_interleaved_group_as_its_own_batch():
+def test_split_batch_norm_normalises_each_contiguous_block_as_its_own_batch():
     torch.manual_seed(0)
     x = torch.randn(12, 3, 4, 4) * 3 + 1
     split = SplitBatchNorm(3, num_splits=4)
@@ -86,9 +86,10 @@ def test_split_batch_norm_normalises_each_interleaved_group_as_its_own_batch():
     out = split(x)
     expected = torch.empty_like(x)
     means, variances = [], []
-    for group in range(4):  # samples group, group + 4, group + 8
+    for group in range(4):  # samples 3 group, 3 group + 1, 3 group + 2
         mean, var = torch.zeros(3), torch.ones(3)
-        expected[group::4] = F.batch_norm(x[group::4], mean, var, split.weight, split.bias, training=True, momentum=0.1)
+        rows = slice(3 * group, 3 * group + 3)
+        expected[rows] = F.batch_norm(x[rows], mean, var, split.weight, split.bias, training=True, momentum=0.1)
         means.append(mean), variances.append(var)
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(split.running_mean, torch.stack(means).mean(0))
@@ -99,6 +100,20 @@ def test_split_batch_norm_normalises_each_interleaved_group_as_its_own_batch():
     torch.testing.assert_close(split(x), plain(x))
     with pytest.raises(ValueError, match="bn_splits"):
         split.train()(x[:10])
+
+
+def test_split_batch_norm_keeps_channels_last_and_matches_nchw():
+    torch.manual_seed(1)
+    x = torch.randn(8, 5, 3, 3, requires_grad=True)
+    x_cl = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    split, split_cl = SplitBatchNorm(5, num_splits=2), SplitBatchNorm(5, num_splits=2)
+    out, out_cl = split(x), split_cl(x_cl)
+    assert out_cl.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out_cl, out)
+    grad = torch.randn_like(out)
+    out.backward(grad), out_cl.backward(grad)
+    torch.testing.assert_close(x_cl.grad, x.grad)
+    torch.testing.assert_close(split_cl.running_var, split.running_var)
 
 
 def test_split_batch_norm_backbone_keeps_torchvision_keys():

@@ -42,9 +42,20 @@ class SplitBatchNorm(nn.BatchNorm2d):
     images, while the queue's keys come from other batches; the network can tell the positive
     by that batch signature instead of by content and "cheat" the task ([0], section 3.3). MoCo
     normalises per GPU and shuffles the keys' batch across GPUs so a query and its key see
-    different statistics. Here the sub-batches play the GPUs: samples ``n`` with the same
-    ``n mod num_splits`` are normalised together, and :class:`MoCo` shuffles the key batch.
+    different statistics. Here the sub-batches play the GPUs: like a GPU's shard, each is a
+    contiguous block of ``N / num_splits`` samples, and :class:`MoCo` shuffles the key batch.
     No process group is needed, and with several processes each one splits its own batch.
+
+    Contiguous blocks, not the MoCo demo's interleaved groups (``view(-1, C * splits, H, W)``):
+    a block is a view of the batch in any memory format, so each group is one ``batch_norm``
+    call on a slice and the outputs are concatenated, where the interleaved view is a copy for
+    a channels_last batch and hands the next layers an NCHW tensor. Measured on a 2-core CPU
+    (the Fashion-MNIST MoCo recipe at width 32, batch 256, 8 splits): a step takes 0.76x the time
+    of the interleaved form on one thread (601 against 817 ms), 0.78x on two (363 against 460
+    ms), where plain BatchNorm takes 502 / 308 ms; the interleaved form spent about 270 ms of
+    its step on layout copies, an NCHW max-pool and BatchNorm over the regrouped channels.
+    Blocks are also what the GPUs hold in MoCo's own multi-GPU training: with both views in
+    one batch, a block holds images of one view.
 
     In evaluation mode it is plain BatchNorm2d; its ``state_dict`` keys are BatchNorm2d's, so an
     exported backbone loads into a model built with ordinary BatchNorm.
@@ -60,22 +71,21 @@ class SplitBatchNorm(nn.BatchNorm2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.num_splits == 1 or not self.track_running_stats:
             return super().forward(x)
-        n, c, h, w = x.shape
-        s = self.num_splits
+        n, s = x.shape[0], self.num_splits
         if n % s:
             raise ValueError(f"a batch of {n} cannot be split into {s} equal BatchNorm groups (method.bn_splits)")
         self.num_batches_tracked.add_(1)
         factor = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
-        # (N, C) -> (N / s, s C): sample b s + j lands in channel block j, so each block is one group.
-        running_mean, running_var = self.running_mean.repeat(s), self.running_var.repeat(s)
-        weight = self.weight.repeat(s) if self.weight is not None else None
-        bias = self.bias.repeat(s) if self.bias is not None else None
-        out = F.batch_norm(x.reshape(n // s, c * s, h, w), running_mean, running_var, weight, bias, True, factor, self.eps)
-        with torch.no_grad():
-            # Each group updated its own copy of the running statistics: keep their mean.
-            self.running_mean.copy_(running_mean.view(s, c).mean(dim=0))
-            self.running_var.copy_(running_var.view(s, c).mean(dim=0))
-        return out.reshape(n, c, h, w)
+        outputs, means, variances = [], [], []
+        for block in x.chunk(s):  # views: contiguous along the batch in any memory format
+            # Each group updates its own copy of the running statistics.
+            running_mean, running_var = self.running_mean.clone(), self.running_var.clone()
+            outputs.append(F.batch_norm(block, running_mean, running_var, self.weight, self.bias, True, factor, self.eps))
+            means.append(running_mean), variances.append(running_var)
+        with torch.no_grad():  # keep the groups' mean, as the GPUs' statistics average under SyncBN
+            self.running_mean.copy_(torch.stack(means).mean(dim=0))
+            self.running_var.copy_(torch.stack(variances).mean(dim=0))
+        return torch.cat(outputs)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, num_splits={self.num_splits}"
