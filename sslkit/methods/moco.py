@@ -81,7 +81,8 @@ class SplitBatchNorm(nn.BatchNorm2d):
             # Each group updates its own copy of the running statistics.
             running_mean, running_var = self.running_mean.clone(), self.running_var.clone()
             outputs.append(F.batch_norm(block, running_mean, running_var, self.weight, self.bias, True, factor, self.eps))
-            means.append(running_mean), variances.append(running_var)
+            means.append(running_mean)
+            variances.append(running_var)
         with torch.no_grad():  # keep the groups' mean, as the GPUs' statistics average under SyncBN
             self.running_mean.copy_(torch.stack(means).mean(dim=0))
             self.running_var.copy_(torch.stack(variances).mean(dim=0))

@@ -215,7 +215,7 @@ def median_times(
     third dict, not timed.
 
     ``block_s > 0`` times each candidate, in each repeat, as a block of consecutive calls
-    lasting about that long (the count fixed per candidate from its warm-up call, as
+    lasting about that long (the count fixed per candidate by a second, warm call, as
     ``timeit`` and ``torch.utils.benchmark`` do), and records the time per call. One call of a
     few milliseconds on its own also measures waking the thread pool and refilling the cache
     after the candidate before it; a training step calls the loss between the network's own
