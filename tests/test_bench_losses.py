@@ -19,6 +19,17 @@ HEADS = ["arcface", "cosface", "sphereface", "proxy_nca", "proxy_anchor"]
 PAIRWISE = BATCH + ["contrastive", "triplet", "lifted", "npair", "angular", "soft_nn", "circle"]
 
 
+@pytest.fixture(scope="module")
+def bench():
+    """tools/bench/losses.py as a module (a script, not part of the package)."""
+    sys.path.insert(0, str(ROOT / "tools/bench"))
+    try:
+        import losses
+    finally:
+        sys.path.pop(0)
+    return losses
+
+
 def _positive(x):
     return isinstance(x, float) and math.isfinite(x) and x > 0
 
@@ -64,26 +75,16 @@ def test_quick_run_writes_every_section(tmp_path):
     assert report["pml_ntxent"][0]["pml_peak_over_matrix"] >= 0
 
 
-def test_ratios_pair_the_times_of_each_repeat():
+def test_ratios_pair_the_times_of_each_repeat(bench):
     """A machine that slows down mid-run (second repeat 10x slower for everyone) leaves a paired
     ratio untouched, where the ratio of medians would mix fast and slow repeats."""
-    sys.path.insert(0, str(ROOT / "tools/bench"))
-    try:
-        import losses as bench
-    finally:
-        sys.path.pop(0)
     times = bench.Timings({"loss": [1.2, 12.0, 12.0], "matmul3": [1.0, 10.0, 10.0]})
     assert times.ratio("loss", "matmul3") == pytest.approx(1.2)
     assert times["loss"] == 12.0 and times["matmul3"] == 10.0  # the medians stay available
     assert times.ratio("loss", "peer") is None
 
 
-def test_every_candidate_is_timed_each_repeat_in_a_varying_order():
-    sys.path.insert(0, str(ROOT / "tools/bench"))
-    try:
-        import losses as bench
-    finally:
-        sys.path.pop(0)
+def test_every_candidate_is_timed_each_repeat_in_a_varying_order(bench):
     calls = []
     steps = {name: (lambda name=name: calls.append(name) or 0.0) for name in ("matmul3", "sslkit", "peer")}
     times, values, errors = bench.median_times(steps, repeats=20)
@@ -94,12 +95,7 @@ def test_every_candidate_is_timed_each_repeat_in_a_varying_order():
     assert values == {"matmul3": 0.0, "sslkit": 0.0, "peer": 0.0} and errors == {}
 
 
-def test_a_block_times_consecutive_calls_and_records_the_time_per_call():
-    sys.path.insert(0, str(ROOT / "tools/bench"))
-    try:
-        import losses as bench
-    finally:
-        sys.path.pop(0)
+def test_a_block_times_consecutive_calls_and_records_the_time_per_call(bench):
     calls = []
 
     def step(name, seconds):

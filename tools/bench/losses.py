@@ -276,6 +276,29 @@ def against_the_floor(
     return ({**figures, "errors": errors} if errors else figures), values
 
 
+def measure_row(row_name: str, name: str, ours, form: str, x: torch.Tensor, labels: torch.Tensor,
+                matmul_shape: tuple[int, int, int], classes: int | None, repeats: int,
+                block_s: float) -> tuple[dict, dict | None]:
+    """One row of section (a) or (b): sslkit's ``ours`` and loss ``name``'s peer against the matmuls.
+
+    ``ours`` is a built loss or head, or the string saying why it is not available (the row
+    then carries that note). Returns the row and each step's value from its warm-up call.
+    """
+    peer_label, peer_factory, peer_form = PEERS[name]
+    row = {"loss": row_name, "peer": peer_label, "available": not isinstance(ours, str)}
+    if isinstance(ours, str):
+        return {**row, "note": ours}, None
+    dim = x.shape[1]
+    figures, values = against_the_floor(
+        make_matmul_step(*matmul_shape),
+        make_step(ours, form, x, labels),
+        make_step(peer_factory(dim, classes), peer_form, x, labels),
+        repeats,
+        block_s,
+    )
+    return {**row, **figures}, values
+
+
 def bench_batch_losses(sizes: dict, repeats: int, block_s: float = 0.0) -> list[dict]:
     two_n, dim = sizes["two_n"], sizes["dim"]
     g = torch.Generator().manual_seed(0)
@@ -290,20 +313,10 @@ def bench_batch_losses(sizes: dict, repeats: int, block_s: float = 0.0) -> list[
     rows = []
     for row_name, name, form, labels in cases:
         ours = build_sslkit(name, dim, temperature=TEMPERATURE)
-        peer_label, peer_factory, peer_form = PEERS[name]
-        row = {"loss": row_name, "peer": peer_label, "available": not isinstance(ours, str)}
-        if isinstance(ours, str):
-            rows.append({**row, "note": ours})
-            continue
-        figures, values = against_the_floor(
-            make_matmul_step(two_n, dim, two_n),
-            make_step(ours, form, x, labels),
-            make_step(peer_factory(dim, None), peer_form, x, labels),
-            repeats,
-            block_s,
-        )
-        diff = abs(values["sslkit"] - values["peer"]) if {"sslkit", "peer"} <= set(values) else None
-        rows.append({**row, **figures, "abs_value_diff_vs_peer": diff})
+        row, values = measure_row(row_name, name, ours, form, x, labels, (two_n, dim, two_n), None, repeats, block_s)
+        if values is not None:
+            row["abs_value_diff_vs_peer"] = abs(values["sslkit"] - values["peer"]) if {"sslkit", "peer"} <= set(values) else None
+        rows.append(row)
     return rows
 
 
@@ -312,23 +325,11 @@ def bench_heads(sizes: dict, repeats: int, block_s: float = 0.0) -> list[dict]:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch, dim, generator=g)
     labels = torch.randint(0, classes, (batch,), generator=g)
-    rows = []
-    for name, _, _, form in HEADS:
-        ours = build_sslkit(name, dim, classes)
-        peer_label, peer_factory, peer_form = PEERS[name]
-        row = {"loss": name, "peer": peer_label, "available": not isinstance(ours, str)}
-        if isinstance(ours, str):
-            rows.append({**row, "note": ours})
-            continue
-        figures, _ = against_the_floor(
-            make_matmul_step(batch, dim, classes),
-            make_step(ours, form, x, labels),
-            make_step(peer_factory(dim, classes), peer_form, x, labels),
-            repeats,
-            block_s,
-        )
-        rows.append({**row, **figures})
-    return rows
+    return [
+        measure_row(name, name, build_sslkit(name, dim, classes), form, x, labels, (batch, dim, classes), classes,
+                    repeats, block_s)[0]
+        for name, _, _, form in HEADS
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
