@@ -33,6 +33,32 @@ def needs_row_shift(max_abs_logit: float, dtype: torch.dtype, terms: int | None 
     return max_abs_logit > limit
 
 
+# Rows per block of :func:`symmetric_pair_product`: a (512, 2N) temporary instead of a (2N, 2N)
+# one. At 2N = 4096 on a 2-core CPU, blocks of 256-512 rows took 0.73x the time of one
+# unblocked pass (which page-faults a fresh 64 MiB buffer); at 2N = 1024 they tie with it.
+PAIR_PRODUCT_ROWS = 512
+
+
+def symmetric_pair_product(exp: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``s_i (E X)_i + (E (s X))_i = sum_j (s_i + s_j) E_ij X_j`` for a symmetric ``E``, in row blocks.
+
+    A contrastive loss over one set of unit rows (``X`` both anchors and candidates) has the
+    gradient ``diag(s) E X + E^T diag(s) X``; with ``E^T = E`` that is one matmul of
+    ``(s_i + s_j) E_ij`` with ``X`` instead of two (or one twice as wide): 0.64x / 0.72x
+    the time on one / two CPU threads at n = 1024, D = 128. ``exp`` is only read.
+
+    Shape:
+        exp: (n, n) symmetric; scale: (n, 1); rows: (n, D); returns (n, D).
+    """
+    out = rows.new_empty(rows.shape)
+    scale_row = scale.T  # (1, n)
+    for start in range(0, exp.shape[0], PAIR_PRODUCT_ROWS):
+        block = slice(start, start + PAIR_PRODUCT_ROWS)
+        weights = torch.add(scale[block], scale_row).mul_(exp[block])  # (rows, n): (s_i + s_j) E_ij
+        torch.mm(weights, rows, out=out[block])
+    return out
+
+
 def upcast(x: torch.Tensor) -> torch.Tensor:
     """fp16/bf16 -> fp32; fp32 and fp64 unchanged."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

@@ -21,6 +21,7 @@ from sslkit.losses._common import (
     full_precision,
     gather_labelled,
     needs_row_shift,
+    symmetric_pair_product,
     upcast,
 )
 
@@ -48,8 +49,8 @@ def _symmetric_backward(z, inv_norm, exp, softmax_scale, positive_scale, positiv
     """The backward of :class:`_SupConWeightedSum` in one process without a row shift, where E is symmetric.
 
     The anchors are the candidates, so their two gradients add (``dL/dz_i + dL/dc_i``), and
-    ``E^T = E`` turns both products into one (n, 2D)-wide product ``E [z, s a]``: E is read
-    once, and no transposed product is needed (1.1-1.3x faster than the two on a CPU).
+    with ``E^T = E`` both products are one: ``s_i (E a)_i + (E (s a))_i = ((s_i + s_j) E_ij) a``,
+    an (n, n) pass and one matmul instead of two (:func:`~sslkit.losses._common.symmetric_pair_product`).
 
     The positives' two terms are equal here: anchor ``i`` pulls towards its positives
     (``g_i w_i / T sum_{p in P(i)} z_p``) and, as a candidate, is pulled by each of them
@@ -60,10 +61,7 @@ def _symmetric_backward(z, inv_norm, exp, softmax_scale, positive_scale, positiv
     Shape:
         z: (n, D) unit rows; exp: (n, n); softmax_scale, positive_scale: (n, 1); returns dL/dx (n, D).
     """
-    dim = z.shape[1]
-    scale = softmax_scale * inv_t  # (n, 1)
-    both = exp @ torch.cat([z, z * scale], dim=1)  # (n, 2D): [E z, E (s a)]
-    grad = both[:, dim:].addcmul_(both[:, :dim], scale)  # anchor side + candidate side
+    grad = symmetric_pair_product(exp, softmax_scale * inv_t, z)  # (n, D): anchor side + candidate side
     grad.addcmul_(positives, positive_scale * (-2.0 * inv_t))  # the pulls between positives, both ways
     return _through_unit_rows(grad, z, inv_norm)
 
