@@ -50,11 +50,16 @@ def symmetric_pair_product(exp: torch.Tensor, scale: torch.Tensor, rows: torch.T
     Shape:
         exp: (n, n) symmetric; scale: (n, 1); rows: (n, D); returns (n, D).
     """
+    n = exp.shape[0]
     out = rows.new_empty(rows.shape)
     scale_row = scale.T  # (1, n)
-    for start in range(0, exp.shape[0], PAIR_PRODUCT_ROWS):
+    # One buffer for every block: on a CPU each fresh MiB-sized tensor is fresh pages from the
+    # kernel, and faulting them in cost more than the arithmetic (0.80-0.94x the loss's time).
+    buffer = exp.new_empty(min(PAIR_PRODUCT_ROWS, n), n)
+    for start in range(0, n, PAIR_PRODUCT_ROWS):
         block = slice(start, start + PAIR_PRODUCT_ROWS)
-        weights = torch.add(scale[block], scale_row).mul_(exp[block])  # (rows, n): (s_i + s_j) E_ij
+        weights = buffer[: min(PAIR_PRODUCT_ROWS, n - start)]  # (rows, n)
+        torch.add(scale[block], scale_row, out=weights).mul_(exp[block])  # (s_i + s_j) E_ij
         torch.mm(weights, rows, out=out[block])
     return out
 
