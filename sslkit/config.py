@@ -17,6 +17,7 @@ rate, the per-process batch) are computed in the trainer and logged.
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.console import Console
 
 from sslkit.errors import UserError
 
@@ -314,7 +316,46 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         where = f" at line {mark.line + 1}" if mark else ""
         raise UserError(f"{path}: not valid YAML{where}: {getattr(error, 'problem', error)}") from None
     source = str(path) + (" (with command-line overrides)" if overrides else "")
-    return config_from_dict(apply_overrides(raw, overrides or []), source)
+    merged = apply_overrides(raw, overrides or [])
+    replaced = replace_recipe_loss(raw, merged, overrides or [])
+    if replaced and os.environ.get("RANK", "0") == "0":  # once, not from every process of a launch
+        Console(stderr=True).print(replaced, highlight=False, markup=False, soft_wrap=True)
+    return config_from_dict(merged, source)
+
+
+def replace_recipe_loss(recipe: dict, merged: dict, overrides: list[str]) -> str:
+    """When the command line names another loss, drop the recipe's ``loss.*`` keys that loss does not take.
+
+    The recipe's loss keys were written for the recipe's loss (``temperature`` for NT-Xent,
+    ``margin`` for ArcFace): switching ``loss.name=arcface`` on the command line would
+    otherwise fail on ``loss.temperature``, and an ablation over ``loss.name`` could not run.
+    Keys the new loss also takes are kept (``ntxent`` -> ``dcl`` keeps the temperature); keys
+    given on the command line are kept too, and checked as usual. Edits ``merged`` in place and
+    returns a note saying what was kept and dropped (a kept ``margin`` may mean something else
+    for the new loss: ArcFace's is an angle, CosFace's a cosine), or "" if the loss is unchanged.
+    """
+    recipe_loss = recipe.get("loss") if isinstance(recipe.get("loss"), dict) else {}
+    merged_loss = merged.get("loss")
+    if not isinstance(merged_loss, dict):
+        return ""
+    old, name = recipe_loss.get("name", LossConfig.name), merged_loss.get("name", LossConfig.name)
+    from sslkit import losses  # the registry imports torch; plain recipe parsing does not need it
+
+    if name == old or not isinstance(name, str) or name not in losses.LOSSES:
+        return ""  # same loss, or an unknown name that validate() reports with the choices
+    accepted = losses.loss_arguments(name)
+    given = {tuple(keys) for keys, _ in map(_parse_override, overrides)}
+    from_recipe = [key for key in recipe_loss if key not in ("name", "kwargs") and ("loss", key) not in given]
+    if not from_recipe:
+        return ""
+    kept = [f"loss.{key}={merged_loss[key]}" for key in from_recipe if key in accepted]
+    dropped = [f"loss.{key}={merged_loss.pop(key)}" for key in from_recipe if key not in accepted]
+    parts = [f"note: loss.name={name} replaces the recipe's loss '{old}'"]
+    if kept:
+        parts.append(f"kept {', '.join(kept)} from the recipe ({name} takes them too; check they suit it)")
+    if dropped:
+        parts.append(f"dropped {', '.join(dropped)} ({name} does not take them)")
+    return "; ".join(parts)
 
 
 def to_dict(cfg: Config) -> dict:

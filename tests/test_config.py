@@ -99,3 +99,28 @@ def test_round_trip_through_saved_config(tmp_path):
 def test_empty_dict_gives_defaults():
     cfg = config_from_dict({})
     assert cfg.data.name == "digits" and cfg.loss.name == "ntxent"
+
+
+def test_another_loss_on_the_command_line_drops_the_recipe_keys_it_does_not_take(tmp_path, capsys):
+    path = write(tmp_path, "method: {name: supervised}\nloss: {name: arcface, scale: 16.0, margin: 0.3}\n")
+    cfg = load_config(path, ["loss.name=proxy_anchor"])
+    assert cfg.loss.name == "proxy_anchor" and cfg.loss.kwargs == {}
+    note = capsys.readouterr().err
+    assert "dropped loss.scale=16.0, loss.margin=0.3 (proxy_anchor does not take them)" in note
+    assert "\n" not in note.strip()  # one line
+
+
+def test_another_loss_keeps_the_keys_it_takes_and_says_so(tmp_path, capsys):
+    path = write(tmp_path, "loss: {name: ntxent, temperature: 0.05}\n")
+    assert load_config(path, ["loss.name=dcl"]).loss.kwargs == {"temperature": 0.05}
+    assert "kept loss.temperature=0.05" in capsys.readouterr().err
+    load_config(path, ["loss.temperature=0.2"])  # the same loss: nothing to say
+    assert capsys.readouterr().err == ""
+
+
+def test_loss_keys_given_on_the_command_line_are_kept_and_checked(tmp_path):
+    path = write(tmp_path, "method: {name: supervised}\nloss: {name: arcface, margin: 0.3}\n")
+    cfg = load_config(path, ["loss.name=cosface", "loss.margin=0.35"])
+    assert cfg.loss.kwargs == {"margin": 0.35}
+    with pytest.raises(UserError, match="unknown key 'loss.margin' for loss 'proxy_nca'"):
+        load_config(path, ["loss.name=proxy_nca", "loss.margin=0.1"])

@@ -114,6 +114,14 @@ def build(name: str, **kwargs) -> nn.Module:
     return LOSSES[name](**kwargs)
 
 
+def loss_arguments(name: str) -> dict[str, inspect.Parameter]:
+    """The constructor arguments a recipe may give loss ``name`` (``loss.<argument>``), by name."""
+    signature = inspect.signature(LOSSES[name].__init__)
+    # Heads get these from the model and dataset, not from the recipe.
+    supplied_by_trainer = {"self", "embedding_dim"}  # num_classes may be stated, and is checked against the dataset
+    return {k: p for k, p in signature.parameters.items() if k not in supplied_by_trainer and p.kind is p.POSITIONAL_OR_KEYWORD}
+
+
 def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> dict:
     """Recipe-time check of a loss's keyword arguments: unknown keys and wrong types are UserErrors.
 
@@ -121,10 +129,7 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> dict:
     ``1e-3``, turned into floats.
     """
     kwargs = dict(kwargs)
-    signature = inspect.signature(LOSSES[name].__init__)
-    # Heads get these from the model and dataset, not from the recipe.
-    supplied_by_trainer = {"self", "embedding_dim"}  # num_classes may be stated, and is checked against the dataset
-    valid = {k: p for k, p in signature.parameters.items() if k not in supplied_by_trainer and p.kind is p.POSITIONAL_OR_KEYWORD}
+    valid = loss_arguments(name)
     for key, value in kwargs.items():
         if key not in valid:
             raise UserError(f"{source}: unknown key 'loss.{key}' for loss '{name}'; valid keys: {', '.join(['name', *valid]) }")
