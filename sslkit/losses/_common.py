@@ -34,8 +34,8 @@ def needs_row_shift(max_abs_logit: float, dtype: torch.dtype, terms: int | None 
 
 
 # Rows per block of :func:`symmetric_pair_product`: a (512, 2N) temporary instead of a (2N, 2N)
-# one. At 2N = 4096 on a 2-core CPU, blocks of 256-512 rows took 0.73x the time of one
-# unblocked pass (which page-faults a fresh 64 MiB buffer); at 2N = 1024 they tie with it.
+# one. At 2N = 4096 on a 2-core CPU, 256-row blocks took 0.59x the time of one unblocked
+# pass (which page-faults a fresh 64 MiB buffer); at 2N = 1024 they tie with it.
 PAIR_PRODUCT_ROWS = 512
 
 

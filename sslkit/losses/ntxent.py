@@ -39,9 +39,9 @@ def ntxent_loss(
     candidates are gathered with gradient and the positives offset by ``rank * N``; see
     :mod:`sslkit.distributed` for the gradient convention.
 
-    Cost: one (2n, 2N) matmul forward and two backward, an in-place ``exp`` and a row sum
-    (and a row maximum when T < 1/60); no other pass over the (2n, 2N) logits (see
-    :mod:`sslkit.losses._fused`).
+    Cost: one (2n, 2N) matmul forward, an in-place ``exp`` and a row sum (and a row maximum
+    when T < 1/60); backward, two matmuls, or in one process one matmul and one pass over the
+    (2N, 2N) matrix, which is symmetric there (see :mod:`sslkit.losses._fused`).
 
     Shape:
         z1, z2: (N, D) embeddings of two views of the same N images.

@@ -86,7 +86,7 @@ class _SupConWeightedSum(torch.autograd.Function):
     (n, D) nodes for the positive sum and the normalisation; on the CPU those cost as much
     as the three matmuls. Here the forward turns the logits buffer into ``exp(logits - m_i)``
     in place and keeps it, and the backward folds every per-row factor into the thin (n, D)
-    side of its two matmuls. ``m_i`` is 0 while ``1/T`` is small enough that ``exp(+-1/T)``
+    side of its two matmuls (in one process one, see ``_symmetric_backward``). ``m_i`` is 0 while ``1/T`` is small enough that ``exp(+-1/T)``
     cannot overflow or underflow (``|z . c| <= 1``), which saves a pass; else the row maximum.
 
     The positive sum needs no (n, N) mask: ``sum_{p in P(i)} c_p = S_{y_i} - c_{i + offset}``
@@ -193,8 +193,9 @@ def supcon_loss(
     ``AvgNonZeroReducer``), but returns 0 when the batch has no *negative* at all, where eq. 2
     is still defined and this loss computes it.
 
-    Cost: one (n, N) matmul forward and two backward, a few in-place passes over the (n, N)
-    logits, and no (n, N) positive mask (see ``_SupConWeightedSum``).
+    Cost: one (n, N) matmul forward and two backward (one in one process, where the (N, N)
+    matrix is symmetric), a few passes over the (n, N) logits, and no (n, N) positive mask
+    (see ``_SupConWeightedSum``).
 
     Across processes, local anchors are compared with every process's embeddings and each
     process's loss is scaled so that their mean is the loss of the whole batch, however the
