@@ -89,6 +89,7 @@ SPECS = {name: (module, cls, form) for name, module, cls, form in PAIR_LOSSES + 
 # batch-loss step is a few ms, so its block is several calls; a head step (100+ ms) runs once.
 BLOCK_MS = 25.0
 BATCH_REPEAT_FACTOR = 10  # section (a) steps are short: this many times the repeats (see main)
+HEAD_REPEAT_FACTOR = 3  # section (b): a 1.15x target wants a steadier median than 7 single calls give
 
 TEMPERATURE = 0.1  # section (a): the same T for sslkit and the peer, so their values must agree
 
@@ -579,7 +580,8 @@ def print_report(report: dict) -> None:
     console.print(
         f"[bold]sslkit loss benchmark[/bold]: torch {meta['torch']}, {meta['threads']} threads "
         f"(torch.set_num_threads), float32 forward+backward, medians over "
-        f"{meta.get('batch_repeats', meta['repeats'])} (a) / {meta['repeats']} (b, c) interleaved repeats"
+        f"{meta.get('batch_repeats', meta['repeats'])} (a) / {meta.get('head_repeats', meta['repeats'])} (b) / "
+        f"{meta['repeats']} (c) interleaved repeats"
         f", blocks of {meta.get('block_ms', 0):g} ms (a, b)"
         + (" [yellow](--quick sizes)[/yellow]" if meta["quick"] else "")
     )
@@ -657,9 +659,12 @@ def main(argv: list[str] | None = None) -> dict:
     # A batch-loss step takes 3-10 ms against 100+ ms for a head: ten times the repeats gives
     # both sections about the same measuring time, and one noisy millisecond less weight.
     batch_repeats = BATCH_REPEAT_FACTOR * repeats
+    # A head step is one call per repeat (100+ ms, longer than a block): three times the repeats
+    # (about 35 s at full size) so that the ratio's median moves less with the host's jitter.
+    head_repeats = HEAD_REPEAT_FACTOR * repeats
     block_s = args.block_ms / 1e3
     batch_rows = bench_batch_losses(config["batch"], batch_repeats, block_s)
-    head_rows = bench_heads(config["heads"], repeats, block_s)
+    head_rows = bench_heads(config["heads"], head_repeats, block_s)
     results = collect_worker(worker_config, early or start_worker(worker_config))
     pair_rows, pml_rows = pairwise_rows(worker_config, results)
     methods = {r["memory_method"] for r in pair_rows if "memory_method" in r}
@@ -671,6 +676,7 @@ def main(argv: list[str] | None = None) -> dict:
             "threads": torch.get_num_threads(),
             "repeats": repeats,
             "batch_repeats": batch_repeats,
+            "head_repeats": head_repeats,
             "quick": args.quick,
             "dtype": "float32",
             "timing": "median of interleaved repeats of forward+backward, after one warm-up call",
