@@ -352,9 +352,10 @@ def replace_recipe_loss(recipe: dict, merged: dict, overrides: list[str]) -> str
     dropped = [f"loss.{key}={merged_loss.pop(key)}" for key in from_recipe if key not in accepted]
     parts = [f"note: loss.name={name} replaces the recipe's loss '{old}'"]
     if kept:
-        parts.append(f"kept {', '.join(kept)} from the recipe ({name} takes them too; check they suit it)")
+        values = "the value suits" if len(kept) == 1 else "the values suit"
+        parts.append(f"kept {', '.join(kept)} from the recipe, which {name} also takes (check {values} {name})")
     if dropped:
-        parts.append(f"dropped {', '.join(dropped)} ({name} does not take them)")
+        parts.append(f"dropped {', '.join(dropped)} ({name} does not take {'it' if len(dropped) == 1 else 'them'})")
     return "; ".join(parts)
 
 
