@@ -86,8 +86,9 @@ class _SupConWeightedSum(torch.autograd.Function):
     (n, D) nodes for the positive sum and the normalisation; on the CPU those cost as much
     as the three matmuls. Here the forward turns the logits buffer into ``exp(logits - m_i)``
     in place and keeps it, and the backward folds every per-row factor into the thin (n, D)
-    side of its two matmuls (in one process one, see ``_symmetric_backward``). ``m_i`` is 0 while ``1/T`` is small enough that ``exp(+-1/T)``
-    cannot overflow or underflow (``|z . c| <= 1``), which saves a pass; else the row maximum.
+    side of its two matmuls (one in one process, see ``_symmetric_backward``). ``m_i`` is 0
+    while ``1/T`` is small enough that ``exp(+-1/T)`` cannot overflow or underflow
+    (``|z . c| <= 1``), which saves a pass; else the row maximum.
 
     The positive sum needs no (n, N) mask: ``sum_{p in P(i)} c_p = S_{y_i} - c_{i + offset}``
     with ``S_k`` the sum of the candidates of class ``k``. Gradients with respect to the unit
