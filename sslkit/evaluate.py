@@ -40,7 +40,7 @@ def find_recipe(target: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from sslkit.launch import relaunch_cpu_processes
+    from sslkit.launch import cpu_threads, relaunch_cpu_processes
 
     if argv is None and (code := relaunch_cpu_processes()) is not None:
         return code
@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"no config.yaml next to '{target}'; pass --recipe with the recipe it was trained with")
         cfg = load_config(recipe, args.overrides)
         accelerator = Accelerator(mixed_precision="no")
+        if accelerator.device.type == "cpu":
+            cpu_threads(None)  # accelerate launch may have pinned one thread (sslkit/launch.py)
         d = cfg.data
         train_set = data.build_dataset(d.name, "train", d.root, d.download, d.image_size)
         test_set = data.build_dataset(d.name, "test", d.root, d.download, d.image_size)

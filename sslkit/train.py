@@ -27,7 +27,7 @@ from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwa
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader, Sampler
 
-from sslkit import checkpoint, data, evaluation, methods, models, optim
+from sslkit import checkpoint, data, evaluation, launch, methods, models, optim
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, save_config, to_dict
 from sslkit.console import console, print_config, results_table
@@ -139,8 +139,7 @@ def train(cfg: Config) -> dict:
         # While the backbone is frozen its parameters get no gradient; DDP must be told to expect that.
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.train.freeze_backbone_epochs > 0)],
     )
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    threads, threads_source = launch.cpu_threads(cfg.train.threads) if accelerator.device.type == "cpu" else (None, "")
     set_seed(cfg.run.seed, device_specific=True)
     main = accelerator.is_main_process
 
@@ -208,7 +207,8 @@ def train(cfg: Config) -> dict:
         save_config(cfg, run_dir / "config.yaml")
         print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
         console.print(f"{world} process{'es' if world > 1 else ''} on {accelerator.device} ({accelerator.distributed_type.value}), "
-                      f"{local_batch} images per process per step, global batch {cfg.train.batch_size}")
+                      f"{local_batch} images per process per step, global batch {cfg.train.batch_size}"
+                      + (f", {threads} CPU thread{'s' if threads > 1 else ''} per process ({threads_source})" if threads else ""))
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
 
     # ------------------------------------------------------------------ prepare

@@ -7,3 +7,66 @@ def test_requested_processes_forms():
     assert _requested_processes(["accelerate", "launch", "--cpu", "--num_processes", "2", "x.py"]) == 2
     assert _requested_processes(["python", "-m", "accelerate.commands.launch", "--num_processes=3", "x.py"]) == 3
     assert _requested_processes(["accelerate", "launch", "x.py"]) == 1
+
+
+# --------------------------------------------------------------------------- CPU threads
+# `accelerate launch` on a machine with no GPU and no --num_processes sets OMP_NUM_THREADS=1
+# (sslkit/launch.py); cpu_threads() gives the process its cores back, unless the user chose.
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from sslkit.launch import _option_given, cpu_threads  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
+
+
+def test_option_given_forms():
+    assert _option_given(["accelerate", "launch", "--num_cpu_threads_per_process", "1", "x.py"], "--num_cpu_threads_per_process")
+    assert _option_given(["accelerate", "launch", "--num_cpu_threads_per_process=1", "x.py"], "--num_cpu_threads_per_process")
+    assert not _option_given(["accelerate", "launch", "--cpu", "x.py"], "--num_cpu_threads_per_process")
+
+
+def test_requested_threads_win():
+    before = torch.get_num_threads()
+    try:
+        assert cpu_threads(1) == (1, "train.threads")
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def _threads_under_accelerate(tmp_path: Path, *launcher_args: str, omp: str | None = None) -> tuple[int, str]:
+    script = tmp_path / "threads.py"
+    script.write_text(f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+                      "from sslkit.launch import cpu_threads\n"
+                      "n, why = cpu_threads(None)\n"
+                      "print(f'THREADS {n} {why}')\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    result = subprocess.run([*ACCELERATE, "--cpu", *launcher_args, str(script)], capture_output=True, text=True,
+                            timeout=120, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("THREADS"))
+    _, count, why = line.split(" ", 2)
+    return int(count), why
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU accelerate counts one process and spreads the cores itself")
+def test_accelerate_launch_gets_the_cores_back(tmp_path):
+    count, why = _threads_under_accelerate(tmp_path)
+    assert count == len(os.sched_getaffinity(0)), why
+    if count > 1:
+        assert "accelerate launch had set OMP_NUM_THREADS=1" in why
+
+
+def test_users_one_thread_is_kept(tmp_path):
+    assert _threads_under_accelerate(tmp_path, omp="1") == (1, "torch default")
+    assert _threads_under_accelerate(tmp_path, "--num_cpu_threads_per_process", "1") == (1, "torch default")
