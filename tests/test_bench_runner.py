@@ -143,3 +143,14 @@ def test_race_summary_says_where_sslkit_loses():
     s = race.summarize({**sslkit, "images_per_s": 900.0, "knn_top1": 0.83}, lightly)
     assert s["sslkit_faster"] and s["sslkit_as_accurate"]
     assert not any("slower" in f or "below" in f for f in s["findings"])
+
+
+def test_race_default_recipe_is_raceable():
+    """The race's default (the Fashion-MNIST recipe, which has blur and solarize) must pass its own check."""
+    from sslkit.config import load_config
+
+    race = load("race")
+    recipe, implied = race.default_recipe()
+    cfg = load_config(recipe, implied + race.race_overrides(False, 4, 1, []))
+    race.check_raceable(cfg)
+    assert cfg.augment.blur_p == 0 and cfg.augment.solarize_p == 0
