@@ -139,7 +139,9 @@ def train(cfg: Config) -> dict:
         # While the backbone is frozen its parameters get no gradient; DDP must be told to expect that.
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.train.freeze_backbone_epochs > 0)],
     )
-    threads, threads_source = launch.cpu_threads(cfg.train.threads) if accelerator.device.type == "cpu" else (None, "")
+    # train.threads applies on any device (data and host work); the automatic count only matters on the CPU.
+    on_cpu = accelerator.device.type == "cpu"
+    threads, threads_source = launch.cpu_threads(cfg.train.threads) if cfg.train.threads or on_cpu else (None, "")
     set_seed(cfg.run.seed, device_specific=True)
     main = accelerator.is_main_process
 
