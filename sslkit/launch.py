@@ -29,6 +29,23 @@ def _option_given(cmdline: list[str], *names: str) -> bool:
     return any(arg in names or arg.split("=", 1)[0] in names for arg in cmdline)
 
 
+def _accelerate_launcher():
+    """The parent process (a ``psutil.Process``) when it is ``accelerate launch``, else None.
+
+    Both ``accelerate launch ...`` and ``python -m accelerate.commands.launch ...`` count; None
+    also when the parent cannot be read (another OS, no permission).
+    """
+    try:
+        import psutil  # a dependency of accelerate
+
+        parent = psutil.Process(os.getppid())
+        if any("accelerate" in part or part == "launch" for part in parent.cmdline()[:4]):
+            return parent
+    except Exception:
+        pass
+    return None
+
+
 def _requested_processes(parent_cmdline: list[str]) -> int:
     """``--num_processes N`` (or ``=N``) from ``accelerate launch``'s own command line, else 1."""
     for i, arg in enumerate(parent_cmdline):
@@ -44,15 +61,10 @@ def relaunch_cpu_processes() -> int | None:
     env = os.environ
     if env.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true") or "WORLD_SIZE" in env or "MASTER_ADDR" not in env:
         return None
-    try:
-        import psutil  # a dependency of accelerate
-
-        parent = psutil.Process(os.getppid()).cmdline()
-    except Exception:  # no parent information: behave as accelerate does
+    launcher = _accelerate_launcher()
+    if launcher is None:  # no parent information, or not accelerate's: behave as accelerate does
         return None
-    if not any("accelerate" in part or part == "launch" for part in parent[:4]):  # `accelerate launch`, `python -m accelerate.commands.launch`
-        return None
-    processes = _requested_processes(parent)
+    processes = _requested_processes(launcher.cmdline())
     if processes <= 1:
         return None
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
@@ -65,18 +77,15 @@ def _launcher_pinned_one_thread() -> bool:
     env = os.environ
     if env.get("OMP_NUM_THREADS") != "1" or "ACCELERATE_MIXED_PRECISION" not in env:
         return False
-    try:
-        import psutil  # a dependency of accelerate
-
-        parent = psutil.Process(os.getppid())
-        cmdline, parent_env = parent.cmdline(), parent.environ()
-    except Exception:  # no parent information (another OS, no permission): keep what we were given
+    launcher = _accelerate_launcher()
+    if launcher is None:  # started by torchrun (see relaunch_cpu_processes), by hand, or unreadable
         return False
-    if not any("accelerate" in part or part == "launch" for part in cmdline[:4]):
-        return False  # started by torchrun (see relaunch_cpu_processes) or by hand
-    if "OMP_NUM_THREADS" in parent_env:
-        return False  # the user set it for the launcher
-    return not _option_given(cmdline, "--num_cpu_threads_per_process", "--num-cpu-threads-per-process")
+    try:
+        if "OMP_NUM_THREADS" in launcher.environ():
+            return False  # the user set it for the launcher
+    except Exception:  # its environment cannot be read: keep what we were given
+        return False
+    return not _option_given(launcher.cmdline(), "--num_cpu_threads_per_process", "--num-cpu-threads-per-process")
 
 
 def cpu_threads(requested: int | None) -> tuple[int, str]:

@@ -22,9 +22,10 @@ dozen small nodes. On the CPU those passes cost as much as the matmuls. Here the
 one matmul, an in-place ``exp`` and a row sum; the backward is two matmuls (one in one
 process, where ``E`` is symmetric), with every per-row factor (softmax denominator, incoming
 gradient, temperature) folded into the thin (2n, D) side and the positive's own term added
-there too, so no other (2n, 2N) pass remains (but the symmetric product's one). The views are concatenated, normalised and scaled by the temperature in one buffer,
-the one the matmul reads. Measured at 2N = 1024, D = 128, fp32: 1.0-1.05x the time of the
-three bare matmuls on one CPU thread, 1.2-1.3x on two (the autograd version: 1.9-2.1x for NT-Xent, 3x for DCL).
+there too, so no other (2n, 2N) pass remains (but the symmetric product's one). The views
+are concatenated, normalised and scaled by the temperature in one buffer, the one the matmul
+reads. Measured at 2N = 1024, D = 128, fp32: 1.0-1.05x the time of the three bare matmuls on
+one CPU thread, 1.2-1.3x on two (the autograd version: 1.9-2.1x for NT-Xent, 3x for DCL).
 
 Numerics: logits are fp32 or fp64 (callers upcast half precision and turn autocast off),
 and ``|a_i . c_j| <= 1/T`` for unit vectors. While ``1/T`` is at most 60 (fp32; 600 in fp64),
