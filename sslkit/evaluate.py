@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             report["raw_pixels"] = results["raw pixels"]
         out.write_text(json.dumps(report, indent=2))
         console.print(f"results written to {out}")
+    # Leave together and close the process group (as the trainer does): a process that exits
+    # while another still tears down its gloo connections can abort.
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
     return 0
 
 

@@ -113,6 +113,10 @@ LAUNCHED_SCRIPT = textwrap.dedent(
 
     with open(f"{sys.argv[1]}/rank{accelerator.process_index}.json", "w") as file:
         json.dump(result, file)
+    # Leave together and close the gloo group: a rank that exits while the other still tears
+    # down its connections can abort ("terminate called without an active exception").
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
     """
 )
 
