@@ -27,7 +27,7 @@ from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwa
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader, Sampler
 
-from sslkit import checkpoint, data, evaluation, launch, methods, models, optim
+from sslkit import checkpoint, data, distributed, evaluation, launch, methods, models, optim
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, save_config, to_dict
 from sslkit.console import console, print_config, results_table
@@ -214,6 +214,7 @@ def train(cfg: Config) -> dict:
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
 
     # ------------------------------------------------------------------ prepare
+    distributed.skip_broadcast_of_replicated_buffers(method)  # MoCo's queue, NPID's bank: equal on every process already
     method, optimizer, train_loader = accelerator.prepare(method, optimizer, train_loader)
     batches_per_epoch = len(train_loader)
     # Accelerate syncs at the end of the loader too, so a short last window still makes a step.

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from sklearn.datasets import load_digits
 
 from dist_utils import run_in_processes
-from sslkit import methods, optim
+from sslkit import distributed, methods, optim
 from sslkit.config import config_from_dict
 from sslkit.errors import UserError
 from sslkit.methods.moco import MoCo, MoCoV3, SplitBatchNorm, moco_v3_loss, split_batch_norm
@@ -285,6 +285,56 @@ def test_two_processes_match_one_process_and_share_one_bank():
     untouched = build("nce", num_samples=64).bank
     changed = (results[0]["bank"] != untouched).any(dim=1).nonzero().flatten().tolist()
     assert changed == list(range(0, 48, 3))  # rows 0, 3, ..., 45: both processes' indices
+
+
+def _ddp_steps(rank: int, world: int, name: str) -> dict:
+    """Three DDP steps of a tiny method, each process on its own half of the digits, as the trainer
+    wraps it; then one forward after rank 1 has written markers into its buffers."""
+    method = build(name, num_samples=64, queue_size=256)  # the same seed on both processes
+    skipped = distributed.skip_broadcast_of_replicated_buffers(method)
+    ddp = torch.nn.parallel.DistributedDataParallel(method)  # broadcast_buffers=True, as Accelerate wraps it
+    optimizer = torch.optim.SGD(method.parameters(), lr=0.1)
+    view1, view2 = fixed_views(2 * BATCH)
+    half = slice(BATCH * rank, BATCH * (rank + 1))
+    for step in range(3):
+        indices = torch.arange(BATCH * rank, BATCH * (rank + 1)) * 2
+        loss = ddp(view1[half], view2[half], None, indices) if name == "nce" else ddp(view1[half], view2[half])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if hasattr(method, "after_optimizer_step"):
+            method.after_optimizer_step(step, 10)
+    replicated = method.queue.keys if name == "moco" else method.bank
+    state = replicated.clone()
+    batch_norm = next(m for m in method.backbone.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    if rank == 1:  # a broadcast from rank 0 before the next forward would overwrite both markers
+        replicated.fill_(7.0)
+        batch_norm.num_batches_tracked.fill_(100)
+    with torch.no_grad():
+        ddp(view1[half], view2[half], None, torch.arange(BATCH)) if name == "nce" else ddp(view1[half], view2[half])
+    return {"skipped": skipped, "state": state, "marker_rows": int((replicated == 7.0).all(dim=1).sum()),
+            "batches_tracked": int(batch_norm.num_batches_tracked)}
+
+
+@pytest.mark.parametrize("name", ["moco", "nce"])
+def test_ddp_leaves_the_queue_and_bank_alone_and_they_stay_equal_on_every_process(name):
+    """MoCo's queue and NPID's bank are equal everywhere by construction, so DDP no longer re-sends them
+    from rank 0 each step (32 MiB for a 65,536-key queue); BatchNorm's statistics still are."""
+    results = run_in_processes(_ddp_steps, name)
+    expected = ["queue.keys", "queue.ptr", "queue.filled"] if name == "moco" else ["bank"]
+    assert results[0]["skipped"] == expected
+    torch.testing.assert_close(results[0]["state"], results[1]["state"], rtol=0, atol=0)
+    if name == "moco":
+        assert results[0]["state"].abs().sum(dim=1).gt(0).sum() == 3 * 2 * 2 * BATCH  # 3 steps x 2 processes x 2 views
+    # Not overwritten by rank 0's buffer; only the rows the last forward wrote have changed.
+    assert results[1]["marker_rows"] == (256 - 2 * 2 * BATCH if name == "moco" else 64 - BATCH)
+    assert results[1]["batches_tracked"] == results[0]["batches_tracked"]  # 100 overwritten: BatchNorm still synced
+
+
+def test_a_model_without_replicated_buffers_is_left_as_it_was():
+    backbone = build_backbone("resnet18", 4)
+    assert distributed.skip_broadcast_of_replicated_buffers(backbone) == []
+    assert not hasattr(backbone, "_ddp_params_and_buffers_to_ignore")
 
 
 # --------------------------------------------------------------------------- recipes and a real run

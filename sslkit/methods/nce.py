@@ -45,6 +45,8 @@ class MemoryBankNCE(nn.Module):
 
     needs_labels = False
     needs_indices = True
+    # Equal on every process (same seed, same gathered updates): DDP need not re-send it each step.
+    replicated_buffers = ("bank",)
 
     def __init__(self, backbone: nn.Module, projector: nn.Module, loss: nn.Module, num_samples: int,
                  num_negatives: int = 4096, bank_momentum: float = 0.5) -> None:

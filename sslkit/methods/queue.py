@@ -20,7 +20,9 @@ class KeyQueue(nn.Module):
 
     Across processes, :meth:`enqueue` gathers the keys of every process (rank order), so every
     process holds the same queue: the negatives of a query are the global past batches, as in
-    MoCo's multi-GPU code.
+    MoCo's multi-GPU code. Being equal everywhere, the buffers are ``replicated_buffers``: DDP
+    need not re-send them from rank 0 each step (see
+    :func:`sslkit.distributed.skip_broadcast_of_replicated_buffers`).
 
     Buffers:
         keys: (size, dim) float32, the ring buffer.
@@ -32,6 +34,8 @@ class KeyQueue(nn.Module):
     >>> queue.negatives().shape
     torch.Size([3, 2])
     """
+
+    replicated_buffers = ("keys", "ptr", "filled")
 
     def __init__(self, size: int, dim: int) -> None:
         super().__init__()
