@@ -92,6 +92,9 @@ class ModelConfig:
     projector_out: int = 128
     projector_layers: int = 2
     channels_last: bool = False
+    # BatchNorm statistics over the global batch of every process (SimCLR's global BN, MoCo v3's
+    # SyncBN; sslkit/sync_batchnorm.py); the same as plain BatchNorm in one process.
+    sync_batchnorm: bool = False
 
 
 @dataclass

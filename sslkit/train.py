@@ -33,6 +33,7 @@ from sslkit.config import Config, save_config, to_dict
 from sslkit.console import console, print_config, results_table
 from sslkit.errors import UserError
 from sslkit.report import write_report
+from sslkit.sync_batchnorm import convert_sync_batchnorm
 
 
 class EpochShuffleSampler(Sampler[int]):
@@ -188,6 +189,8 @@ def train(cfg: Config) -> dict:
         if main:
             console.print(f"backbone initialised from {cfg.run.init_from}" + (f"; keys not used: {', '.join(unused)}" if unused else ""))
     method = methods.build_method(cfg, backbone, info.num_classes, len(train_set))
+    if cfg.model.sync_batchnorm:  # every BatchNorm, momentum encoders included
+        method = convert_sync_batchnorm(method, accelerator.device.type)
     if cfg.model.channels_last:
         models.to_channels_last(method)
     initial_backbone = {k: v.clone() for k, v in backbone.state_dict().items()} if cfg.eval.compare_random_init else None
@@ -210,7 +213,8 @@ def train(cfg: Config) -> dict:
         print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
         console.print(f"{world} process{'es' if world > 1 else ''} on {accelerator.device} ({accelerator.distributed_type.value}), "
                       f"{local_batch} images per process per step, global batch {cfg.train.batch_size}"
-                      + (f", {threads} CPU thread{'s' if threads > 1 else ''} per process ({threads_source})" if threads else ""))
+                      + (f", {threads} CPU thread{'s' if threads > 1 else ''} per process ({threads_source})" if threads else "")
+                      + (", BatchNorm over the global batch (model.sync_batchnorm)" if cfg.model.sync_batchnorm and world > 1 else ""))
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
 
     # ------------------------------------------------------------------ prepare

@@ -89,14 +89,17 @@ def test_evaluate_a_run_next_to_raw_pixels(tmp_path):
     assert_one_line_error(missing, "nope", "not found")
 
 
-def test_two_processes_with_accelerate_launch(tmp_path):
+@pytest.mark.parametrize("sync_batchnorm", [False, True])
+def test_two_processes_with_accelerate_launch(tmp_path, sync_batchnorm):
     from dist_utils import _free_port
 
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--main_process_port", str(_free_port())]  # not 29500: another run may hold it
-    result = pretrain(tmp_path, "run.name=two", "train.epochs=1", "train.max_steps=4", launcher=launcher)
+    result = pretrain(tmp_path, "run.name=two", "train.epochs=1", "train.max_steps=4",
+                      f"model.sync_batchnorm={str(sync_batchnorm).lower()}", launcher=launcher)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert ("BatchNorm over the global batch" in result.stdout) == sync_batchnorm
     run = tmp_path / "two"
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]  # written once, by the main process

@@ -190,6 +190,9 @@ class MoCo(nn.Module):
             raise UserError(f"method.bn_splits {m.bn_splits} must be >= 1 and divide the {per_pass} images each process "
                             f"encodes per pass (train.batch_size per process{', both views' if m.symmetric else ''}); "
                             f"try method.bn_splits=8 or 1")
+        if model.sync_batchnorm and m.bn_splits > 1:
+            raise UserError(f"model.sync_batchnorm normalises over every process's batch, method.bn_splits {m.bn_splits} over "
+                            f"parts of one process's batch: set method.bn_splits=1 with model.sync_batchnorm=true")
         projector = _mlp_without_batch_norm(backbone.feature_dim, model.projector_hidden, model.projector_out,
                                             model.projector_layers)
         return cls(backbone, projector, _contrastive_loss(cfg, "moco"), m.queue_size, m.momentum, m.momentum_final,
@@ -281,7 +284,7 @@ class MoCoV3(nn.Module):
     :func:`moco_v3_loss` in both directions, summed as in [2]. The negatives are the other
     keys of the batch (all processes), so BatchNorm needs no shuffling here: in one process every
     key shares the positive's statistics. (With several processes, [2] uses SyncBatchNorm so
-    keys from other processes share them too; see the note in ``from_config``.) Both views go
+    keys from other processes share them too: ``model.sync_batchnorm``.) Both views go
     through each encoder in one batch (faster than [2]'s one pass per view; BatchNorm then pools
     the two views' statistics, as in :class:`~sslkit.methods.SimCLR`).
 
@@ -307,8 +310,8 @@ class MoCoV3(nn.Module):
 
     @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int) -> "MoCoV3":
-        # Multi-process note: without SyncBatchNorm (GPU only in torch) each process normalises its
-        # own keys; keys gathered from other processes then carry other statistics than the positive.
+        # Multi-process note: without model.sync_batchnorm each process normalises its own keys;
+        # keys gathered from other processes then carry other statistics than the positive.
         m, model = cfg.method, cfg.model
         _check_momentum(cfg)
         if m.predictor_hidden < 1:
