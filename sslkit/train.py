@@ -126,20 +126,73 @@ def evaluate_unseen(backbone, preprocess, unseen_loader, accelerator: Accelerato
     return {f"unseen_{k}": v for k, v in evaluation.retrieval_metrics(features, labels).items()}
 
 
-def train(cfg: Config) -> dict:
-    """Pretrain an encoder as ``cfg`` says; returns the final evaluation results."""
-    # ------------------------------------------------------------------ set-up
-    run_dir = make_run_dir(cfg)
-    accelerator = Accelerator(
+# ---------------------------------------------------------------------- builders
+# The pieces a training step touches, built as train() builds them. Also used by
+# tools/bench/train.py, so that the benchmark times the loop users run, not a copy of it.
+
+
+def make_accelerator(cfg: Config, run_dir: Path | None = None) -> Accelerator:
+    """The Accelerator of a training run; ``run_dir`` is where TensorBoard logs go (none: no trackers)."""
+    return Accelerator(
         mixed_precision=cfg.train.mixed_precision,
         gradient_accumulation_steps=cfg.train.grad_accum_steps,
-        log_with="tensorboard" if cfg.train.tensorboard else None,
-        project_dir=str(run_dir),
+        log_with="tensorboard" if cfg.train.tensorboard and run_dir is not None else None,
+        project_dir=str(run_dir) if run_dir is not None else None,
         # Our sampler already orders data by (seed, epoch): keep it rather than substituting Accelerate's.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False),
         # While the backbone is frozen its parameters get no gradient; DDP must be told to expect that.
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.train.freeze_backbone_epochs > 0)],
     )
+
+
+def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoader, EpochShuffleSampler]:
+    """The training loader (uint8 batches, ``local_batch`` per process) and the sampler that orders its epochs."""
+    sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
+    # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
+    needs_indices = getattr(methods.METHODS[cfg.method.name], "needs_indices", False)
+    loader = DataLoader(data.WithIndices(train_set) if needs_indices else train_set, batch_size=local_batch, sampler=sampler,
+                        drop_last=True, collate_fn=data.collate_batch, num_workers=cfg.data.num_workers,
+                        persistent_workers=cfg.data.num_workers > 0,
+                        # Its own generator: otherwise starting an epoch's iterator draws from the global
+                        # RNG (worker base seed), and a resumed run would augment with shifted random numbers.
+                        generator=torch.Generator().manual_seed(cfg.run.seed))
+    return loader, sampler
+
+
+def make_method(cfg: Config, backbone: torch.nn.Module, num_classes: int, num_samples: int, device_type: str) -> torch.nn.Module:
+    """The recipe's method around ``backbone``, with global BatchNorm and channels_last if it asks for them."""
+    method = methods.build_method(cfg, backbone, num_classes, num_samples)
+    if cfg.model.sync_batchnorm:  # every BatchNorm, momentum encoders included
+        method = convert_sync_batchnorm(method, device_type)
+    if cfg.model.channels_last:
+        models.to_channels_last(method)
+    return method
+
+
+def make_optimizer(cfg: Config, method: torch.nn.Module) -> tuple[torch.optim.Optimizer, float]:
+    """The optimizer over ``method``'s parameter groups, and the base learning rate after batch scaling."""
+    lr = optim.scaled_lr(cfg.optim.lr, cfg.train.batch_size, cfg.optim.lr_scaling)
+    # Per-part learning rates: backbone x backbone_lr_scale, head x head_lr_scale x what the head declares.
+    lr_scales = {f"backbone.{name}": cfg.optim.backbone_lr_scale for name, _ in method.backbone.named_parameters()}
+    if isinstance(getattr(method, "loss", None), torch.nn.Module):
+        lr_scales.update({f"loss.{name}": scale * cfg.optim.head_lr_scale for name, scale in _loss_lr_scales(method.loss).items()})
+    groups = optim.parameter_groups(method, cfg.optim.weight_decay, cfg.optim.exclude_bias_and_norm, lr_scales)
+    optimizer = optim.build_optimizer(cfg.optim.name, groups, lr, cfg.optim.momentum, cfg.optim.weight_decay,
+                                      cfg.optim.betas, cfg.optim.trust_coefficient)
+    return optimizer, lr
+
+
+def prepare_for_training(accelerator: Accelerator, method: torch.nn.Module, optimizer, loader: DataLoader):
+    """``accelerator.prepare`` of the three, after telling DDP which buffers it need not re-send."""
+    distributed.skip_broadcast_of_replicated_buffers(method)  # MoCo's queue, NPID's bank: equal on every process already
+    return accelerator.prepare(method, optimizer, loader)
+
+
+def train(cfg: Config) -> dict:
+    """Pretrain an encoder as ``cfg`` says; returns the final evaluation results."""
+    # ------------------------------------------------------------------ set-up
+    run_dir = make_run_dir(cfg)
+    accelerator = make_accelerator(cfg, run_dir)
     # train.threads applies on any device (data and host work); the automatic count only matters on the CPU.
     on_cpu = accelerator.device.type == "cpu"
     threads, threads_source = launch.cpu_threads(cfg.train.threads) if cfg.train.threads or on_cpu else (None, "")
@@ -169,15 +222,7 @@ def train(cfg: Config) -> dict:
     if cfg.train.batch_size > len(train_set):
         raise UserError(f"train.batch_size {cfg.train.batch_size} is larger than the dataset's {len(train_set)} training images; lower train.batch_size")
     local_batch = cfg.train.batch_size // world
-    sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
-    # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
-    needs_indices = getattr(methods.METHODS[cfg.method.name], "needs_indices", False)
-    train_loader = DataLoader(data.WithIndices(train_set) if needs_indices else train_set, batch_size=local_batch, sampler=sampler, drop_last=True,
-                              collate_fn=data.collate_batch, num_workers=d.num_workers,
-                              persistent_workers=d.num_workers > 0,
-                              # Its own generator: otherwise starting an epoch's iterator draws from the global
-                              # RNG (worker base seed), and a resumed run would augment with shifted random numbers.
-                              generator=torch.Generator().manual_seed(cfg.run.seed))
+    train_loader, sampler = make_train_loader(cfg, train_set, local_batch)
 
     # ------------------------------------------------------------------ model, loss, optimizer
     augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
@@ -188,23 +233,12 @@ def train(cfg: Config) -> dict:
         unused = checkpoint.init_backbone(backbone, cfg.run.init_from)
         if main:
             console.print(f"backbone initialised from {cfg.run.init_from}" + (f"; keys not used: {', '.join(unused)}" if unused else ""))
-    method = methods.build_method(cfg, backbone, info.num_classes, len(train_set))
-    if cfg.model.sync_batchnorm:  # every BatchNorm, momentum encoders included
-        method = convert_sync_batchnorm(method, accelerator.device.type)
-    if cfg.model.channels_last:
-        models.to_channels_last(method)
+    method = make_method(cfg, backbone, info.num_classes, len(train_set), accelerator.device.type)
     initial_backbone = {k: v.clone() for k, v in backbone.state_dict().items()} if cfg.eval.compare_random_init else None
 
-    lr = optim.scaled_lr(cfg.optim.lr, cfg.train.batch_size, cfg.optim.lr_scaling)
+    optimizer, lr = make_optimizer(cfg, method)
     if main and cfg.optim.lr_scaling != "none":
         console.print(f"learning rate: {cfg.optim.lr} x {cfg.optim.lr_scaling}(batch {cfg.train.batch_size} / 256) = {lr:.5g}")
-    # Per-part learning rates: backbone x backbone_lr_scale, head x head_lr_scale x what the head declares.
-    lr_scales = {f"backbone.{name}": cfg.optim.backbone_lr_scale for name, _ in method.backbone.named_parameters()}
-    if isinstance(getattr(method, "loss", None), torch.nn.Module):
-        lr_scales.update({f"loss.{name}": scale * cfg.optim.head_lr_scale for name, scale in _loss_lr_scales(method.loss).items()})
-    groups = optim.parameter_groups(method, cfg.optim.weight_decay, cfg.optim.exclude_bias_and_norm, lr_scales)
-    optimizer = optim.build_optimizer(cfg.optim.name, groups, lr, cfg.optim.momentum, cfg.optim.weight_decay,
-                                      cfg.optim.betas, cfg.optim.trust_coefficient)
 
     # Only now, with the recipe, data, model and init_from known to be good, does the run directory appear.
     if main:
@@ -218,8 +252,7 @@ def train(cfg: Config) -> dict:
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
 
     # ------------------------------------------------------------------ prepare
-    distributed.skip_broadcast_of_replicated_buffers(method)  # MoCo's queue, NPID's bank: equal on every process already
-    method, optimizer, train_loader = accelerator.prepare(method, optimizer, train_loader)
+    method, optimizer, train_loader = prepare_for_training(accelerator, method, optimizer, train_loader)
     batches_per_epoch = len(train_loader)
     # Accelerate syncs at the end of the loader too, so a short last window still makes a step.
     steps_per_epoch = math.ceil(batches_per_epoch / cfg.train.grad_accum_steps)

@@ -2,10 +2,9 @@
 
     python tools/bench/train.py [--recipe recipes/fashion_mnist_simclr.yaml] [--steps N] [--quick] [--out JSON]
 
-Two kinds of step over the same method and optimizer, built with the calls ``sslkit.train.train``
-makes (same Accelerator settings, ``EpochShuffleSampler``, ``collate_batch``, ``TwoViewAugment``,
-``methods.build_method``, parameter groups and ``optim.build_optimizer``, then
-``accelerator.prepare``):
+Two kinds of step over the same method and optimizer, built by the builders ``sslkit.train.train``
+itself calls (``make_accelerator``, ``make_train_loader``, ``make_method``, ``make_optimizer``,
+``prepare_for_training``), so the benchmark follows the loop when the loop changes:
 
 - ``full``: what one iteration of the training loop does. ``next()`` on the prepared loader (the
   time blocked there is the *data wait*), both views augmented on the device, forward,
@@ -49,15 +48,15 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
-from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, set_seed  # noqa: E402
+from accelerate.utils import set_seed  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from sslkit import data, methods, models, optim  # noqa: E402
+from sslkit import data, models, optim, train  # noqa: E402
 from sslkit.augment import TwoViewAugment  # noqa: E402
 from sslkit.config import Config, load_config  # noqa: E402
-from sslkit.train import EpochShuffleSampler, _loss_lr_scales  # noqa: E402
+from sslkit.train import EpochShuffleSampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FASHION_RECIPE = ROOT / "recipes" / "fashion_mnist_simclr.yaml"
@@ -125,19 +124,12 @@ class Pieces:
 
 
 def build_pieces(cfg: Config, total_steps: int) -> Pieces:
-    """Accelerator, loader, augmentation, method and optimizer, with the calls ``train()`` makes.
+    """Accelerator, loader, augmentation, method and optimizer, built by ``sslkit.train``'s own builders.
 
-    ``train()`` builds these inline, so the calls are repeated here in its order (a
-    ``build_training(cfg, accelerator)`` in ``sslkit/train.py`` would let this reuse them
-    verbatim). Left out: the run directory, trackers, checkpoints and evaluation loaders,
-    none of which a training step touches.
+    The same calls ``train()`` makes, in its order. Left out: the run directory, trackers,
+    checkpoints, ``run.init_from`` and the evaluation loaders, none of which a training step touches.
     """
-    accelerator = Accelerator(
-        mixed_precision=cfg.train.mixed_precision,
-        gradient_accumulation_steps=cfg.train.grad_accum_steps,
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False),
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.train.freeze_backbone_epochs > 0)],
-    )
+    accelerator = train.make_accelerator(cfg)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     set_seed(cfg.run.seed, device_specific=True)
@@ -147,25 +139,13 @@ def build_pieces(cfg: Config, total_steps: int) -> Pieces:
     info = train_set.info
     if d.holdout_classes:
         train_set = train_set.select_classes(d.holdout_classes, keep=False)
-    local_batch = cfg.train.batch_size // accelerator.num_processes
-    sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
-    loader = DataLoader(train_set, batch_size=local_batch, sampler=sampler, drop_last=True,
-                        collate_fn=data.collate_batch, num_workers=d.num_workers, persistent_workers=d.num_workers > 0,
-                        generator=torch.Generator().manual_seed(cfg.run.seed))
+    loader, sampler = train.make_train_loader(cfg, train_set, cfg.train.batch_size // accelerator.num_processes)
 
     augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
     backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, augment.out_channels)
-    method = methods.build_method(cfg, backbone, info.num_classes)
-    if cfg.model.channels_last:
-        models.to_channels_last(method)
-    lr = optim.scaled_lr(cfg.optim.lr, cfg.train.batch_size, cfg.optim.lr_scaling)
-    lr_scales = {f"backbone.{name}": cfg.optim.backbone_lr_scale for name, _ in method.backbone.named_parameters()}
-    if isinstance(getattr(method, "loss", None), torch.nn.Module):
-        lr_scales.update({f"loss.{name}": scale * cfg.optim.head_lr_scale for name, scale in _loss_lr_scales(method.loss).items()})
-    groups = optim.parameter_groups(method, cfg.optim.weight_decay, cfg.optim.exclude_bias_and_norm, lr_scales)
-    optimizer = optim.build_optimizer(cfg.optim.name, groups, lr, cfg.optim.momentum, cfg.optim.weight_decay,
-                                      cfg.optim.betas, cfg.optim.trust_coefficient)
-    method, optimizer, loader = accelerator.prepare(method, optimizer, loader)
+    method = train.make_method(cfg, backbone, info.num_classes, len(train_set), accelerator.device.type)
+    optimizer, lr = train.make_optimizer(cfg, method)
+    method, optimizer, loader = train.prepare_for_training(accelerator, method, optimizer, loader)
     steps_per_epoch = math.ceil(len(loader) / cfg.train.grad_accum_steps)
     warmup_steps = min(int(cfg.optim.warmup_epochs * steps_per_epoch), total_steps // 2)
     method.train()
