@@ -316,11 +316,21 @@ def _ddp_steps(rank: int, world: int, name: str) -> dict:
             "batches_tracked": int(batch_norm.num_batches_tracked)}
 
 
+def _ddp_steps_of_both(rank: int, world: int) -> dict:
+    return {name: _ddp_steps(rank, world, name) for name in ("moco", "nce")}  # one pair of processes for both
+
+
+@pytest.fixture(scope="module")
+def ddp_results() -> dict:
+    by_rank = run_in_processes(_ddp_steps_of_both)
+    return {name: [r[name] for r in by_rank] for name in ("moco", "nce")}
+
+
 @pytest.mark.parametrize("name", ["moco", "nce"])
-def test_ddp_leaves_the_queue_and_bank_alone_and_they_stay_equal_on_every_process(name):
+def test_ddp_leaves_the_queue_and_bank_alone_and_they_stay_equal_on_every_process(ddp_results, name):
     """MoCo's queue and NPID's bank are equal everywhere by construction, so DDP no longer re-sends them
     from rank 0 each step (32 MiB for a 65,536-key queue); BatchNorm's statistics still are."""
-    results = run_in_processes(_ddp_steps, name)
+    results = ddp_results[name]
     expected = ["queue.keys", "queue.ptr", "queue.filled"] if name == "moco" else ["bank"]
     assert results[0]["skipped"] == expected
     torch.testing.assert_close(results[0]["state"], results[1]["state"], rtol=0, atol=0)
