@@ -34,10 +34,9 @@ def small_net() -> nn.Module:
     return net.double()
 
 
-def batch() -> tuple[torch.Tensor, torch.Tensor]:
+def batch(offset: float = 30.0) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
-    # A channel offset far from zero: E[x^2] - E[x]^2 would lose digits where the pairwise form does not.
-    images = torch.randn(BATCH, 3, 6, 6, generator=generator, dtype=torch.float64) + 30.0
+    images = torch.randn(BATCH, 3, 6, 6, generator=generator, dtype=torch.float64) + offset
     targets = torch.randn(BATCH, 4, generator=generator, dtype=torch.float64)
     return images, targets
 
@@ -61,6 +60,18 @@ def _steps(rank: int, world: int, train_steps: int) -> dict:
             "buffers": {n: b.clone() for n, b in net.named_buffers()}, "eval_out": net(images).detach()}
 
 
+def _float32_far_from_zero(rank: int, world: int) -> torch.Tensor:
+    """Outputs in float32 for inputs about 1000 from zero: E[x^2] - E[x]^2 would lose the variance there."""
+    net = convert_sync_batchnorm(small_net().float(), "cpu")
+    images, _ = batch(offset=1000.0)
+    rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    return net(images[rows].float()).detach()
+
+
+def _both(rank: int, world: int) -> dict:
+    return {"steps": _steps(rank, world, 2), "float32": _float32_far_from_zero(rank, world)}  # one pair of processes
+
+
 def one_process(train_steps: int) -> dict:
     net = small_net()
     images, targets = batch()
@@ -74,8 +85,13 @@ def one_process(train_steps: int) -> dict:
             "buffers": dict(net.named_buffers()), "eval_out": net(images).detach()}
 
 
-def test_two_processes_equal_one_process_on_the_whole_batch():
-    results = run_in_processes(_steps, 2)
+@pytest.fixture(scope="module")
+def two_processes() -> list[dict]:
+    return run_in_processes(_both)
+
+
+def test_two_processes_equal_one_process_on_the_whole_batch(two_processes):
+    results = [r["steps"] for r in two_processes]
     full = one_process(2)
     torch.testing.assert_close(torch.cat([r["out"] for r in results]), full["out"])
     # Convention of sslkit.distributed: a process's input gradient is world_size x its slice of the
@@ -87,6 +103,11 @@ def test_two_processes_equal_one_process_on_the_whole_batch():
         for r in results:
             torch.testing.assert_close(r["buffers"][name], buffer, msg=name, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(results[0]["eval_out"], full["eval_out"])
+
+
+def test_float32_statistics_stay_exact_far_from_zero(two_processes):
+    reference = small_net()(batch(offset=1000.0)[0].float().double())  # float64, one process, the whole batch
+    torch.testing.assert_close(torch.cat([r["float32"] for r in two_processes]).double(), reference, rtol=0, atol=2e-3)
 
 
 def test_plain_batchnorm_would_differ_here():
