@@ -154,3 +154,15 @@ def test_race_default_recipe_is_raceable():
     cfg = load_config(recipe, implied + race.race_overrides(False, 4, 1, []))
     race.check_raceable(cfg)
     assert cfg.augment.blur_p == 0 and cfg.augment.solarize_p == 0
+
+
+def test_train_bench_builds_with_the_trainers_builders_and_times_npid():
+    """The training benchmark builds its pieces with sslkit.train's own builders (so a recipe's
+    global BatchNorm reaches it), and passes sample indices to a method that needs them."""
+    bench = load("train")
+    cfg, *_ = bench.resolve_config(None, ["method.name=nce", "loss.name=nce", "model.sync_batchnorm=true",
+                                          "train.batch_size=16", "model.width=4"], quick=True)
+    pieces = bench.build_pieces(cfg, total_steps=4)
+    assert any(type(m).__name__ == "GlobalBatchNorm" for m in pieces.method.modules())
+    full, floor, order = bench.measure(pieces, steps=1, warmup=1, num_workers=0)
+    assert order == "interleaved" and _positive(full[0]["loss"]) and _positive(floor[0]["loss"])

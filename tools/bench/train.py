@@ -153,12 +153,16 @@ def build_pieces(cfg: Config, total_steps: int) -> Pieces:
                   len(train_set))
 
 
-def optimizer_step(pieces: Pieces, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor, step: int) -> float:
-    """Forward, backward and optimizer step on augmented views, as the loop body does them; returns the loss."""
+def optimizer_step(pieces: Pieces, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor, step: int,
+                   *indices: torch.Tensor) -> float:
+    """Forward, backward and optimizer step on augmented views, as the loop body does them; returns the loss.
+
+    ``indices``: each sample's position in the training set, for methods that keep per-sample state (NPID).
+    """
     accelerator, method, optimizer = pieces.accelerator, pieces.method, pieces.optimizer
     with accelerator.accumulate(method):
         with accelerator.autocast():
-            loss = method(view1, view2, labels)
+            loss = method(view1, view2, labels, *indices)
         # The loop's one host sync per step (its NaN check) belongs to the step's cost.
         loss_value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
         accelerator.backward(loss)
@@ -181,7 +185,8 @@ class EndlessBatches:
     def __init__(self, pieces: Pieces) -> None:
         self.pieces, self.epoch, self.iterator = pieces, 0, None
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next(self) -> tuple[torch.Tensor, ...]:
+        """``(images, labels)``, plus ``indices`` for methods that need them (as the loop unpacks them)."""
         while True:
             if self.iterator is None:
                 self.pieces.loader.set_epoch(self.epoch)
@@ -199,13 +204,13 @@ def time_full_steps(pieces: Pieces, batches: EndlessBatches, steps: int, first_s
     records = []
     for step in range(first_step, first_step + steps):
         start, cpu = time.perf_counter(), time.process_time()
-        images, labels = batches.next()
+        images, labels, *indices = batches.next()
         fetched = time.perf_counter()
         with torch.no_grad():
             view1, view2 = pieces.augment(images)
         _synchronize(device)
         augmented = time.perf_counter()
-        loss = optimizer_step(pieces, view1, view2, labels, step)
+        loss = optimizer_step(pieces, view1, view2, labels, step, *indices)
         _synchronize(device)
         end = time.perf_counter()
         records.append({"data_wait": fetched - start, "augment": augmented - fetched, "compute": end - augmented,
@@ -213,14 +218,15 @@ def time_full_steps(pieces: Pieces, batches: EndlessBatches, steps: int, first_s
     return records
 
 
-def time_floor_steps(pieces: Pieces, views: tuple[torch.Tensor, torch.Tensor, torch.Tensor], steps: int,
+def time_floor_steps(pieces: Pieces, views: tuple[torch.Tensor, ...], steps: int,
                      first_step: int = 0) -> list[dict[str, float]]:
     """Per-step wall and CPU seconds of forward + backward + optimizer step on one fixed augmented batch."""
     device = pieces.accelerator.device
     records = []
     for step in range(first_step, first_step + steps):
         start, cpu = time.perf_counter(), time.process_time()
-        loss = optimizer_step(pieces, *views, step)
+        view1, view2, labels, *indices = views
+        loss = optimizer_step(pieces, view1, view2, labels, step, *indices)
         _synchronize(device)
         records.append({"total": time.perf_counter() - start, "cpu": time.process_time() - cpu, "loss": loss})
     return records
@@ -236,9 +242,9 @@ def measure(pieces: Pieces, steps: int, warmup: int, num_workers: int) -> tuple[
     """
     batches = EndlessBatches(pieces)
     time_full_steps(pieces, batches, warmup)
-    images, labels = batches.next()  # the floor's batch: one the loop would have seen
+    images, labels, *indices = batches.next()  # the floor's batch: one the loop would have seen
     with torch.no_grad():
-        views = (*pieces.augment(images), labels)
+        views = (*pieces.augment(images), labels, *indices)
     time_floor_steps(pieces, views, warmup, first_step=warmup)
     step = 2 * warmup
     if num_workers > 0:
