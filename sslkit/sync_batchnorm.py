@@ -107,8 +107,8 @@ class _GlobalBatchNormFunction(torch.autograd.Function):
         partial, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
             grad_out.contiguous(memory_format=_memory_format(x)), x, weight, mean, variance, None, None, False, ctx.eps,
             [True, True, True])
-        grad_weight, grad_bias = (sum_dy_xhat.clone(), sum_dy.clone()) if affine else (None, None)
-        sums = torch.stack([sum_dy, sum_dy_xhat])  # (2, C)
+        grad_weight, grad_bias = (sum_dy_xhat, sum_dy) if affine else (None, None)  # local sums: DDP averages them
+        sums = torch.stack([sum_dy, sum_dy_xhat])  # (2, C), a copy: the all-reduce leaves the local sums alone
         if distributed.is_distributed():
             torch.distributed.all_reduce(sums)
         mean_dy, mean_dy_xhat = sums / ctx.count  # (C,) each

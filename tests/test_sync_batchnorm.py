@@ -46,10 +46,9 @@ def local_loss(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (out - targets).square().sum(dim=1).mean()
 
 
-def _steps(rank: int, world: int, train_steps: int) -> dict:
-    net = convert_sync_batchnorm(small_net(), "cpu")
+def _train_and_record(net: nn.Module, rows: slice, train_steps: int) -> dict:
+    """``train_steps`` forwards on ``rows`` of the batch (the last with a backward), then eval mode on all of it."""
     images, targets = batch()
-    rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     for _ in range(train_steps - 1):  # earlier steps move the running statistics
         net(images[rows])
     x = images[rows].clone().requires_grad_(True)
@@ -58,6 +57,11 @@ def _steps(rank: int, world: int, train_steps: int) -> dict:
     net.eval()
     return {"out": out.detach(), "grad": x.grad, "params": {n: p.grad for n, p in net.named_parameters()},
             "buffers": {n: b.clone() for n, b in net.named_buffers()}, "eval_out": net(images).detach()}
+
+
+def _steps(rank: int, world: int, train_steps: int) -> dict:
+    rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    return _train_and_record(convert_sync_batchnorm(small_net(), "cpu"), rows, train_steps)
 
 
 def _float32_far_from_zero(rank: int, world: int) -> torch.Tensor:
@@ -73,16 +77,8 @@ def _both(rank: int, world: int) -> dict:
 
 
 def one_process(train_steps: int) -> dict:
-    net = small_net()
-    images, targets = batch()
-    for _ in range(train_steps - 1):
-        net(images)
-    x = images.clone().requires_grad_(True)
-    out = net(x)
-    local_loss(out, targets).backward()
-    net.eval()
-    return {"out": out.detach(), "grad": x.grad, "params": {n: p.grad for n, p in net.named_parameters()},
-            "buffers": dict(net.named_buffers()), "eval_out": net(images).detach()}
+    """The reference: torch's own BatchNorm, one process, the whole batch."""
+    return _train_and_record(small_net(), slice(None), train_steps)
 
 
 @pytest.fixture(scope="module")
