@@ -14,7 +14,13 @@ from sslkit.losses.arcface import ArcFaceHead, arcface_target_logit
 from sslkit.losses.coco import CoCoHead
 from sslkit.losses.cosface import CosFaceHead
 from sslkit.losses.lsoftmax import LSoftmaxHead
-from sslkit.losses.margin_softmax import cosine_logits, cosine_margin_cross_entropy, margin_cross_entropy
+from sslkit.losses._workspace import Workspace
+from sslkit.losses.margin_softmax import (
+    _scaled_unit_rows,
+    cosine_logits,
+    cosine_margin_cross_entropy,
+    margin_cross_entropy,
+)
 from sslkit.losses.normsoftmax import NormSoftmaxHead
 from sslkit.losses.softmax import SoftmaxHead
 from sslkit.losses.sphereface import SphereFaceHead
@@ -266,3 +272,93 @@ def test_loss_is_invariant_to_batch_order():
     perm = torch.randperm(7)
     torch.testing.assert_close(head(x, y), head(x[perm], y[perm]))
     assert math.isfinite(head(x, y).item())
+
+
+@pytest.mark.parametrize("zero_row", [False, True])
+def test_scaled_unit_rows_match_f_normalize_with_and_without_a_zero_row(zero_row):
+    """The fused weight-norm kernels give F.normalize's value and gradient; a zero row (which
+    they would divide by) takes the clamped way: zero out, gradient scale * g / eps."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 5, dtype=torch.float64, generator=g) * torch.rand(6, 1, dtype=torch.float64, generator=g) * 4
+    if zero_row:
+        x[2] = 0
+    upstream = torch.randn(6, 5, dtype=torch.float64, generator=g)
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ours = _scaled_unit_rows(x1, 30.0)
+    (ours * upstream).sum().backward()
+    theirs = 30.0 * F.normalize(x2, dim=1)
+    (theirs * upstream).sum().backward()
+    assert torch.isfinite(x1.grad).all()
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-10, atol=1e-12)
+
+
+def _naive_arcface(x, weight, labels, scale=64.0, margin=0.5):
+    cos = F.normalize(x, dim=1) @ F.normalize(weight, dim=1).T
+    target = torch.cos(torch.acos(cos.gather(1, labels[:, None]).clamp(-1, 1)) + margin)
+    logits = cos.scatter(1, labels[:, None], target) * scale
+    return F.cross_entropy(logits, labels)
+
+
+def _value_and_grads(loss_fn, x, head):
+    x = x.clone().requires_grad_(True)
+    head.zero_grad(set_to_none=True)
+    loss = loss_fn(x)
+    loss.backward()
+    return loss.detach(), x.grad, head.weight.grad
+
+
+def test_head_reuses_its_workspace_and_stays_exact_when_calls_overlap():
+    """The fused loss's scratch buffers come back to the head's workspace after backward and are
+    reused; two losses alive at once (one backward for both), a forward whose graph is dropped,
+    and a forward under no_grad all leave every gradient equal to the naive formula's."""
+    g = torch.Generator().manual_seed(4)
+    head = ArcFaceHead(16, 40).double()
+    x1, x2 = (torch.randn(8, 16, dtype=torch.float64, generator=g) for _ in range(2))
+    y1, y2 = (torch.randint(0, 40, (8,), generator=g) for _ in range(2))
+
+    def naive(x, y):
+        return _value_and_grads(lambda v: _naive_arcface(v, head.weight, y), x, head)
+
+    def expect_naive(x, y):
+        torch.testing.assert_close(_value_and_grads(lambda v: head(v, y), x, head), naive(x, y), rtol=1e-9, atol=1e-12)
+
+    expect_naive(x1, y1)
+    kept = dict(head.workspace._free)
+    assert set(kept) == {"logits", "weight_grad"}
+    expect_naive(x2, y2)  # the same two buffers again
+    assert all(head.workspace._free[k] is kept[k] for k in kept)
+
+    # Two forwards before one backward: the second must not write into the first's buffer.
+    a, b = x1.clone().requires_grad_(True), x2.clone().requires_grad_(True)
+    head.zero_grad(set_to_none=True)
+    (head(a, y1) + head(b, y2)).backward()
+    a_ref, b_ref = x1.clone().requires_grad_(True), x2.clone().requires_grad_(True)
+    weight_grad = head.weight.grad.clone()
+    head.zero_grad(set_to_none=True)
+    (_naive_arcface(a_ref, head.weight, y1) + _naive_arcface(b_ref, head.weight, y2)).backward()
+    torch.testing.assert_close((a.grad, b.grad, weight_grad), (a_ref.grad, b_ref.grad, head.weight.grad), rtol=1e-9, atol=1e-12)
+
+    head(x1.clone().requires_grad_(True), y1)  # graph dropped, never differentiated
+    with torch.no_grad():
+        head(x2, y2)
+    expect_naive(x2, y2)
+
+
+def test_workspace_keeps_buffers_only_on_the_cpu_and_not_in_copies():
+    import copy
+    import pickle
+
+    ws = Workspace()
+    a = ws.take("x", (3, 2), torch.float32, torch.device("cpu"))
+    ws.give_back("x", a)
+    assert ws.take("x", (3, 2), torch.float32, torch.device("cpu")) is a
+    ws.give_back("x", a)
+    assert ws.take("x", (2, 3), torch.float32, torch.device("cpu")) is not a  # another shape: a new buffer
+    ws.give_back("x", torch.empty(1, device="meta"))
+    assert "x" not in ws._free  # accelerators have caching allocators of their own
+    head = ArcFaceHead(4, 3)
+    head(torch.randn(2, 4), torch.tensor([0, 2])).backward()
+    assert head.workspace._free
+    assert not copy.deepcopy(head).workspace._free
+    assert not pickle.loads(pickle.dumps(head)).workspace._free

@@ -48,24 +48,56 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from sslkit.losses._common import full_precision, needs_row_shift, upcast
+from sslkit.losses._workspace import Workspace
 from sslkit.losses.head import Head
 
 _NORM_EPS = 1e-12
 
 
-def _remove_radial_(grad: torch.Tensor, weight: torch.Tensor, inv_norm_sq: torch.Tensor) -> None:
-    """In place: ``grad_j -= W_j inv_norm_sq_j <grad_j, W_j>`` for every row j.
+def _unit_weight_grad(grad: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """The gradient of the raw (C, D) class weights, its radial part removed, in one fused pass.
 
-    On the CPU this runs over blocks of 128 rows so that each block's product and update hit
-    the cache: one pass over memory instead of three (1.9x faster than ``vecdot`` then
-    ``addcmul_`` at C = 10,000, D = 512). On an accelerator one block avoids launch overhead.
+    With ``grad`` the gradient with respect to ``W / ||W||`` already divided by ``||W_j||``
+    (row j), this is the chain rule through the normalisation::
+
+        d W_j = grad_j - W_j <grad_j, W_j> / ||W_j||^2
+
+    Where ``||W_j||`` is below eps (clamped, as in ``F.normalize``) the row has no radial part.
+    This is weight normalisation's backward (Salimans & Kingma 2016, eq. 4) with the gain g set
+    to ``||W_j||``, so aten's fused kernel for it does the work: one pass over memory, where
+    ``vecdot`` then ``addcmul_`` make three (2.8 ms against 5.0 ms at C = 10,000, D = 512 on
+    two CPU cores; half the head's time outside its matmuls).
+
+    Shape:
+        grad, weight: (C, D); norm: (C,) the rows' L2 norms, unclamped. Returns (C, D).
     """
-    block = grad.shape[0] if grad.device.type != "cpu" else 128
-    for start in range(0, grad.shape[0], block):
-        rows = slice(start, start + block)
-        g, w = grad[rows], weight[rows]
-        radial = torch.linalg.vecdot(g, w, dim=1).mul_(inv_norm_sq[rows])  # (block,)
-        g.addcmul_(w, radial.unsqueeze(1), value=-1)
+    clamped = norm.clamp_min(_NORM_EPS).unsqueeze(1)  # (C, 1)
+    grad_weight, _ = torch.ops.aten._weight_norm_interface_backward(
+        grad.contiguous(), weight.contiguous(), clamped, clamped, 0
+    )
+    degenerate = norm <= _NORM_EPS
+    if bool(degenerate.any()):  # all-zero rows: rare, so one small check beats a where() pass
+        grad_weight = torch.where(degenerate.unsqueeze(1), grad, grad_weight)
+    return grad_weight
+
+
+def _scaled_unit_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """``scale * x_i / max(||x_i||, eps)``, differentiable, in two fused kernels.
+
+    This is weight normalisation (Salimans & Kingma 2016, eq. 2) of the rows with the gain g
+    set to ``scale``: aten's fused forward and backward for it take 0.33 ms against 1.7 ms for
+    the norm, clamp, reciprocal and products through autograd at N = D = 512 on two CPU
+    cores. It divides by ``||x_i||`` unclamped, so a batch with a (near-)zero row takes the
+    clamped way instead, as ``F.normalize`` does.
+
+    Shape:
+        x: (N, D); returns (N, D).
+    """
+    gain = torch.full((x.shape[0], 1), scale, dtype=x.dtype, device=x.device)
+    unit, norm = torch._weight_norm_interface(x, gain, 0)
+    if bool((norm > _NORM_EPS).all()):
+        return unit
+    return x * (torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(_NORM_EPS).reciprocal() * scale)
 
 
 class _CosineLogits(torch.autograd.Function):
@@ -87,22 +119,20 @@ class _CosineLogits(torch.autograd.Function):
         inv_norm = norm.clamp_min(_NORM_EPS).reciprocal_()
         logits = features @ weight.T  # (N, C)
         logits.mul_(inv_norm)
-        ctx.save_for_backward(features, weight, inv_norm, norm > _NORM_EPS)
+        ctx.save_for_backward(features, weight, norm, inv_norm)
         ctx.private_grad = private_grad
         return logits
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
-        features, weight, inv_norm, has_norm = ctx.saved_tensors
+        features, weight, norm, inv_norm = ctx.saved_tensors
         # (N, C). In place only when the caller vouches that nobody else reads this gradient.
         grad = grad.mul_(inv_norm) if ctx.private_grad else grad * inv_norm
         grad_features = grad @ weight if ctx.needs_input_grad[0] else None
         grad_weight = None
         if ctx.needs_input_grad[1]:
-            grad_weight = grad.T @ features  # (C, D)
-            # Below eps the norm is clamped (as in F.normalize), so it has no radial gradient.
-            _remove_radial_(grad_weight, weight, inv_norm * inv_norm * has_norm)
+            grad_weight = _unit_weight_grad(grad.T @ features, weight, norm)  # (C, D)
         return grad_features, grad_weight, None
 
 
@@ -246,10 +276,11 @@ class _CosineMarginCE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, features, weight, labels, radius, target_logit, max_abs_logit):
+    def forward(ctx, features, weight, labels, radius, target_logit, max_abs_logit, workspace):
         norm = torch.linalg.vector_norm(weight, dim=1)  # (C,)
         inv_norm = norm.clamp_min(_NORM_EPS).reciprocal_()
-        logits = (features @ weight.T).mul_(inv_norm)  # (N, C) cosines times the features' scale
+        logits = workspace.take("logits", (features.shape[0], weight.shape[0]), features.dtype, features.device)
+        torch.mm(features, weight.T, out=logits).mul_(inv_norm)  # (N, C) cosines times the features' scale
         column = labels.unsqueeze(1)
         graph = _TargetGraph(logits.gather(1, column).squeeze(1), radius, target_logit)
         t = graph.target.detach().to(logits.dtype)
@@ -264,10 +295,11 @@ class _CosineMarginCE(torch.autograd.Function):
         target_exp = (t - shift).exp_()  # (N,)
         row_sum = exp.sum(dim=1).add_(target_exp)  # (N,) Z_i
         loss = (row_sum.log() + shift - t).mean()
-        # Below eps the norm is clamped (as in F.normalize): no radial gradient there.
-        radial_scale = inv_norm * inv_norm * (norm > _NORM_EPS)  # (C,)
-        ctx.save_for_backward(features, weight, inv_norm, radial_scale, labels, exp, row_sum, target_exp)
-        ctx.graph = graph
+        if not any(ctx.needs_input_grad):  # no backward will read the buffer
+            workspace.give_back("logits", exp)
+            return loss
+        ctx.save_for_backward(features, weight, norm, inv_norm, labels, exp, row_sum, target_exp)
+        ctx.graph, ctx.workspace = graph, workspace
         return loss
 
     @staticmethod
@@ -275,8 +307,9 @@ class _CosineMarginCE(torch.autograd.Function):
     def backward(ctx, grad_loss):
         if getattr(ctx, "graph", None) is None:
             raise RuntimeError("cosine_margin_cross_entropy supports one backward pass (retain_graph=True is not supported)")
-        features, weight, inv_norm, radial_scale, labels, exp, row_sum, target_exp = ctx.saved_tensors
+        features, weight, norm, inv_norm, labels, exp, row_sum, target_exp = ctx.saved_tensors
         graph, ctx.graph = ctx.graph, None
+        workspace = ctx.workspace
         row_scale = (grad_loss / exp.shape[0] / row_sum).unsqueeze(1)  # (N, 1) a_i: softmax = E_ij / Z_i
         # d loss / d t_i = a_i (exp(t_i - m_i) - Z_i). Differentiate target_logit with the a_i
         # left out: the target column then joins E below and meets a_i on the thin side.
@@ -292,12 +325,18 @@ class _CosineMarginCE(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_features = (scaled @ weight).mul_(row_scale)  # (N, D)
         if ctx.needs_input_grad[1]:
-            grad_weight = scaled.T @ (features * row_scale)  # (C, D)
-            _remove_radial_(grad_weight, weight, radial_scale)
-        return grad_features, grad_weight, None, grad_radius, None, None
+            # K (C, D), the gradient before its radial part is removed, in a reused buffer.
+            product = workspace.take("weight_grad", tuple(weight.shape), weight.dtype, weight.device)
+            torch.mm(scaled.T, features * row_scale, out=product)
+            grad_weight = _unit_weight_grad(product, weight, norm)  # (C, D)
+            workspace.give_back("weight_grad", product)
+        workspace.give_back("logits", scaled)  # read for the last time by the matmuls above
+        return grad_features, grad_weight, None, grad_radius, None, None, None
 
 
-def cosine_margin_cross_entropy(features, weight, labels, target_logit, radius, max_abs_logit) -> torch.Tensor:
+def cosine_margin_cross_entropy(
+    features, weight, labels, target_logit, radius, max_abs_logit, workspace: Workspace | None = None
+) -> torch.Tensor:
     """``margin_cross_entropy(cosine_logits(features, weight), ...)`` fused: same value and gradients, faster.
 
     With ``U_j = W_j / ||W_j||``, ``r_i = radius[i]`` (or one number)::
@@ -310,13 +349,16 @@ def cosine_margin_cross_entropy(features, weight, labels, target_logit, radius, 
     up to 60 in fp32 the ``exp`` needs no row-max subtraction (see
     :func:`~sslkit.losses._common.needs_row_shift`). Gradients flow to ``features``,
     ``weight`` and ``radius``; one backward pass only. Call inside :func:`full_precision`.
+    A :class:`~sslkit.losses._workspace.Workspace` kept by the caller lets the (N, C) and
+    (C, D) temporaries reuse last call's memory on the CPU (each head keeps one).
 
     Shape:
         features: (N, D); weight: (C, D); labels: (N,) in [0, C); radius: float, 0-d or (N,).
         target_logit: callable (N,) -> (N,) on cosines. Returns a scalar.
     """
     radius = torch.as_tensor(radius, dtype=features.dtype, device=features.device)
-    return _CosineMarginCE.apply(features, weight, labels, radius, target_logit, float(max_abs_logit))
+    workspace = workspace if workspace is not None else Workspace()
+    return _CosineMarginCE.apply(features, weight, labels, radius, target_logit, float(max_abs_logit), workspace)
 
 
 class MarginSoftmaxHead(Head):
@@ -359,6 +401,7 @@ class MarginSoftmaxHead(Head):
         super().__init__(embedding_dim, num_classes)
         self.weight = torch.nn.Parameter(torch.empty(self.num_classes, self.embedding_dim))
         torch.nn.init.xavier_uniform_(self.weight)
+        self.workspace = Workspace()  # scratch memory of the fused loss, reused between steps
 
     def target_logit(self, cos_target: torch.Tensor) -> torch.Tensor:
         """The margin: (N,) cosines of the true class -> their replacement (before scaling)."""
@@ -374,8 +417,7 @@ class MarginSoftmaxHead(Head):
         dtype = torch.promote_types(upcast(embeddings).dtype, upcast(self.weight).dtype)
         x = embeddings.to(dtype)
         if self.normalize_features:
-            inv_norm = torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(_NORM_EPS).reciprocal()
-            return x * (inv_norm * self.scale), self.scale
+            return _scaled_unit_rows(x, self.scale), self.scale
         return x, torch.linalg.vector_norm(x, dim=1)
 
     def _scaled_logits(
@@ -409,6 +451,9 @@ class MarginSoftmaxHead(Head):
                 features, radius = self._features(embeddings)
                 weight = self.weight.to(features.dtype)
                 max_abs_logit = self.scale if self.normalize_features else float(radius.detach().amax()) if len(radius) else 0.0
-                return cosine_margin_cross_entropy(features, weight, labels, self.target_logit, radius, max_abs_logit)
+                return cosine_margin_cross_entropy(
+                    features, weight, labels, self.target_logit, radius, max_abs_logit, self.workspace
+                )
             logits, radius = self._scaled_logits(embeddings, labels)
             return margin_cross_entropy(logits, labels, self.target_logit, radius)
+

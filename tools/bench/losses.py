@@ -87,6 +87,7 @@ SPECS = {name: (module, cls, form) for name, module, cls, form in PAIR_LOSSES + 
 
 # Sections (a) and (b) time blocks of consecutive calls about this long (see median_times): a
 # batch-loss step is a few ms, so its block is several calls; a head step (100+ ms) runs once.
+SECTIONS = ("batch", "heads", "pairwise")  # (a), (b), (c) of the module docstring
 BLOCK_MS = 25.0
 BATCH_REPEAT_FACTOR = 10  # section (a) steps are short: this many times the repeats (see main)
 HEAD_REPEAT_FACTOR = 3  # section (b): a 1.15x target wants a steadier median than 7 single calls give
@@ -187,11 +188,13 @@ def make_matmul_step(m: int, k: int, n: int) -> Callable[[], float]:
 
 
 class Timings(dict):
-    """Median seconds per candidate (the dict), with every repeat's time kept for paired ratios."""
+    """Median seconds per candidate (the dict), with every repeat's time kept for paired ratios,
+    and each candidate's page faults per call (``faults``)."""
 
-    def __init__(self, samples: dict[str, list[float]]) -> None:
+    def __init__(self, samples: dict[str, list[float]], faults: dict[str, float] | None = None) -> None:
         super().__init__({name: statistics.median(t) for name, t in samples.items()})
         self.samples = samples
+        self.faults = faults or {}
 
     def ratio(self, a: str, b: str) -> float | None:
         """Median over repeats of ``time[a] / time[b]`` within the same repeat.
@@ -238,16 +241,30 @@ def median_times(
             errors[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
             del steps[name]
     samples: dict[str, list[float]] = {name: [] for name in steps}
+    faults = dict.fromkeys(steps, 0)
     order = list(steps)
     shuffle = random.Random(0).shuffle
     for _ in range(repeats):
         shuffle(order)
         for name in order:
+            faults_before = _minor_faults()
             start = time.perf_counter()
             for _ in range(calls[name]):
                 steps[name]()
             samples[name].append((time.perf_counter() - start) / calls[name])
-    return Timings(samples), values, errors
+            faults[name] += _minor_faults() - faults_before
+    total_calls = {name: repeats * calls[name] for name in steps}
+    return Timings(samples, {name: faults[name] / total_calls[name] for name in steps}), values, errors
+
+
+def _minor_faults() -> int:
+    """This process's minor page faults so far: a fresh page of a new allocation is one.
+
+    Reported per call beside each time, because on the CPU the C library's ``malloc`` may
+    return a freed block of tens of MiB to the kernel and fault it back in on the next call:
+    thousands of faults a call, a tenth of a head's time, and a swing in the matmul floor itself.
+    """
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -273,6 +290,7 @@ def against_the_floor(
         "peer_over_matmul3": times.ratio("peer", "matmul3"),
         "sslkit_over_peer": times.ratio("sslkit", "peer"),
         "raw_median_ms": {k: 1e3 * v for k, v in times.items()},
+        "page_faults_per_call": {k: round(v, 1) for k, v in times.faults.items()},
     }
     return ({**figures, "errors": errors} if errors else figures), values
 
@@ -590,21 +608,28 @@ def print_report(report: dict) -> None:
         ("batch", f"(a) batch losses, 2N={s['batch']['two_n']}, D={s['batch']['dim']}, T={TEMPERATURE}", report["batch_losses"]),
         ("heads", f"(b) heads, B={s['heads']['batch']}, D={s['heads']['dim']}, C={s['heads']['classes']:,}", report["heads"]),
     ):
+        if not rows:
+            continue
         table = Table(title=title, title_justify="left")
-        for col in ("loss", "sslkit / 3 matmuls", "peer", "peer / 3 matmuls", "sslkit / peer"):
+        for col in ("loss", "sslkit / 3 matmuls", "peer", "peer / 3 matmuls", "sslkit / peer",
+                    "page faults / call: sslkit, 3 matmuls, peer"):
             table.add_column(col, justify="left" if col in ("loss", "peer") else "right")
         if key == "batch":
             table.add_column("|value diff|", justify="right")
         for r in rows:
             if not r["available"]:
-                table.add_row(r["loss"], _short(r["note"]), r["peer"], "", "", *([""] if key == "batch" else []))
+                table.add_row(r["loss"], _short(r["note"]), r["peer"], "", "", "", *([""] if key == "batch" else []))
                 continue
             diff = r.get("abs_value_diff_vs_peer")
             extra = ["-" if diff is None else f"{diff:.1e}"] if key == "batch" else []
+            faults = r.get("page_faults_per_call", {})
+            fault_text = ", ".join(f"{faults[k]:.0f}" if k in faults else "-" for k in ("sslkit", "matmul3", "peer"))
             table.add_row(r["loss"], _fmt(r["sslkit_over_matmul3"]), r["peer"], _fmt(r["peer_over_matmul3"]),
-                          _fmt(r["sslkit_over_peer"]), *extra)
+                          _fmt(r["sslkit_over_peer"]), fault_text, *extra)
         console.print(table)
 
+    if not report["pairwise"] and not report["pml_ntxent"]:
+        return
     two_n = s["pairwise"]["two_n"]
     table = Table(title=f"(c) pairwise losses, 2N={two_n}, D={s['pairwise']['dim']}", title_justify="left")
     for col in ("loss", "time / 3 matmuls", f"peak / one 2N x 2N fp32 matrix ({4 * two_n**2 / 2**20:.2g} MiB)"):
@@ -639,6 +664,10 @@ def main(argv: list[str] | None = None) -> dict:
         "--block-ms", type=float, default=BLOCK_MS,
         help="time sections (a) and (b) in blocks of consecutive calls this long (0: one call per repeat)",
     )
+    parser.add_argument(
+        "--only", choices=SECTIONS, action="append",
+        help="run only this section (repeatable): batch (a), heads (b), pairwise (c); default all",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -655,7 +684,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     # --quick only checks that everything runs, so its memory worker overlaps sections (a) and
     # (b); a full run keeps them apart so that no measurement competes with another for the CPU.
-    early = start_worker(worker_config) if args.quick else None
+    sections = set(args.only or SECTIONS)
+    early = start_worker(worker_config) if args.quick and "pairwise" in sections else None
     # A batch-loss step takes 3-10 ms against 100+ ms for a head: ten times the repeats gives
     # both sections about the same measuring time, and one noisy millisecond less weight.
     batch_repeats = BATCH_REPEAT_FACTOR * repeats
@@ -663,10 +693,12 @@ def main(argv: list[str] | None = None) -> dict:
     # (about 35 s at full size) so that the ratio's median moves less with the host's jitter.
     head_repeats = HEAD_REPEAT_FACTOR * repeats
     block_s = args.block_ms / 1e3
-    batch_rows = bench_batch_losses(config["batch"], batch_repeats, block_s)
-    head_rows = bench_heads(config["heads"], head_repeats, block_s)
-    results = collect_worker(worker_config, early or start_worker(worker_config))
-    pair_rows, pml_rows = pairwise_rows(worker_config, results)
+    batch_rows = bench_batch_losses(config["batch"], batch_repeats, block_s) if "batch" in sections else []
+    head_rows = bench_heads(config["heads"], head_repeats, block_s) if "heads" in sections else []
+    pair_rows, pml_rows = [], []
+    if "pairwise" in sections:
+        results = collect_worker(worker_config, early or start_worker(worker_config))
+        pair_rows, pml_rows = pairwise_rows(worker_config, results)
     methods = {r["memory_method"] for r in pair_rows if "memory_method" in r}
     report = {
         "meta": {
@@ -678,6 +710,7 @@ def main(argv: list[str] | None = None) -> dict:
             "batch_repeats": batch_repeats,
             "head_repeats": head_repeats,
             "quick": args.quick,
+            "sections": sorted(sections),
             "dtype": "float32",
             "timing": "median of interleaved repeats of forward+backward, after one warm-up call",
             "block_ms": args.block_ms,
