@@ -23,13 +23,16 @@ half a dozen (N, C) temporaries; ``F.normalize`` on the (C, D) weights adds as m
   whole loss in one function: the forward is the matmul, one column scaling, one ``exp`` and a
   row sum in the matmul's own buffer; the backward folds every per-row factor into the thin
   (N, D) side of its two matmuls, and writes the target column's gradient into the softmax
-  matrix so that the same two matmuls carry it. Measured at N=512, D=512, C=10,000, fp32, on a
-  2-core CPU (``tools/bench/losses.py``): 1.14-1.25x the three bare matmuls (the two functions
-  below: 1.19-1.26x; pytorch-metric-learning's ArcFaceLoss: 2.3-3.0x). What is left over the
-  matmuls is memory passes: the weight norms, one ``exp``, one row sum, two column scalings and
-  the radial part of the weight gradient (blocked, see :func:`_remove_radial_`). Its one host
-  sync (the largest target logit, to decide whether the softmax needs a row shift) adds nothing
-  to a training step, which syncs on the loss anyway.
+  matrix so that the same two matmuls carry it. Its two large temporaries (the (N, C)
+  logits and the (C, D) product before the weight gradient's radial part is removed) are
+  reused from the head's :class:`~sslkit.losses._workspace.Workspace`, so that a step does
+  not fault fresh pages in for them. Measured at N=512, D=512, C=10,000, fp32, on a 2-core
+  CPU (``tools/bench/losses.py --only heads``): 1.17-1.21x the three bare matmuls
+  (pytorch-metric-learning's ArcFaceLoss: 2.4-2.7x). What is left over the matmuls is memory
+  passes: the weight norms, one ``exp``, one row sum, two column scalings and the radial
+  part of the weight gradient (:func:`_unit_weight_grad`), about 1 ms each, and 2-3 ms of
+  small per-row ops. Its one host sync (the largest target logit, to decide whether the
+  softmax needs a row shift) adds nothing to a training step, which syncs on the loss anyway.
 * :func:`margin_cross_entropy` and :func:`cosine_logits` are the two steps separately, for the
   heads that must see the logits before the loss (AdaCos's dynamic scale) or keep ``||W_j||``
   (L-Softmax): the target column of the matmul's output is edited in place, turned into
