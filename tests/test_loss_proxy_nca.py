@@ -163,3 +163,33 @@ def test_rejects_wrong_embedding_dim():
         head(torch.randn(2, 7), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="embedding_dim"):
         head.logits(torch.randn(2, 7))
+
+
+@pytest.mark.parametrize("include_positive", [False, True])
+def test_float32_at_a_scale_that_needs_the_row_shift(include_positive):
+    """2s = 100 is past what fp32 exp sums without subtracting the row maximum: the fused loss
+    shifts (by the largest negative when the positive is left out of the sum) and matches a
+    float64 log-sum-exp reference; the plain loop would overflow here."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(9, 16, generator=g, dtype=torch.float64)
+    proxies = torch.randn(6, 16, generator=g, dtype=torch.float64)
+    # Sample 4 sits on its proxy and opposite every other one: its positive logit is +100, its
+    # negatives about -100, so shifting its row by the positive would underflow their sum to 0.
+    proxies = -x[4] + 0.01 * proxies
+    proxies[2] = x[4] * 3
+    labels = torch.tensor([0, 1, 2, 3, 2, 5, 0, 1, 4])
+
+    def stable_reference(a, y, p):
+        logits = -50.0 * torch.cdist(F.normalize(a, dim=1), F.normalize(p, dim=1)) ** 2
+        positive = logits.gather(1, y[:, None]).squeeze(1)
+        others = logits if include_positive else logits.scatter(1, y[:, None], float("-inf"))
+        return (torch.logsumexp(others, dim=1) - positive).mean()
+
+    ours = value_and_grads(
+        lambda a, y, p: proxy_nca_loss(a, y, p, 50.0, include_positive_in_denominator=include_positive),
+        x.float(), labels, proxies.float(),
+    )
+    ref = value_and_grads(stable_reference, x, labels, proxies)
+    assert all(torch.isfinite(t).all() for t in ours)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)

@@ -259,6 +259,7 @@ class _CosineMarginCE(torch.autograd.Function):
         L = F W^T diag(inv)  (N, C);  t_i = r_i target_logit(L_iy / r_i);  L_iy <- -inf
         E = exp(L - m)  (target column 0; m = 0 while |L| is small enough, else the row max)
         Z_i = sum_j E_ij + exp(t_i - m_i);   loss = mean_i (log Z_i + m_i - t_i)
+        (without the target's ``exp(t_i - m_i)`` in Z_i when ``target_in_denominator`` is False)
 
     backward, with ``a_i = g / (N Z_i)``, ``b_i`` = d loss / d L_iy (through ``t_i``),
     ``U_j = inv_j W_j`` and ``E'`` = E with its target entries set to ``b_i / a_i``, then
@@ -279,7 +280,7 @@ class _CosineMarginCE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, features, weight, labels, radius, target_logit, max_abs_logit, workspace):
+    def forward(ctx, features, weight, labels, radius, target_logit, max_abs_logit, workspace, target_in_denominator):
         norm = torch.linalg.vector_norm(weight, dim=1)  # (C,)
         inv_norm = norm.clamp_min(_NORM_EPS).reciprocal_()
         logits = workspace.take("logits", (features.shape[0], weight.shape[0]), features.dtype, features.device)
@@ -290,12 +291,14 @@ class _CosineMarginCE(torch.autograd.Function):
         logits.scatter_(1, column, float("-inf"))  # the target's exp is added from t below
         largest = max(max_abs_logit, float(t.max()) if t.numel() else 0.0)
         if logits.shape[1] < 2 or needs_row_shift(largest, logits.dtype, terms=logits.shape[1]):
-            shift = torch.maximum(logits.amax(dim=1), t)  # (N,) >= every term of the row, and one of them
+            # (N,) >= every term of the row, and one of them: Z_i >= 1 cannot underflow.
+            shift = torch.maximum(logits.amax(dim=1), t) if target_in_denominator else logits.amax(dim=1)
             logits.sub_(shift.unsqueeze(1))
         else:
             shift = torch.zeros_like(t)
         exp = logits.exp_()  # (N, C) in the matmul's buffer; the target column is exp(-inf) = 0
-        target_exp = (t - shift).exp_()  # (N,)
+        # (N,) the target's term of Z_i; 0 for the NCA form (Proxy-NCA), whose Z sums the others only.
+        target_exp = (t - shift).exp_() if target_in_denominator else torch.zeros_like(t)
         row_sum = exp.sum(dim=1).add_(target_exp)  # (N,) Z_i
         loss = (row_sum.log() + shift - t).mean()
         if not any(ctx.needs_input_grad):  # no backward will read the buffer
@@ -334,11 +337,18 @@ class _CosineMarginCE(torch.autograd.Function):
             grad_weight = _unit_weight_grad(product, weight, norm)  # (C, D)
             workspace.give_back("weight_grad", product)
         workspace.give_back("logits", scaled)  # read for the last time by the matmuls above
-        return grad_features, grad_weight, None, grad_radius, None, None, None
+        return grad_features, grad_weight, None, grad_radius, None, None, None, None
 
 
 def cosine_margin_cross_entropy(
-    features, weight, labels, target_logit, radius, max_abs_logit, workspace: Workspace | None = None
+    features,
+    weight,
+    labels,
+    target_logit,
+    radius,
+    max_abs_logit,
+    workspace: Workspace | None = None,
+    target_in_denominator: bool = True,
 ) -> torch.Tensor:
     """``margin_cross_entropy(cosine_logits(features, weight), ...)`` fused: same value and gradients, faster.
 
@@ -348,6 +358,8 @@ def cosine_margin_cross_entropy(
         logit_iy = r_i * target_logit(features_i . U_y / r_i)
         loss = mean_i -log softmax(logit_i)[y_i]
 
+    ``target_in_denominator=False`` leaves the target out of the softmax's sum, the NCA form
+    of Proxy-NCA: ``loss = mean_i (log sum_{j != y_i} exp(logit_ij) - logit_iy)``.
     ``max_abs_logit`` bounds ``|features_i . U_j|`` (the scale, or the largest feature norm):
     up to 60 in fp32 the ``exp`` needs no row-max subtraction (see
     :func:`~sslkit.losses._common.needs_row_shift`). Gradients flow to ``features``,
@@ -361,7 +373,9 @@ def cosine_margin_cross_entropy(
     """
     radius = torch.as_tensor(radius, dtype=features.dtype, device=features.device)
     workspace = workspace if workspace is not None else Workspace()
-    return _CosineMarginCE.apply(features, weight, labels, radius, target_logit, float(max_abs_logit), workspace)
+    return _CosineMarginCE.apply(
+        features, weight, labels, radius, target_logit, float(max_abs_logit), workspace, bool(target_in_denominator)
+    )
 
 
 class MarginSoftmaxHead(Head):

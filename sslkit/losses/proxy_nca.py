@@ -14,7 +14,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslkit.losses._common import check_positive, full_precision, upcast
+from sslkit.losses._workspace import Workspace
 from sslkit.losses.head import Head
+from sslkit.losses.margin_softmax import _scaled_unit_rows, cosine_margin_cross_entropy
+
+
+def _unchanged(cos_target: torch.Tensor) -> torch.Tensor:
+    """No margin: Proxy-NCA's positive logit is its plain scaled cosine."""
+    return cos_target
 
 
 def _unit_pair(embeddings: torch.Tensor, proxies: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,6 +51,7 @@ def proxy_nca_loss(
     proxies: torch.Tensor,
     scale: float = 9.0,
     include_positive_in_denominator: bool = False,
+    workspace: Workspace | None = None,
 ) -> torch.Tensor:
     """Proxy-NCA loss of [0], averaged over the batch.
 
@@ -61,20 +69,21 @@ def proxy_nca_loss(
     Shape:
         embeddings: (N, D), any float dtype; labels: (N,) integers in [0, C);
         proxies: (C, D), one row per class; returns a scalar.
+        workspace: the caller's scratch memory for the (N, C) and (C, D) temporaries, reused
+            between calls on the CPU (:class:`ProxyNCAHead` keeps one); None allocates afresh.
     """
     labels = labels.long()
     with full_precision(embeddings.device):
-        x, p = _unit_pair(embeddings, proxies)
+        dtype = torch.promote_types(upcast(embeddings).dtype, upcast(proxies).dtype)
         # -s d = 2 s cos - 2 s: the constant 2 s cancels between numerator and denominator, and
-        # the factor 2 s goes on the (N, D) side, not on the (N, C) product.
-        x = x * (2.0 * scale)
-        logits = x @ p.T  # (N, C)
-        if include_positive_in_denominator:
-            return F.cross_entropy(logits, labels)
-        positive = (x * p[labels]).sum(dim=1)  # (N,), read from the inputs so the scatter below can be in place
-        # -inf is safe: the logits are fp32/fp64 and each row keeps C - 1 >= 1 negatives.
-        logits.scatter_(1, labels[:, None], float("-inf"))
-        return (torch.logsumexp(logits, dim=1) - positive).mean()
+        # the factor 2 s goes on the (N, D) side, not on the (N, C) product. What is left is a
+        # cosine softmax with no margin, the fused loss of the margin-softmax heads (its proxies
+        # normalised without a (C, D) copy; see cosine_margin_cross_entropy).
+        x = _scaled_unit_rows(embeddings.to(dtype), 2.0 * scale)
+        return cosine_margin_cross_entropy(
+            x, proxies.to(dtype), labels, _unchanged, 2.0 * scale, 2.0 * scale, workspace,
+            target_in_denominator=include_positive_in_denominator,
+        )
 
 
 class ProxyNCAHead(Head):
@@ -129,10 +138,13 @@ class ProxyNCAHead(Head):
         self.proxy_lr_scale = check_positive(proxy_lr_scale, "proxy_lr_scale")
         self.include_positive_in_denominator = bool(include_positive_in_denominator)
         self.proxies = nn.Parameter(torch.randn(self.num_classes, self.embedding_dim) / 8)  # (C, D)
+        self.workspace = Workspace()  # scratch memory of the fused loss, reused between steps
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self.check_inputs(embeddings, labels)
-        return proxy_nca_loss(embeddings, labels, self.proxies, self.scale, self.include_positive_in_denominator)
+        return proxy_nca_loss(
+            embeddings, labels, self.proxies, self.scale, self.include_positive_in_denominator, self.workspace
+        )
 
     def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
         self.check_inputs(embeddings)
