@@ -199,3 +199,47 @@ def test_rejects_wrong_embedding_dim():
         head(torch.randn(2, 7), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="embedding_dim"):
         head.logits(torch.randn(2, 7))
+
+
+def test_float32_with_the_column_shift_matches_the_reference_gradients():
+    """alpha (1 + delta) = 110 is past what fp32 sums without the shift: value and gradients of
+    the shifted path against the float64 loop."""
+    num_classes, labels = LABELS["mixed_with_absent_and_singleton"]
+    labels = torch.tensor(labels)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(len(labels), 16, generator=g, dtype=torch.float64)
+    proxies = torch.randn(num_classes, 16, generator=g, dtype=torch.float64)
+    proxies[3] = x[0] * 2  # a negative pair at cosine 1: the largest exponent, 110
+    ours = value_and_grads(lambda a, y, p: proxy_anchor_loss(a, y, p, 100.0, 0.1), x.float(), labels, proxies.float())
+    ref = value_and_grads(lambda a, y, p: proxy_anchor_reference(a, y, p, 100.0, 0.1), x, labels, proxies)
+    for a, b in zip(ours, ref):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
+def test_head_stays_exact_when_calls_overlap_and_refuses_a_second_backward():
+    """The head's reused buffers: two losses alive at once (one backward for both), a dropped
+    graph and a no_grad call leave the gradients equal to the loop's; retain_graph then a
+    second backward is refused (the buffer became the gradient)."""
+    g = torch.Generator().manual_seed(9)
+    head = ProxyAnchorHead(embedding_dim=8, num_classes=6).double()
+    x1, x2 = (torch.randn(7, 8, dtype=torch.float64, generator=g) for _ in range(2))
+    y1, y2 = torch.tensor([0, 0, 1, 2, 2, 2, 5]), torch.tensor([3, 3, 1, 4, 0, 0, 1])
+
+    def grads(loss_of):
+        a, b = x1.clone().requires_grad_(True), x2.clone().requires_grad_(True)
+        head.zero_grad(set_to_none=True)
+        loss_of(a, b).backward()
+        return a.grad, b.grad, head.proxies.grad
+
+    ref = grads(lambda a, b: proxy_anchor_reference(a, y1, head.proxies, 32.0, 0.1)
+                + proxy_anchor_reference(b, y2, head.proxies, 32.0, 0.1))
+    head(x1.clone().requires_grad_(True), y1)  # graph dropped, never differentiated
+    with torch.no_grad():
+        head(x2, y2)
+    for _ in range(2):  # the second time with the buffers the first gave back
+        torch.testing.assert_close(grads(lambda a, b: head(a, y1) + head(b, y2)), ref, rtol=1e-9, atol=1e-12)
+    loss = head(x1.clone().requires_grad_(True), y1)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="one backward"):
+        loss.backward()
