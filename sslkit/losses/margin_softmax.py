@@ -27,7 +27,7 @@ half a dozen (N, C) temporaries; ``F.normalize`` on the (C, D) weights adds as m
   logits and the (C, D) product before the weight gradient's radial part is removed) are
   reused from the head's :class:`~sslkit.losses._workspace.Workspace`, so that a step does
   not fault fresh pages in for them. Measured at N=512, D=512, C=10,000, fp32, on a 2-core
-  CPU (``tools/bench/losses.py --only heads``): 1.17-1.21x the three bare matmuls
+  CPU (``tools/bench/losses.py --only heads``): 1.13-1.21x the three bare matmuls
   (pytorch-metric-learning's ArcFaceLoss: 2.4-2.7x). What is left over the matmuls is memory
   passes: the weight norms, one ``exp``, one row sum, two column scalings and the radial
   part of the weight gradient (:func:`_unit_weight_grad`), about 1 ms each, and 2-3 ms of
@@ -69,7 +69,7 @@ def _unit_weight_grad(grad: torch.Tensor, weight: torch.Tensor, norm: torch.Tens
     This is weight normalisation's backward (Salimans & Kingma 2016, eq. 4) with the gain g set
     to ``||W_j||``, so aten's fused kernel for it does the work: one pass over memory, where
     ``vecdot`` then ``addcmul_`` make three (2.8 ms against 5.0 ms at C = 10,000, D = 512 on
-    two CPU cores; half the head's time outside its matmuls).
+    two CPU cores).
 
     Shape:
         grad, weight: (C, D); norm: (C,) the rows' L2 norms, unclamped. Returns (C, D).
