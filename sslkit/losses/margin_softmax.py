@@ -103,6 +103,36 @@ def _scaled_unit_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x * (torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(_NORM_EPS).reciprocal() * scale)
 
 
+def _cosines_in_workspace(
+    features: torch.Tensor, weight: torch.Tensor, workspace: Workspace
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``L = F W^T diag(1 / ||W_j||)`` in the workspace's (N, C) "logits" buffer, and the norms.
+
+    The fused losses' forward starts here (the caller gives the buffer back when its last
+    reader is done). Returns ``(L, norm, inv_norm)``: (N, C), (C,) unclamped, (C,) clamped.
+    """
+    norm = torch.linalg.vector_norm(weight, dim=1)  # (C,)
+    inv_norm = norm.clamp_min(_NORM_EPS).reciprocal_()
+    logits = workspace.take("logits", (features.shape[0], weight.shape[0]), features.dtype, features.device)
+    torch.mm(features, weight.T, out=logits).mul_(inv_norm)
+    return logits, norm, inv_norm
+
+
+def _weight_grad_via_workspace(
+    grad_logits: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, workspace: Workspace
+) -> torch.Tensor:
+    """``d W`` from the gradient with respect to ``F W^T`` (already column-scaled by ``1/||W_j||``).
+
+    ``K = grad_logits^T rows`` goes into the workspace's reused (C, D) buffer, then
+    :func:`_unit_weight_grad` removes its radial part into the tensor returned.
+    """
+    product = workspace.take("weight_grad", tuple(weight.shape), weight.dtype, weight.device)
+    torch.mm(grad_logits.T, rows, out=product)
+    grad_weight = _unit_weight_grad(product, weight, norm)  # (C, D)
+    workspace.give_back("weight_grad", product)
+    return grad_weight
+
+
 class _CosineLogits(torch.autograd.Function):
     """``features @ (weight / ||weight||)^T`` without materialising the normalised weight.
 
@@ -281,10 +311,7 @@ class _CosineMarginCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, features, weight, labels, radius, target_logit, max_abs_logit, workspace, target_in_denominator):
-        norm = torch.linalg.vector_norm(weight, dim=1)  # (C,)
-        inv_norm = norm.clamp_min(_NORM_EPS).reciprocal_()
-        logits = workspace.take("logits", (features.shape[0], weight.shape[0]), features.dtype, features.device)
-        torch.mm(features, weight.T, out=logits).mul_(inv_norm)  # (N, C) cosines times the features' scale
+        logits, norm, inv_norm = _cosines_in_workspace(features, weight, workspace)  # (N, C) cosines times the scale
         column = labels.unsqueeze(1)
         graph = _TargetGraph(logits.gather(1, column).squeeze(1), radius, target_logit)
         t = graph.target.detach().to(logits.dtype)
@@ -331,11 +358,7 @@ class _CosineMarginCE(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_features = (scaled @ weight).mul_(row_scale)  # (N, D)
         if ctx.needs_input_grad[1]:
-            # K (C, D), the gradient before its radial part is removed, in a reused buffer.
-            product = workspace.take("weight_grad", tuple(weight.shape), weight.dtype, weight.device)
-            torch.mm(scaled.T, features * row_scale, out=product)
-            grad_weight = _unit_weight_grad(product, weight, norm)  # (C, D)
-            workspace.give_back("weight_grad", product)
+            grad_weight = _weight_grad_via_workspace(scaled, features * row_scale, weight, norm, workspace)  # (C, D)
         workspace.give_back("logits", scaled)  # read for the last time by the matmuls above
         return grad_features, grad_weight, None, grad_radius, None, None, None, None
 

@@ -16,7 +16,7 @@ from torch.autograd.function import once_differentiable
 from sslkit.losses._common import check_in_range, check_positive, full_precision, needs_row_shift, upcast
 from sslkit.losses._workspace import Workspace
 from sslkit.losses.head import Head
-from sslkit.losses.margin_softmax import _NORM_EPS, _scaled_unit_rows, _unit_weight_grad
+from sslkit.losses.margin_softmax import _cosines_in_workspace, _scaled_unit_rows, _weight_grad_via_workspace
 
 
 def _log1p_sum_exp_by_class(v: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -78,10 +78,7 @@ class _ProxyAnchorLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, weight, labels, alpha, delta, workspace):
         n, num_classes = features.shape[0], weight.shape[0]
-        norm = torch.linalg.vector_norm(weight, dim=1)  # (C,)
-        inv_norm = norm.clamp_min(_NORM_EPS).reciprocal_()
-        logits = workspace.take("logits", (n, num_classes), features.dtype, features.device)
-        torch.mm(features, weight.T, out=logits).mul_(inv_norm)  # (N, C) alpha cos
+        logits, norm, inv_norm = _cosines_in_workspace(features, weight, workspace)  # (N, C) alpha cos
         column = labels.unsqueeze(1)
         with torch.enable_grad():  # the positive term: a small graph on the (N,) positive logits
             raw = logits.gather(1, column).squeeze(1).requires_grad_()
@@ -120,10 +117,7 @@ class _ProxyAnchorLoss(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_features = scaled @ weight  # (N, D)
         if ctx.needs_input_grad[1]:
-            product = workspace.take("weight_grad", tuple(weight.shape), weight.dtype, weight.device)
-            torch.mm(scaled.T, features, out=product)
-            grad_weight = _unit_weight_grad(product, weight, norm)  # (C, D)
-            workspace.give_back("weight_grad", product)
+            grad_weight = _weight_grad_via_workspace(scaled, features, weight, norm, workspace)  # (C, D)
         workspace.give_back("logits", scaled)  # read for the last time by the matmuls above
         return grad_features, grad_weight, None, None, None, None
 
