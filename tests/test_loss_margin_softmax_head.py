@@ -22,6 +22,8 @@ from sslkit.losses.margin_softmax import (
     margin_cross_entropy,
 )
 from sslkit.losses.normsoftmax import NormSoftmaxHead
+from sslkit.losses.proxy_anchor import ProxyAnchorHead
+from sslkit.losses.proxy_nca import ProxyNCAHead
 from sslkit.losses.softmax import SoftmaxHead
 from sslkit.losses.sphereface import SphereFaceHead
 
@@ -362,3 +364,16 @@ def test_workspace_keeps_buffers_only_on_the_cpu_and_not_in_copies():
     assert head.workspace._free
     assert not copy.deepcopy(head).workspace._free
     assert not pickle.loads(pickle.dumps(head)).workspace._free
+
+
+@pytest.mark.parametrize("cls", [ArcFaceHead, ProxyAnchorHead, ProxyNCAHead])
+def test_a_frozen_head_under_inference_mode_leaves_nothing_that_training_cannot_write(cls):
+    """Evaluating a frozen head under inference_mode makes its buffers inference tensors, which
+    no op may write outside that mode: the workspace must not keep them for the training step."""
+    head = cls(8, 5).requires_grad_(False)
+    x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 3])
+    with torch.inference_mode():
+        head(x, y)
+    head.requires_grad_(True)
+    head(x.clone().requires_grad_(True), y).backward()
+    assert all(not b.is_inference() for b in head.workspace._free.values())

@@ -45,8 +45,12 @@ class Workspace:
         return torch.empty(shape, dtype=dtype, device=device)
 
     def give_back(self, name: str, buffer: torch.Tensor) -> None:
-        """Keep ``buffer`` for the next :meth:`take` of ``name``: the caller must not read it again."""
-        if buffer.device.type == "cpu":
+        """Keep ``buffer`` for the next :meth:`take` of ``name``: the caller must not read it again.
+
+        A tensor made under ``torch.inference_mode`` is not kept: outside that mode no op may
+        write into it, and the next call may well be a training step.
+        """
+        if buffer.device.type == "cpu" and not buffer.is_inference():
             self._free[name] = buffer
 
     def clear(self) -> None:
