@@ -32,7 +32,9 @@ half a dozen (N, C) temporaries; ``F.normalize`` on the (C, D) weights adds as m
   passes: the weight norms, one ``exp``, one row sum, two column scalings and the radial
   part of the weight gradient (:func:`_unit_weight_grad`), about 1 ms each, and 2-3 ms of
   small per-row ops. Its one host sync (the largest target logit, to decide whether the
-  softmax needs a row shift) adds nothing to a training step, which syncs on the loss anyway.
+  softmax needs a row shift, and the smallest weight norm, for the backward) adds nothing to
+  a training step, which syncs on the loss anyway. (Normalising the features is one more:
+  whether a row is too short for the fused kernel.)
 * :func:`margin_cross_entropy` and :func:`cosine_logits` are the two steps separately, for the
   heads that must see the logits before the loss (AdaCos's dynamic scale) or keep ``||W_j||``
   (L-Softmax): the target column of the matmul's output is edited in place, turned into
@@ -57,7 +59,9 @@ from sslkit.losses.head import Head
 _NORM_EPS = 1e-12
 
 
-def _unit_weight_grad(grad: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+def _unit_weight_grad(
+    grad: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, degenerate: bool | None = None
+) -> torch.Tensor:
     """The gradient of the raw (C, D) class weights, its radial part removed, in one fused pass.
 
     With ``grad`` the gradient with respect to ``W / ||W||`` already divided by ``||W_j||``
@@ -71,6 +75,9 @@ def _unit_weight_grad(grad: torch.Tensor, weight: torch.Tensor, norm: torch.Tens
     ``vecdot`` then ``addcmul_`` make three (2.8 ms against 5.0 ms at C = 10,000, D = 512 on
     two CPU cores).
 
+    ``degenerate``: whether some row's norm is <= eps, when the caller already knows (a host
+    sync fewer on an accelerator); None checks here.
+
     Shape:
         grad, weight: (C, D); norm: (C,) the rows' L2 norms, unclamped. Returns (C, D).
     """
@@ -78,9 +85,10 @@ def _unit_weight_grad(grad: torch.Tensor, weight: torch.Tensor, norm: torch.Tens
     grad_weight, _ = torch.ops.aten._weight_norm_interface_backward(
         grad.contiguous(), weight.contiguous(), clamped, clamped, 0
     )
-    degenerate = norm <= _NORM_EPS
-    if bool(degenerate.any()):  # all-zero rows: rare, so one small check beats a where() pass
-        grad_weight = torch.where(degenerate.unsqueeze(1), grad, grad_weight)
+    if degenerate is None:
+        degenerate = bool((norm <= _NORM_EPS).any())
+    if degenerate:  # all-zero rows: rare, so one small check beats a where() pass
+        grad_weight = torch.where((norm <= _NORM_EPS).unsqueeze(1), grad, grad_weight)
     return grad_weight
 
 
@@ -119,7 +127,12 @@ def _cosines_in_workspace(
 
 
 def _weight_grad_via_workspace(
-    grad_logits: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, workspace: Workspace
+    grad_logits: torch.Tensor,
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    norm: torch.Tensor,
+    workspace: Workspace,
+    degenerate: bool | None = None,
 ) -> torch.Tensor:
     """``d W`` from the gradient with respect to ``F W^T`` (already column-scaled by ``1/||W_j||``).
 
@@ -128,7 +141,7 @@ def _weight_grad_via_workspace(
     """
     product = workspace.take("weight_grad", tuple(weight.shape), weight.dtype, weight.device)
     torch.mm(grad_logits.T, rows, out=product)
-    grad_weight = _unit_weight_grad(product, weight, norm)  # (C, D)
+    grad_weight = _unit_weight_grad(product, weight, norm, degenerate)  # (C, D)
     workspace.give_back("weight_grad", product)
     return grad_weight
 
@@ -316,7 +329,11 @@ class _CosineMarginCE(torch.autograd.Function):
         graph = _TargetGraph(logits.gather(1, column).squeeze(1), radius, target_logit)
         t = graph.target.detach().to(logits.dtype)
         logits.scatter_(1, column, float("-inf"))  # the target's exp is added from t below
-        largest = max(max_abs_logit, float(t.max()) if t.numel() else 0.0)
+        # One host sync for both facts the loss needs: the largest target logit (is a row shift
+        # needed?) and whether a class weight has norm <= eps (for the backward's radial part).
+        top_target, smallest_norm = torch.stack([t.max() if t.numel() else t.new_zeros(()), norm.min()]).tolist()
+        ctx.degenerate_weight = smallest_norm <= _NORM_EPS
+        largest = max(max_abs_logit, top_target)
         if logits.shape[1] < 2 or needs_row_shift(largest, logits.dtype, terms=logits.shape[1]):
             # (N,) >= every term of the row, and one of them: Z_i >= 1 cannot underflow.
             shift = torch.maximum(logits.amax(dim=1), t) if target_in_denominator else logits.amax(dim=1)
@@ -358,7 +375,9 @@ class _CosineMarginCE(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_features = (scaled @ weight).mul_(row_scale)  # (N, D)
         if ctx.needs_input_grad[1]:
-            grad_weight = _weight_grad_via_workspace(scaled, features * row_scale, weight, norm, workspace)  # (C, D)
+            grad_weight = _weight_grad_via_workspace(
+                scaled, features * row_scale, weight, norm, workspace, ctx.degenerate_weight
+            )  # (C, D)
         workspace.give_back("logits", scaled)  # read for the last time by the matmuls above
         return grad_features, grad_weight, None, grad_radius, None, None, None, None
 
