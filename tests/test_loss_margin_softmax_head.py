@@ -310,6 +310,33 @@ def _value_and_grads(loss_fn, x, head):
     return loss.detach(), x.grad, head.weight.grad
 
 
+@pytest.mark.parametrize("scale,largest_norm", [(64.0, 1.0), (30.0, 1e15), (64.0, 1e15)])
+def test_fp32_head_with_weight_norms_far_apart_matches_fp64(scale, largest_norm):
+    """The fused loss folds 1/||W_j|| into its exp while the exponents ``s cos - log ||W_j||``
+    stay in fp32's range and scales by column otherwise (s = 64 with a norm of 1e15 leaves
+    it); either way the fp32 value and gradients equal the fp64 formula. A zero class weight
+    (clamped to eps, log eps = -27.6) and norms from 1e-3 up are in every case."""
+    g = torch.Generator().manual_seed(7)
+    n, c, d = 24, 12, 16
+    x = torch.randn(n, d, dtype=torch.float64, generator=g)
+    weight = F.normalize(torch.randn(c, d, dtype=torch.float64, generator=g), dim=1)
+    weight *= torch.logspace(-3, math.log10(largest_norm), c, dtype=torch.float64)[:, None]
+    weight[5] = 0
+    labels = torch.randint(0, c, (n,), generator=g)
+    head = ArcFaceHead(d, c, scale=scale).double()
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    expected = [t.clone() for t in _value_and_grads(lambda v: _naive_arcface(v, head.weight, labels, scale=scale), x, head)]
+    head = head.float()
+    value, grad_x, grad_w = _value_and_grads(lambda v: head(v, labels), x.float(), head)
+    assert torch.isfinite(value) and torch.isfinite(grad_x).all() and torch.isfinite(grad_w).all()
+    torch.testing.assert_close(value.double(), expected[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_x.double(), expected[1], rtol=1e-4, atol=1e-6)
+    # Relative to each row's size: ||dL/dW_j|| scales as 1/||W_j||, 1e3 down to 1e-15.
+    row_scale = expected[2].norm(dim=1, keepdim=True).clamp_min(1e-30)
+    torch.testing.assert_close(grad_w.double() / row_scale, expected[2] / row_scale, rtol=1e-4, atol=1e-4)
+
+
 def test_head_reuses_its_workspace_and_stays_exact_when_calls_overlap():
     """The fused loss's scratch buffers come back to the head's workspace after backward and are
     reused; two losses alive at once (one backward for both), a forward whose graph is dropped,

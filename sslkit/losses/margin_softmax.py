@@ -20,20 +20,22 @@ tensor costs a few percent of the three (N x D x C) matmuls. The plain-autograd 
 half a dozen (N, C) temporaries; ``F.normalize`` on the (C, D) weights adds as many again.
 
 * :func:`cosine_margin_cross_entropy` (every head whose class weights are normalised) does the
-  whole loss in one function: the forward is the matmul, one column scaling, one ``exp`` and a
-  row sum in the matmul's own buffer; the backward folds every per-row factor into the thin
-  (N, D) side of its two matmuls, and writes the target column's gradient into the softmax
-  matrix so that the same two matmuls carry it. Its two large temporaries (the (N, C)
+  whole loss in one function: the forward is the matmul, one column scaling fused with the
+  shift that the backward's own column scaling needs (``addcmul``), one ``exp`` and a row
+  sum (a matrix-vector product) in the matmul's own buffer; the backward folds every per-row
+  factor into the thin (N, D) side of its two matmuls, and writes the target column's
+  gradient into the softmax matrix so that the same two matmuls carry it. Its two large temporaries (the (N, C)
   logits and the (C, D) product before the weight gradient's radial part is removed) are
   reused from the head's :class:`~sslkit.losses._workspace.Workspace`, so that a step does
   not fault fresh pages in for them. Measured at N=512, D=512, C=10,000, fp32, on a 2-core
   CPU (``tools/bench/losses.py --only heads``): 1.13-1.21x the three bare matmuls
   (pytorch-metric-learning's ArcFaceLoss: 2.4-2.7x). What is left over the matmuls is memory
-  passes: the weight norms, one ``exp``, one row sum, two column scalings and the radial
-  part of the weight gradient (:func:`_unit_weight_grad`), about 1 ms each, and 2-3 ms of
-  small per-row ops. Its one host sync (the largest target logit, to decide whether the
-  softmax needs a row shift, and the smallest weight norm, for the backward) adds nothing to
-  a training step, which syncs on the loss anyway. (Normalising the features is one more:
+  passes: the weight norms, one ``addcmul``, one ``exp``, one row sum and the radial part of
+  the weight gradient (:func:`_unit_weight_grad`), 1-3.5 ms each (a 20 MiB array is not in
+  cache after a matmul of this size), and 2-3 ms of small per-row ops. Its one host sync
+  (the largest target logit and the range of the weight norms, to decide whether the softmax
+  needs a row shift, and the smallest weight norm, for the backward) adds nothing to a
+  training step, which syncs on the loss anyway. (Normalising the features is one more:
   whether a row is too short for the fused kernel.)
 * :func:`margin_cross_entropy` and :func:`cosine_logits` are the two steps separately, for the
   heads that must see the logits before the loss (AdaCos's dynamic scale) or keep ``||W_j||``
@@ -304,6 +306,12 @@ class _CosineMarginCE(torch.autograd.Function):
         Z_i = sum_j E_ij + exp(t_i - m_i);   loss = mean_i (log Z_i + m_i - t_i)
         (without the target's ``exp(t_i - m_i)`` in Z_i when ``target_in_denominator`` is False)
 
+    While the exponents stay in fp range (``|L| + max_j |log ||W_j||| `` under the bound of
+    :func:`~sslkit.losses._common.needs_row_shift`, as at any trained or initialised scale)
+    the forward stores ``E diag(inv) = exp(F W^T diag(inv) - log ||W_j||)`` instead, one
+    ``addcmul`` and one ``exp`` over the matmul's buffer, and sums ``Z_i = (E diag(inv)) ||W||``
+    with a matrix-vector product: the backward's column scaling then costs no pass of its own.
+
     backward, with ``a_i = g / (N Z_i)``, ``b_i`` = d loss / d L_iy (through ``t_i``),
     ``U_j = inv_j W_j`` and ``E'`` = E with its target entries set to ``b_i / a_i``, then
     scaled by column (``E' diag(inv)``)::
@@ -314,8 +322,8 @@ class _CosineMarginCE(torch.autograd.Function):
     (the second line is the chain rule through ``U = W / ||W||``: ``inv_j`` times the
     gradient with respect to ``U_j`` less its radial part). ``b_i / a_i`` is computed without
     ``g``: the target logit's chain rule runs with the upstream gradient ``exp(t_i - m_i) - Z_i``.
-    Every per-row factor lands on the thin (N, D) side, the per-class ``inv`` is one in-place
-    pass over E, and the target column rides in the same two matmuls: after the forward's
+    Every per-row factor lands on the thin (N, D) side, the per-class ``inv`` rides in the
+    forward's ``exp``, and the target column rides in the same two matmuls: after the forward's
     ``exp`` and row sum no other pass over the (N, C) matrix is left but the backward matmuls,
     no sparse (N, D) or (C, D) update, and no (C, D) normalised weight is made.
     The plain way (``log_softmax`` of the edited logits, autograd's ``(softmax - onehot)`` and
@@ -324,26 +332,42 @@ class _CosineMarginCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, features, weight, labels, radius, target_logit, max_abs_logit, workspace, target_in_denominator):
-        logits, norm, inv_norm = _cosines_in_workspace(features, weight, workspace)  # (N, C) cosines times the scale
+        norm = torch.linalg.vector_norm(weight, dim=1)  # (C,)
+        clamped = norm.clamp_min(_NORM_EPS)  # as F.normalize divides
+        inv_norm = clamped.reciprocal()
+        logits = workspace.take("logits", (features.shape[0], weight.shape[0]), features.dtype, features.device)
+        torch.mm(features, weight.T, out=logits)  # (N, C) F W^T: the cosines times the scale, times ||W_j||
         column = labels.unsqueeze(1)
-        graph = _TargetGraph(logits.gather(1, column).squeeze(1), radius, target_logit)
+        graph = _TargetGraph(logits.gather(1, column).squeeze(1) * inv_norm[labels], radius, target_logit)
         t = graph.target.detach().to(logits.dtype)
         logits.scatter_(1, column, float("-inf"))  # the target's exp is added from t below
-        # One host sync for both facts the loss needs: the largest target logit (is a row shift
-        # needed?) and whether a class weight has norm <= eps (for the backward's radial part).
-        top_target, smallest_norm = torch.stack([t.max() if t.numel() else t.new_zeros(()), norm.min()]).tolist()
+        log_norm = clamped.log()  # (C,)
+        # One host sync for the facts the loss needs: the largest target logit and the range of
+        # log ||W_j|| (is a row shift needed? may the column scaling ride in the exp?), and
+        # whether a class weight has norm <= eps (for the backward's radial part).
+        top_target, smallest_norm, log_norm_range = torch.stack(
+            [t.max() if t.numel() else t.new_zeros(()), norm.min(), log_norm.abs().max()]
+        ).tolist()
         ctx.degenerate_weight = smallest_norm <= _NORM_EPS
         largest = max(max_abs_logit, top_target)
-        if logits.shape[1] < 2 or needs_row_shift(largest, logits.dtype, terms=logits.shape[1]):
-            # (N,) >= every term of the row, and one of them: Z_i >= 1 cannot underflow.
-            shift = torch.maximum(logits.amax(dim=1), t) if target_in_denominator else logits.amax(dim=1)
-            logits.sub_(shift.unsqueeze(1))
+        terms = logits.shape[1]
+        # The backward wants E_ij / ||W_j||. While the exponents stay in range, exp(L_ij / ||W_j||
+        # - log ||W_j||) is that in the forward's own pass (and Z_i = sum_j that * ||W_j||, a
+        # matrix-vector product as cheap as the row sum): one (N, C) pass fewer.
+        ctx.column_scaled = terms >= 2 and not needs_row_shift(largest + log_norm_range, logits.dtype, terms=terms)
+        shift = torch.zeros_like(t)
+        if ctx.column_scaled:
+            exp = torch.addcmul(log_norm.neg_(), logits, inv_norm, out=logits).exp_()  # (N, C) E diag(inv)
         else:
-            shift = torch.zeros_like(t)
-        exp = logits.exp_()  # (N, C) in the matmul's buffer; the target column is exp(-inf) = 0
+            logits.mul_(inv_norm)  # (N, C) the cosines times the scale
+            if terms < 2 or needs_row_shift(largest, logits.dtype, terms=terms):
+                # (N,) >= every term of the row, and one of them: Z_i >= 1 cannot underflow.
+                shift = torch.maximum(logits.amax(dim=1), t) if target_in_denominator else logits.amax(dim=1)
+                logits.sub_(shift.unsqueeze(1))
+            exp = logits.exp_()  # (N, C) in the matmul's buffer; the target column is exp(-inf) = 0
         # (N,) the target's term of Z_i; 0 for the NCA form (Proxy-NCA), whose Z sums the others only.
         target_exp = (t - shift).exp_() if target_in_denominator else torch.zeros_like(t)
-        row_sum = exp.sum(dim=1).add_(target_exp)  # (N,) Z_i
+        row_sum = (torch.mv(exp, clamped) if ctx.column_scaled else exp.sum(dim=1)).add_(target_exp)  # (N,) Z_i
         loss = (row_sum.log() + shift - t).mean()
         if not any(ctx.needs_input_grad):  # no backward will read the buffer
             workspace.give_back("logits", exp)
@@ -368,7 +392,7 @@ class _CosineMarginCE(torch.autograd.Function):
         # E' = E diag(inv) in place (the saved buffer is not read again: one backward only), and
         # the target column (exp 0 so far) set to b_i inv_{y_i} / a_i, so that the two matmuls
         # below carry the target's gradient too: no sparse (N, D) or (C, D) updates.
-        scaled = exp.mul_(inv_norm)
+        scaled = exp if ctx.column_scaled else exp.mul_(inv_norm)
         column = labels.unsqueeze(1)
         scaled.scatter_(1, column, (grad_raw.to(scaled.dtype) * inv_norm[labels]).unsqueeze(1))
         grad_features = grad_weight = None
