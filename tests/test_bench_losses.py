@@ -112,3 +112,19 @@ def test_a_block_times_consecutive_calls_and_records_the_time_per_call(bench):
     assert timed.count("long") == 3 and 3 * 5 <= timed.count("short") <= 3 * 12
     assert timed.count("short") % 3 == 0  # the same block length every repeat
     assert 0.002 <= times["short"] < 0.01 and times["long"] >= 0.03  # time per call, not per block
+
+
+def test_head_floor_quick_run_reports_every_head_against_both_baselines(tmp_path):
+    """tools/bench/head_floor.py --quick: every candidate against the matmuls, each margin head
+    against the aten floor, in every round, and the same figures in its JSON."""
+    out = tmp_path / "head_floor.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/bench/head_floor.py"), "--quick", "--rounds", "2",
+                           "--threads", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "aten floor" in proc.stdout
+    report = json.loads(out.read_text())
+    assert len(report["rounds"]) == 2
+    for figures in report["rounds"]:
+        assert set(figures["over_matmul3"]) == {"aten floor", "arcface", "cosface", "sphereface"}
+        assert set(figures["over_floor"]) == {"arcface", "cosface", "sphereface"}
+        assert all(_positive(v) for v in [*figures["over_matmul3"].values(), *figures["over_floor"].values()])
