@@ -67,6 +67,25 @@ def test_dynamic_scale_update_and_loss_match_reference(n, d, c):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.parametrize("s_old", [30.0, 120.0])
+def test_dynamic_scale_in_fp32_at_a_scale_whose_exp_overflows(s_old):
+    """B_avg in fp32: at s(t-1) = 120, e^{s cos} overflows fp32 (e^88), so the sum runs with the
+    largest logit shifted out; at 30 it runs plain. Either way s(t) is eq. 15's, and the loss
+    (scored after the target column was masked and put back) is finite."""
+    torch.manual_seed(3)
+    head = AdaCosDynamicHead(8, 12).train()
+    x, labels = random_class_batch(20, 8, 12, seed=5)
+    x = x.float()
+    with torch.no_grad():
+        head.s.fill_(s_old)
+    expected = dynamic_scale_reference(x.double(), head.weight.detach().double(), labels, s_old)
+    loss = head(x, labels)
+    assert torch.isfinite(loss)
+    assert float(head.s) == pytest.approx(expected, rel=1e-5)
+    ref_loss = scaled_softmax_reference(x.double(), head.weight.detach().double(), labels, float(head.s))
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-4)
+
+
 def test_dynamic_scale_moves_in_training_only_and_is_saved():
     head = AdaCosDynamicHead(8, 5)
     x, labels = torch.randn(16, 8), torch.randint(0, 5, (16,))

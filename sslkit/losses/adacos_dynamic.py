@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from sslkit.losses._common import full_precision
+from sslkit.losses._common import full_precision, needs_row_shift
 from sslkit.losses.adacos import adacos_fixed_scale
 from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead, margin_cross_entropy
@@ -27,8 +27,8 @@ class AdaCosDynamicHead(MarginSoftmaxHead):
     ``s(0) = sqrt(2) log(C - 1)`` (the fixed AdaCos scale). ``s`` is a buffer (saved in the
     state dict, so a resumed run continues from it), updated under ``no_grad`` in training mode
     only, *before* the loss, so each batch is scored with the scale computed from it; in eval
-    mode ``logits``/``forward`` use the last ``s``. ``B_avg`` is computed in log space
-    (logsumexp), so a large ``s`` cannot overflow. If a degenerate batch gives a non-finite or
+    mode ``logits``/``forward`` use the last ``s``. ``B_avg`` is summed with the largest logit
+    shifted out whenever ``s`` is large enough to overflow, so a large ``s`` cannot. If a degenerate batch gives a non-finite or
     non-positive ``s`` (``B_avg <= 1``), the previous ``s`` is kept.
 
     Caveats. Hyperparameter-free is not free: in the paper's own curves of the cosines to the
@@ -64,13 +64,28 @@ class AdaCosDynamicHead(MarginSoftmaxHead):
 
     @torch.no_grad()
     def update_scale(self, logits: torch.Tensor, labels: torch.Tensor, old_scale: torch.Tensor) -> torch.Tensor:
-        """Eq. 14-15 of [0] from this batch's ``logits = s(t-1) cos``; writes and returns ``s(t)``."""
+        """Eq. 14-15 of [0] from this batch's ``logits = s(t-1) cos``; writes and returns ``s(t)``.
+
+        ``logits`` is read, and its target column is briefly set to -inf (for ``B_avg``'s sum
+        over the other classes) and put back exactly: no (N, C) copy. Its ``exp`` goes into
+        the head's reused workspace buffer, shifted by the largest logit only when ``s(t-1)``
+        is large enough for a sum of N C terms to overflow (:func:`needs_row_shift`), so
+        ``B_avg`` stays finite for any scale.
+        """
         column = labels.unsqueeze(1)
-        cos_target = logits.gather(1, column).squeeze(1) / old_scale  # (N,)
+        target = logits.gather(1, column)  # (N, 1), written back below
         # acos is harmless here: no gradient flows through the scale.
-        theta_median = torch.median(torch.acos(cos_target.clamp(-1, 1)))
-        others = logits.scatter(1, column, float("-inf"))  # (N, C), the target excluded
-        log_b_avg = torch.logsumexp(others.flatten(), dim=0) - math.log(logits.shape[0])
+        theta_median = torch.median(torch.acos((target.squeeze(1) / old_scale).clamp(-1, 1)))
+        logits.scatter_(1, column, float("-inf"))  # (N, C): the target excluded from B_avg
+        exp = self.workspace.take("logits_exp", tuple(logits.shape), logits.dtype, logits.device)
+        if needs_row_shift(float(old_scale), logits.dtype, terms=logits.numel()):
+            shift = logits.amax()  # a non-target logit: the sum is >= 1 and every term <= 1
+            total = torch.sub(logits, shift, out=exp).exp_().sum().log_().add_(shift)
+        else:  # |logit| <= s(t-1): no term or sum can overflow or vanish
+            total = torch.exp(logits, out=exp).sum().log_()
+        self.workspace.give_back("logits_exp", exp)
+        logits.scatter_(1, column, target)
+        log_b_avg = total - math.log(logits.shape[0])
         new_scale = log_b_avg / torch.cos(theta_median.clamp(max=math.pi / 4))
         if torch.isfinite(new_scale) and new_scale > 0:
             self.s.copy_(new_scale)
