@@ -86,6 +86,30 @@ def test_dynamic_scale_in_fp32_at_a_scale_whose_exp_overflows(s_old):
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-4)
 
 
+def test_dynamic_head_reuses_its_workspace_and_overlapping_calls_stay_exact():
+    """The two-step path (cosine logits, then the loss) borrows the head's workspace: a second
+    training step reuses the same buffers, and two losses alive at once (eval mode, fixed s, one
+    backward for both) each get their own and match the formula."""
+    torch.manual_seed(4)
+    head = AdaCosDynamicHead(8, 12).double().train()
+    (x1, y1), (x2, y2) = random_class_batch(10, 8, 12, seed=1), random_class_batch(10, 8, 12, seed=2)
+    head(x1, y1).backward()
+    kept = {name: buffer.data_ptr() for name, buffer in head.workspace._free.items()}
+    assert {"logits", "weight_grad", "logits_exp"} <= set(kept)
+    head(x2, y2).backward()  # the same memory again
+    assert {name: buffer.data_ptr() for name, buffer in head.workspace._free.items()} == kept
+
+    head.eval()
+    s = float(head.s)
+    a, b = x1.clone().requires_grad_(True), x2.clone().requires_grad_(True)
+    head.zero_grad(set_to_none=True)
+    (head(a, y1) + head(b, y2)).backward()
+    a2, b2 = x1.clone().requires_grad_(True), x2.clone().requires_grad_(True)
+    w2 = head.weight.detach().clone().requires_grad_(True)
+    (scaled_softmax_reference(a2, w2, y1, s) + scaled_softmax_reference(b2, w2, y2, s)).backward()
+    torch.testing.assert_close((a.grad, b.grad, head.weight.grad), (a2.grad, b2.grad, w2.grad), rtol=1e-9, atol=1e-11)
+
+
 def test_dynamic_scale_moves_in_training_only_and_is_saved():
     head = AdaCosDynamicHead(8, 5)
     x, labels = torch.randn(16, 8), torch.randint(0, 5, (16,))

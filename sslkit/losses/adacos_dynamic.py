@@ -98,9 +98,8 @@ class AdaCosDynamicHead(MarginSoftmaxHead):
             if not self.training:
                 return margin_cross_entropy(logits, labels, self.target_logit, old_scale)
             new_scale = self.update_scale(logits.detach(), labels, old_scale)
-            # Rescale in place (the matmul does not keep its output for backward): s(t) cos.
-            logits.mul_(new_scale / old_scale)
-            return margin_cross_entropy(logits, labels, self.target_logit, new_scale)
+            # s(t) cos, rescaled inside the loss: its gradient stays in the matmul's buffer.
+            return margin_cross_entropy(logits, labels, self.target_logit, new_scale, float(new_scale / old_scale))
 
     def extra_repr(self) -> str:
         return f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, s={float(self.s):.4f}"

@@ -159,42 +159,55 @@ class _CosineLogits(torch.autograd.Function):
 
     Same values and gradients as ``features @ F.normalize(weight).T``, with one in-place (N, C)
     pass instead of a normalised (C, D) copy and the (C, D) temporaries of its autograd backward.
+    With a private gradient and a workspace, ``L`` is the workspace's "logits" buffer, given
+    back when the backward is done with the gradient that was written into it.
     """
 
     @staticmethod
-    def forward(ctx, features: torch.Tensor, weight: torch.Tensor, private_grad: bool) -> torch.Tensor:
+    def forward(ctx, features, weight, private_grad, workspace):
         norm = torch.linalg.vector_norm(weight, dim=1)  # (C,)
         inv_norm = norm.clamp_min(_NORM_EPS).reciprocal_()
-        logits = features @ weight.T  # (N, C)
-        logits.mul_(inv_norm)
+        shape = (features.shape[0], weight.shape[0])
+        use_workspace = private_grad and workspace is not None
+        logits = workspace.take("logits", shape, features.dtype, features.device) if use_workspace else None
+        logits = torch.mm(features, weight.T, out=logits) if logits is not None else features @ weight.T
+        logits.mul_(inv_norm)  # (N, C)
         ctx.save_for_backward(features, weight, norm, inv_norm)
         ctx.private_grad = private_grad
+        # The buffer goes back only if the gradient arrives in it (margin_cross_entropy's does).
+        ctx.workspace, ctx.buffer_address = (workspace, logits.data_ptr()) if use_workspace else (None, None)
         return logits
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
         features, weight, norm, inv_norm = ctx.saved_tensors
         # (N, C). In place only when the caller vouches that nobody else reads this gradient.
         grad = grad.mul_(inv_norm) if ctx.private_grad else grad * inv_norm
         grad_features = grad @ weight if ctx.needs_input_grad[0] else None
         grad_weight = None
+        workspace = ctx.workspace if ctx.workspace is not None else Workspace()
         if ctx.needs_input_grad[1]:
-            grad_weight = _unit_weight_grad(grad.T @ features, weight, norm)  # (C, D)
-        return grad_features, grad_weight, None
+            grad_weight = _weight_grad_via_workspace(grad, features, weight, norm, workspace)  # (C, D)
+        if ctx.workspace is not None and grad.data_ptr() == ctx.buffer_address:
+            ctx.workspace.give_back("logits", grad)
+        return grad_features, grad_weight, None, None
 
 
-def cosine_logits(features: torch.Tensor, weight: torch.Tensor, private_grad: bool = False) -> torch.Tensor:
+def cosine_logits(
+    features: torch.Tensor, weight: torch.Tensor, private_grad: bool = False, workspace: Workspace | None = None
+) -> torch.Tensor:
     """``features @ F.normalize(weight, dim=1).T``, cheaper in memory traffic; see :class:`_CosineLogits`.
 
     ``private_grad=True`` lets backward scale the incoming (N, C) gradient in place, saving an
     (N, C) allocation. Only pass it when the result goes straight into
-    :func:`margin_cross_entropy` (whose gradient buffer is its own).
+    :func:`margin_cross_entropy` (whose gradient buffer is its own); a ``workspace`` then also
+    lends the (N, C) and (C, D) buffers, reused across calls on the CPU.
 
     Shape:
         features: (N, D) (already scaled as the caller wants); weight: (C, D); returns (N, C).
     """
-    return _CosineLogits.apply(features, weight, private_grad)
+    return _CosineLogits.apply(features, weight, private_grad, workspace)
 
 
 class _TargetGraph:
@@ -229,14 +242,18 @@ class _TargetGraph:
 class _MarginCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of ``logits`` with the target column replaced, computed in place.
 
-    forward: ``logits[i, y_i] <- r_i * target_logit(logits[i, y_i] / r_i)``, then
+    forward: ``logits <- k logits`` (``k = logit_scale``, skipped when 1), then
+    ``logits[i, y_i] <- r_i * target_logit(logits[i, y_i] / r_i)``, then
     ``logits <- log_softmax(logits)`` in the same memory; loss ``= -mean_i logits[i, y_i]``.
-    backward: the stored log-probabilities become ``(softmax - onehot) / N`` in place; the
+    backward: the stored log-probabilities become ``k (softmax - onehot) / N`` in place; the
     target column gets the chain rule through ``target_logit`` (autograd on (N,) tensors).
     """
 
     @staticmethod
-    def forward(ctx, logits, labels, radius, target_logit):
+    def forward(ctx, logits, labels, radius, target_logit, logit_scale):
+        if logit_scale != 1.0:
+            logits.mul_(logit_scale)
+        ctx.logit_scale = logit_scale
         column = labels.unsqueeze(1)  # (N, 1)
         graph = _TargetGraph(logits.gather(1, column).squeeze(1), radius, target_logit)
         logits.scatter_(1, column, graph.target.detach().unsqueeze(1).to(logits.dtype))
@@ -260,25 +277,29 @@ class _MarginCrossEntropy(torch.autograd.Function):
         log_probs, labels = ctx.saved_tensors
         graph, ctx.graph = ctx.graph, None
         if grad_loss is None:
-            return None, None, None, None
+            return None, None, None, None, None
         n = log_probs.shape[0]
         column = labels.unsqueeze(1)
-        weight = grad_loss / n
-        grad = log_probs.exp_().mul_(weight)  # (N, C) softmax * dL/dloss / N, in place
-        grad_target = grad.gather(1, column).squeeze(1) - weight  # (N,) d loss / d target logit
+        weight, k = grad_loss / n, ctx.logit_scale
+        probs = log_probs.exp_()  # (N, C) softmax, in place
+        grad_target = probs.gather(1, column).squeeze(1) * weight - weight  # (N,) d loss / d target logit
         grad_raw, grad_radius = graph.grads(grad_target)
-        grad.scatter_(1, column, grad_raw.unsqueeze(1).to(grad.dtype))
-        return grad, None, grad_radius, None
+        grad = probs.mul_(weight * k)  # (N, C) k softmax dL/dloss / N: the gradient of the unscaled logits
+        grad.scatter_(1, column, (grad_raw * k).unsqueeze(1).to(grad.dtype))
+        return grad, None, grad_radius, None, None
 
 
-def margin_cross_entropy(logits, labels, target_logit, radius) -> torch.Tensor:
+def margin_cross_entropy(logits, labels, target_logit, radius, logit_scale: float = 1.0) -> torch.Tensor:
     """Mean cross-entropy after changing only the target logit: the margin-softmax core.
 
-    With ``r_i = radius[i]`` (or one number for every row)::
+    With ``r_i = radius[i]`` (or one number for every row) and ``k = logit_scale``::
 
-        logit_ij = logits_ij                                   for j != y_i
-        logit_iy = r_i * target_logit(logits_iy / r_i)         (cos_iy = logits_iy / r_i)
+        logit_ij = k logits_ij                                 for j != y_i
+        logit_iy = r_i * target_logit(k logits_iy / r_i)       (cos_iy = k logits_iy / r_i)
         loss = mean_i -log softmax(logit_i)[y_i]
+
+    ``k`` (a constant, no gradient) rescales logits computed at another scale, as AdaCos's
+    dynamic scale does, inside the function: the gradient then stays in the same buffer.
 
     **``logits`` is overwritten** (it becomes the log-probabilities, then the gradient): pass a
     tensor nothing else uses, such as the output of the cosine matmul. Gradients flow to
@@ -292,7 +313,7 @@ def margin_cross_entropy(logits, labels, target_logit, radius) -> torch.Tensor:
         returns: scalar.
     """
     radius = torch.as_tensor(radius, dtype=logits.dtype, device=logits.device)
-    loss, _ = _MarginCrossEntropy.apply(logits, labels, radius, target_logit)
+    loss, _ = _MarginCrossEntropy.apply(logits, labels, radius, target_logit, float(logit_scale))
     return loss
 
 
@@ -516,7 +537,8 @@ class MarginSoftmaxHead(Head):
         weight = self.weight.to(features.dtype)
         if self.normalize_weights:
             # With labels this is the loss path: the logits go straight into margin_cross_entropy.
-            return cosine_logits(features, weight, private_grad=labels is not None), radius  # (N, C)
+            private = labels is not None
+            return cosine_logits(features, weight, private, self.workspace if private else None), radius  # (N, C)
         if labels is not None:
             radius = radius * torch.linalg.vector_norm(weight[labels], dim=1)
         return features @ weight.T, radius  # (N, C)
