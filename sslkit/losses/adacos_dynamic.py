@@ -28,8 +28,9 @@ class AdaCosDynamicHead(MarginSoftmaxHead):
     state dict, so a resumed run continues from it), updated under ``no_grad`` in training mode
     only, *before* the loss, so each batch is scored with the scale computed from it; in eval
     mode ``logits``/``forward`` use the last ``s``. ``B_avg`` is summed with the largest logit
-    shifted out whenever ``s`` is large enough to overflow, so a large ``s`` cannot. If a degenerate batch gives a non-finite or
-    non-positive ``s`` (``B_avg <= 1``), the previous ``s`` is kept.
+    shifted out whenever ``s`` is large enough to overflow, so a large ``s`` cannot. If a
+    degenerate batch gives a non-finite or non-positive ``s`` (``B_avg <= 1``), the previous
+    ``s`` is kept.
 
     Caveats. Hyperparameter-free is not free: in the paper's own curves of the cosines to the
     own class and to other classes, AdaCos pulls ahead of ArcFace only after about 20,000 steps,

@@ -24,10 +24,10 @@ half a dozen (N, C) temporaries; ``F.normalize`` on the (C, D) weights adds as m
   shift that the backward's own column scaling needs (``addcmul``), one ``exp`` and a row
   sum (a matrix-vector product) in the matmul's own buffer; the backward folds every per-row
   factor into the thin (N, D) side of its two matmuls, and writes the target column's
-  gradient into the softmax matrix so that the same two matmuls carry it. Its two large temporaries (the (N, C)
-  logits and the (C, D) product before the weight gradient's radial part is removed) are
-  reused from the head's :class:`~sslkit.losses._workspace.Workspace`, so that a step does
-  not fault fresh pages in for them. Measured at N=512, D=512, C=10,000, fp32, on a 2-core
+  gradient into the softmax matrix so that the same two matmuls carry it. Its two large
+  temporaries (the (N, C) logits and the (C, D) product before the weight gradient's radial
+  part is removed) are reused from the head's :class:`~sslkit.losses._workspace.Workspace`,
+  so that a step does not fault fresh pages in for them. Measured at N=512, D=512, C=10,000, fp32, on a 2-core
   CPU (``tools/bench/losses.py --only heads``): 1.13-1.21x the three bare matmuls
   (pytorch-metric-learning's ArcFaceLoss: 2.4-2.7x). What is left over the matmuls is memory
   passes: the weight norms, one ``addcmul``, one ``exp``, one row sum and the radial part of
