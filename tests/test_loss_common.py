@@ -1,10 +1,11 @@
-"""The shared loss helpers: the symmetric one-matmul backward product, in and across row blocks."""
+"""The shared loss helpers: the symmetric one-matmul backward product, in and across row blocks;
+and the input checks every labelled loss of the registry shares."""
 
 import pytest
 import torch
 
 from loss_utils import value_and_grads
-from sslkit.losses import _common
+from sslkit.losses import KIND, _common, build
 from sslkit.losses.dcl import dcl_loss
 from sslkit.losses.ntxent import ntxent_loss
 from sslkit.losses.supcon import supcon_loss
@@ -39,3 +40,12 @@ def test_losses_give_the_same_gradient_in_row_blocks(monkeypatch, loss):
     blocked = value_and_grads(loss, x, labels)
     for a, b in zip(blocked, whole):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind != "two_view"))
+def test_every_labelled_loss_says_labels_are_required(name):
+    """``loss(embeddings, None)``, for every pair loss and head in the registry: one ValueError
+    saying what is missing, not an AttributeError from deep inside."""
+    loss = build(name, embedding_dim=8, num_classes=5) if KIND[name] == "head" else build(name)
+    with pytest.raises(ValueError, match="labels are required"):
+        loss(torch.randn(4, 8), None)

@@ -86,6 +86,8 @@ def test_bad_shapes_raise(cls, kwargs):
         head(torch.randn(3, 12), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="labels"):
         head(torch.randn(3, 12), torch.tensor([0.0, 1.0, 2.0]))
+    with pytest.raises(ValueError, match="labels are required"):
+        head(torch.randn(3, 12), None)
     with pytest.raises(ValueError, match="embeddings"):
         head.logits(torch.randn(3, 12, 1))
 

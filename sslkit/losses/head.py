@@ -41,6 +41,9 @@ def check_class_labels(labels: torch.Tensor, num_classes: int) -> None:
         )
 
 
+_NO_LABELS = object()  # check_inputs' default: the logits() call, which takes no labels
+
+
 class Head(nn.Module):
     """Base of every classification head: sizes, label checks, optimizer groups.
 
@@ -57,9 +60,13 @@ class Head(nn.Module):
         self.embedding_dim = check_positive_int(embedding_dim, "embedding_dim")
         self.num_classes = check_positive_int(num_classes, "num_classes")
 
-    def check_inputs(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> None:
-        """(N, D) floating embeddings with this head's D; if given, (N,) labels in [0, C)."""
-        if labels is None:
+    def check_inputs(self, embeddings: torch.Tensor, labels: torch.Tensor | None | object = _NO_LABELS) -> None:
+        """(N, D) floating embeddings with this head's D and, in a loss call, (N,) labels in [0, C).
+
+        ``logits()`` leaves ``labels`` out; a loss call passes what it was given, so that
+        ``head(embeddings, None)`` is a ValueError saying labels are required, not a crash later.
+        """
+        if labels is _NO_LABELS:
             if embeddings.dim() != 2 or not embeddings.is_floating_point():
                 raise ValueError(
                     f"embeddings must be floating point (N, D), got shape {tuple(embeddings.shape)} "
