@@ -49,3 +49,44 @@ def test_every_labelled_loss_says_labels_are_required(name):
     loss = build(name, embedding_dim=8, num_classes=5) if KIND[name] == "head" else build(name)
     with pytest.raises(ValueError, match="labels are required"):
         loss(torch.randn(4, 8), None)
+
+
+def _build(name):
+    return build(name, embedding_dim=8, num_classes=5) if KIND[name] == "head" else build(name)
+
+
+@pytest.mark.parametrize("name", sorted(KIND))
+def test_every_loss_names_an_input_that_is_not_a_tensor(name):
+    """None for the second view, a Python list of labels, a NumPy array of embeddings: a
+    ValueError naming the argument, not an AttributeError from inside the loss."""
+    loss, x = _build(name), torch.randn(4, 8)
+    if KIND[name] == "two_view":
+        calls = [((x, None), "z2"), ((x.numpy(), x), "z1"), ((x, x), None)]
+        with pytest.raises(ValueError, match="negatives"):
+            loss(x, x, negatives=[[0.0] * 8])
+    else:
+        labels = torch.tensor([0, 1, 0, 1])
+        calls = [((x, [0, 1, 0, 1]), "labels"), ((x.numpy(), labels), "embeddings"), ((x, labels), None)]
+    for args, argument in calls:
+        if argument is None:
+            assert torch.isfinite(loss(*args))  # the same call with tensors works
+        else:
+            with pytest.raises(ValueError, match=f"{argument} must be a torch.Tensor"):
+                loss(*args)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind != "two_view"))
+def test_an_empty_batch_is_zero_for_pair_losses_and_an_error_for_heads(name):
+    """Pair losses have no pair to average in an empty batch and return 0 (backward works);
+    a head's mean over no samples is undefined: one ValueError. (aten's fused row
+    normalisation dies with SIGFPE on zero rows, so this also guards the process.) A head's
+    logits for no samples are (0, C)."""
+    loss, x, labels = _build(name), torch.randn(0, 8, requires_grad=True), torch.zeros(0, dtype=torch.long)
+    if KIND[name] == "head":
+        with pytest.raises(ValueError, match="at least one sample"):
+            loss(x, labels)
+        assert loss.logits(torch.randn(0, 8)).shape == (0, 5)
+    else:
+        value = loss(x, labels)
+        value.backward()
+        assert value.item() == 0.0 and x.grad.shape == (0, 8)

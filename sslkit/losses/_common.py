@@ -90,8 +90,17 @@ def check_in_range(value: float, name: str, low: float, high: float) -> float:
     return value
 
 
+def check_tensor(value, name: str) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is a tensor (not None, a list, an array)."""
+    if not isinstance(value, torch.Tensor):
+        missing = " (is it missing?)" if value is None else ""
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}{missing}")
+
+
 def check_two_views(z1: torch.Tensor, z2: torch.Tensor) -> None:
     """Two views must both be (N, D) with the same N and D, N >= 1, floating point."""
+    check_tensor(z1, "z1")
+    check_tensor(z2, "z2")
     if z1.dim() != 2 or z2.dim() != 2:
         raise ValueError(
             f"z1 and z2 must be 2-D (N, D) embeddings, got shapes {tuple(z1.shape)} and {tuple(z2.shape)}"
@@ -111,6 +120,7 @@ def check_negatives(negatives: torch.Tensor | None, dim: int) -> None:
     """An optional bank of negatives must be (K, D) with the embeddings' D."""
     if negatives is None:
         return
+    check_tensor(negatives, "negatives")
     if negatives.dim() != 2 or negatives.shape[1] != dim:
         raise ValueError(f"negatives must be (K, {dim}), got shape {tuple(negatives.shape)}")
 
@@ -119,6 +129,8 @@ def check_embeddings_labels(embeddings: torch.Tensor, labels: torch.Tensor | Non
     """Label losses need (N, D) floating embeddings and (N,) integer labels."""
     if labels is None:
         raise ValueError("labels are required: this loss compares samples by class, pass labels of shape (N,)")
+    check_tensor(embeddings, "embeddings")
+    check_tensor(labels, "labels")
     if embeddings.dim() != 2 or not embeddings.is_floating_point():
         raise ValueError(
             f"embeddings must be floating point (N, D), got shape {tuple(embeddings.shape)} and {embeddings.dtype}"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sslkit.losses._common import check_embeddings_labels
+from sslkit.losses._common import check_embeddings_labels, check_tensor
 
 
 def check_positive_int(value: int, name: str, minimum: int = 1) -> int:
@@ -67,6 +67,7 @@ class Head(nn.Module):
         ``head(embeddings, None)`` is a ValueError saying labels are required, not a crash later.
         """
         if labels is _NO_LABELS:
+            check_tensor(embeddings, "embeddings")
             if embeddings.dim() != 2 or not embeddings.is_floating_point():
                 raise ValueError(
                     f"embeddings must be floating point (N, D), got shape {tuple(embeddings.shape)} "
@@ -75,6 +76,8 @@ class Head(nn.Module):
         else:
             check_embeddings_labels(embeddings, labels)
             check_class_labels(labels, self.num_classes)
+            if embeddings.shape[0] == 0:
+                raise ValueError("embeddings must hold at least one sample: the mean loss over an empty batch is undefined")
         if embeddings.shape[1] != self.embedding_dim:
             raise ValueError(
                 f"embeddings must have embedding_dim = {self.embedding_dim} columns, got {embeddings.shape[1]}"

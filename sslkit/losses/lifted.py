@@ -84,7 +84,7 @@ def lifted_structure_loss(
         # The most negative finite number stands for log(0): logaddexp(-inf, -inf) has a NaN
         # gradient, this gives J far below 0, so the hinge is 0 with a zero gradient.
         log_zero = torch.finfo(x.dtype).min
-        negative_lse = torch.where(has_negative[:, 0], logits.logsumexp(dim=1), torch.full_like(dist[:, 0], log_zero))
+        negative_lse = torch.where(has_negative[:, 0], logits.logsumexp(dim=1), dist.new_full((n,), log_zero))
         if gather_distributed and distributed.is_distributed():
             candidate_lse = distributed.gather_with_grad(negative_lse)  # (N,)
         else:

@@ -106,6 +106,8 @@ def _scaled_unit_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
     Shape:
         x: (N, D); returns (N, D).
     """
+    if x.shape[0] == 0:  # aten's CPU kernel dies with SIGFPE (a division by zero) on no rows
+        return x * scale
     gain = torch.full((x.shape[0], 1), scale, dtype=x.dtype, device=x.device)
     unit, norm = torch._weight_norm_interface(x, gain, 0)
     if bool((norm > _NORM_EPS).all()):
