@@ -90,3 +90,24 @@ def test_an_empty_batch_is_zero_for_pair_losses_and_an_error_for_heads(name):
         value = loss(x, labels)
         value.backward()
         assert value.item() == 0.0 and x.grad.shape == (0, 8)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind != "two_view"))
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.int16])
+def test_every_labelled_loss_takes_any_integer_label_dtype(name, dtype):
+    """Labels in int32, uint8 or int16 give the int64 loss (uint8 once indexed as a mask, and
+    gather and cross_entropy refused int32/uint8 inside the heads)."""
+    g = torch.Generator().manual_seed(0)
+    x, labels = torch.randn(12, 8, generator=g, dtype=torch.float64), torch.arange(12) % 4
+    loss = _build(name).double().eval()  # eval: AdaCos's dynamic scale does not move between the calls
+    expected = loss(x, labels)
+    torch.testing.assert_close(loss(x, labels.to(dtype)), expected)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind == "two_view"))
+def test_two_view_losses_take_views_of_different_float_dtypes(name):
+    """A float64 view with a float32 one meets in float64 (the NCE loss once failed in its matmul)."""
+    g = torch.Generator().manual_seed(0)
+    z1, z2 = torch.randn(6, 8, generator=g, dtype=torch.float64), torch.randn(6, 8, generator=g, dtype=torch.float64)
+    loss = _build(name)
+    torch.testing.assert_close(loss(z1, z2.float()), loss(z1, z2.float().double()))

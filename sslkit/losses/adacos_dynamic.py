@@ -93,7 +93,7 @@ class AdaCosDynamicHead(MarginSoftmaxHead):
         return self.scale.to(logits.dtype)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        self.check_inputs(embeddings, labels)
+        labels = self.check_inputs(embeddings, labels)
         with full_precision(embeddings.device):
             logits, old_scale = self._scaled_logits(embeddings, labels)  # s(t-1) cos, (N, C)
             if not self.training:

@@ -60,11 +60,15 @@ class Head(nn.Module):
         self.embedding_dim = check_positive_int(embedding_dim, "embedding_dim")
         self.num_classes = check_positive_int(num_classes, "num_classes")
 
-    def check_inputs(self, embeddings: torch.Tensor, labels: torch.Tensor | None | object = _NO_LABELS) -> None:
+    def check_inputs(
+        self, embeddings: torch.Tensor, labels: torch.Tensor | None | object = _NO_LABELS
+    ) -> torch.Tensor | None:
         """(N, D) floating embeddings with this head's D and, in a loss call, (N,) labels in [0, C).
 
         ``logits()`` leaves ``labels`` out; a loss call passes what it was given, so that
         ``head(embeddings, None)`` is a ValueError saying labels are required, not a crash later.
+        Returns the labels as int64 (any integer or bool dtype is accepted; ``gather``,
+        ``cross_entropy`` and indexing want int64, and uint8 would index as a mask), or None.
         """
         if labels is _NO_LABELS:
             check_tensor(embeddings, "embeddings")
@@ -82,6 +86,7 @@ class Head(nn.Module):
             raise ValueError(
                 f"embeddings must have embedding_dim = {self.embedding_dim} columns, got {embeddings.shape[1]}"
             )
+        return None if labels is _NO_LABELS else labels.long()
 
     def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
         """(N, D) -> (N, C) inference scores (no margin)."""

@@ -552,7 +552,7 @@ class MarginSoftmaxHead(Head):
             return self._scaled_logits(embeddings)[0]
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        self.check_inputs(embeddings, labels)
+        labels = self.check_inputs(embeddings, labels)
         with full_precision(embeddings.device):
             if self.normalize_weights:
                 features, radius = self._features(embeddings)

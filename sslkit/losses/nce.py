@@ -75,8 +75,9 @@ def _nce(
     if bank_size is not None and bank_size < 1:
         raise ValueError(f"bank_size must be a positive integer, got {bank_size}")
     with full_precision(z1.device):
-        z1 = F.normalize(upcast(z1), dim=1)
-        z2 = F.normalize(upcast(z2), dim=1)
+        dtype = torch.promote_types(upcast(z1).dtype, upcast(z2).dtype)  # views in fp64 and fp32 meet in fp64
+        z1 = F.normalize(upcast(z1).to(dtype), dim=1)
+        z2 = F.normalize(upcast(z2).to(dtype), dim=1)
         inv_t = 1.0 / temperature
         logits, positive_col, candidates = _logits_and_positives(z1, z2, inv_t, negatives, gather_distributed)
         k = logits.shape[1] - 1  # noise samples per anchor

@@ -203,7 +203,7 @@ class ProxyAnchorHead(Head):
         self.workspace = Workspace()  # scratch memory of the fused loss, reused between steps
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        self.check_inputs(embeddings, labels)
+        labels = self.check_inputs(embeddings, labels)
         return proxy_anchor_loss(embeddings, labels, self.proxies, self.alpha, self.delta, self.workspace)
 
     def logits(self, embeddings: torch.Tensor) -> torch.Tensor:

@@ -141,7 +141,7 @@ class ProxyNCAHead(Head):
         self.workspace = Workspace()  # scratch memory of the fused loss, reused between steps
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        self.check_inputs(embeddings, labels)
+        labels = self.check_inputs(embeddings, labels)
         return proxy_nca_loss(
             embeddings, labels, self.proxies, self.scale, self.include_positive_in_denominator, self.workspace
         )

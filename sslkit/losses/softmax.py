@@ -56,7 +56,7 @@ class SoftmaxHead(Head):
             return F.linear(embeddings.to(dtype), self.weight.to(dtype), bias)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        self.check_inputs(embeddings, labels)
+        labels = self.check_inputs(embeddings, labels)
         return F.cross_entropy(self.logits(embeddings), labels)
 
     def extra_repr(self) -> str:
