@@ -111,3 +111,20 @@ def test_two_view_losses_take_views_of_different_float_dtypes(name):
     z1, z2 = torch.randn(6, 8, generator=g, dtype=torch.float64), torch.randn(6, 8, generator=g, dtype=torch.float64)
     loss = _build(name)
     torch.testing.assert_close(loss(z1, z2.float()), loss(z1, z2.float().double()))
+
+
+@pytest.mark.parametrize("name", sorted(KIND))
+@pytest.mark.parametrize("value", [None, "abc", [1.0], float("nan"), float("inf"), -1.0])
+def test_every_numeric_argument_that_is_not_a_valid_number_is_named(name, value):
+    """Each number a loss takes (temperature, margin, scale, ...), given None, a word, a list,
+    NaN, inf or -1 (outside every one's range): a ValueError naming the argument
+    (``float()``'s own TypeError did not say which), and the loss is not built."""
+    from sslkit.losses import loss_arguments
+
+    sizes = {"embedding_dim": 8, "num_classes": 5} if KIND[name] == "head" else {}
+    for argument, parameter in loss_arguments(name).items():
+        default = parameter.default
+        if argument == "num_classes" or isinstance(default, bool) or not isinstance(default, (int, float)):
+            continue  # sizes, switches and optional (None) settings are checked elsewhere
+        with pytest.raises(ValueError, match=argument):
+            build(name, **sizes, **{argument: value})

@@ -74,9 +74,18 @@ def full_precision(device: torch.device) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type=device.type, enabled=False)
 
 
+def as_number(value, name: str, kind: type = float):
+    """``kind(value)`` (``float`` or ``int``), or a ``ValueError`` naming ``name`` when ``value``
+    is not a number: None, a word, a list (``float()``'s own error would not say which argument)."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+
+
 def check_positive(value: float, name: str) -> float:
     """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite number > 0."""
-    value = float(value)
+    value = as_number(value, name)
     if not value > 0 or value != value or value == float("inf"):
         raise ValueError(f"{name} must be a finite number > 0, got {value}")
     return value
@@ -84,7 +93,7 @@ def check_positive(value: float, name: str) -> float:
 
 def check_in_range(value: float, name: str, low: float, high: float) -> float:
     """Raise ``ValueError`` naming ``name`` unless ``low <= value <= high``."""
-    value = float(value)
+    value = as_number(value, name)
     if not low <= value <= high:
         raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
     return value
@@ -145,7 +154,7 @@ def check_embeddings_labels(embeddings: torch.Tensor, labels: torch.Tensor | Non
 
 def check_nonnegative(value: float, name: str) -> float:
     """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite number >= 0."""
-    value = float(value)
+    value = as_number(value, name)
     if not 0 <= value < float("inf"):
         raise ValueError(f"{name} must be a finite number >= 0, got {value}")
     return value

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslkit.losses._common import (
+    as_number,
     check_embeddings_labels,
     full_precision,
     gather_labelled,
@@ -134,7 +135,7 @@ class AngularLoss(nn.Module):
         gather_distributed: bool = True,
     ) -> None:
         super().__init__()
-        alpha_degrees = float(alpha_degrees)
+        alpha_degrees = as_number(alpha_degrees, "alpha_degrees")
         if not 0 < alpha_degrees < 90:
             raise ValueError(f"alpha_degrees must be in (0, 90) degrees, got {alpha_degrees}")
         self.alpha_degrees = alpha_degrees

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from sslkit.losses._common import check_positive
+from sslkit.losses._common import as_number, check_positive
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
 
 # sin(theta) = sqrt(1 - cos^2) has an infinite derivative at cos = +-1; below this the sine is
@@ -75,7 +75,7 @@ class ArcFaceHead(MarginSoftmaxHead):
     ) -> None:
         super().__init__(embedding_dim, num_classes)
         self.scale = check_positive(scale, "scale")
-        margin = float(margin)
+        margin = as_number(margin, "margin")
         if not 0 <= margin < math.pi / 2:
             raise ValueError(f"margin must be in [0, pi/2) radians, got {margin}")
         self.margin = margin

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from sslkit.losses._common import check_positive
+from sslkit.losses._common import as_number, check_positive
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
 
 
@@ -44,7 +44,7 @@ class CosFaceHead(MarginSoftmaxHead):
     def __init__(self, embedding_dim: int, num_classes: int, scale: float = 64.0, margin: float = 0.35) -> None:
         super().__init__(embedding_dim, num_classes)
         self.scale = check_positive(scale, "scale")
-        margin = float(margin)
+        margin = as_number(margin, "margin")
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1) (a cosine margin), got {margin}")
         self.margin = margin

@@ -18,12 +18,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sslkit.losses._common import check_embeddings_labels, check_tensor
+from sslkit.losses._common import as_number, check_embeddings_labels, check_tensor
 
 
 def check_positive_int(value: int, name: str, minimum: int = 1) -> int:
     """Raise ``ValueError`` naming ``name`` unless ``value`` is an integer >= ``minimum``."""
-    if isinstance(value, bool) or int(value) != value or value < minimum:
+    if isinstance(value, bool) or as_number(value, name, int) != value or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 

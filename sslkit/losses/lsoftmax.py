@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from sslkit.losses._common import check_nonnegative
 from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
 
@@ -50,10 +51,7 @@ def margin_lambda(step: int, base: float, gamma: float, power: float, lambda_min
 
 def _check_lambda_schedule(base: float, gamma: float, power: float, lambda_min: float) -> tuple[float, ...]:
     named = ((base, "lambda_base"), (gamma, "lambda_gamma"), (power, "lambda_power"), (lambda_min, "lambda_min"))
-    for value, name in named:
-        if not float(value) >= 0 or float(value) == float("inf"):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-    return float(base), float(gamma), float(power), float(lambda_min)
+    return tuple(check_nonnegative(value, name) for value, name in named)
 
 
 class LSoftmaxHead(MarginSoftmaxHead):

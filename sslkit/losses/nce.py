@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslkit import distributed
-from sslkit.losses._common import check_negatives, check_positive, check_two_views, full_precision, upcast
+from sslkit.losses._common import as_number, check_negatives, check_positive, check_two_views, full_precision, upcast
 
 
 def _logits_and_positives(
@@ -194,7 +194,9 @@ class NCELoss(nn.Module):
     ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        if bank_size is not None and (isinstance(bank_size, bool) or int(bank_size) != bank_size or bank_size < 1):
+        if bank_size is not None and (
+            isinstance(bank_size, bool) or as_number(bank_size, "bank_size", int) != bank_size or bank_size < 1
+        ):
             raise ValueError(f"bank_size must be a positive integer or None, got {bank_size}")
         self.bank_size = None if bank_size is None else int(bank_size)
         self.normalizer = None if normalizer is None else check_positive(normalizer, "normalizer")

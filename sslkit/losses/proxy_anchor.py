@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from sslkit.losses._common import check_in_range, check_positive, full_precision, needs_row_shift, upcast
+from sslkit.losses._common import check_nonnegative, check_positive, full_precision, needs_row_shift, upcast
 from sslkit.losses._workspace import Workspace
 from sslkit.losses.head import Head
 from sslkit.losses.margin_softmax import _cosines_in_workspace, _scaled_unit_rows, _weight_grad_via_workspace
@@ -196,7 +196,7 @@ class ProxyAnchorHead(Head):
     ) -> None:
         super().__init__(embedding_dim, num_classes)
         self.alpha = check_positive(alpha, "alpha")
-        self.delta = check_in_range(delta, "delta", 0.0, float("inf"))
+        self.delta = check_nonnegative(delta, "delta")
         self.proxy_lr_scale = check_positive(proxy_lr_scale, "proxy_lr_scale")
         self.proxies = nn.Parameter(torch.empty(self.num_classes, self.embedding_dim))  # (C, D)
         nn.init.kaiming_normal_(self.proxies, mode="fan_out")
