@@ -8,6 +8,8 @@ from loss_utils import value_and_grads
 from sslkit.losses import KIND, _common, build
 from sslkit.losses.dcl import dcl_loss
 from sslkit.losses.ntxent import ntxent_loss
+from sslkit.losses.proxy_anchor import proxy_anchor_loss
+from sslkit.losses.proxy_nca import proxy_nca_loss
 from sslkit.losses.supcon import supcon_loss
 
 
@@ -128,3 +130,55 @@ def test_every_numeric_argument_that_is_not_a_valid_number_is_named(name, value)
             continue  # sizes, switches and optional (None) settings are checked elsewhere
         with pytest.raises(ValueError, match=argument):
             build(name, **sizes, **{argument: value})
+
+
+def _functional_losses():
+    """Every public ``*_loss`` function of the loss modules, with the numbers it takes."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import sslkit.losses
+
+    found = []
+    for info in pkgutil.iter_modules(sslkit.losses.__path__):
+        module = importlib.import_module(f"sslkit.losses.{info.name}")
+        for name, fn in vars(module).items():
+            if name.endswith("_loss") and not name.startswith("_") and inspect.isfunction(fn) and fn.__module__ == module.__name__:
+                numbers = [p.name for p in inspect.signature(fn).parameters.values()
+                           if isinstance(p.default, float) and not isinstance(p.default, bool)]
+                found += [pytest.param(fn, number, id=f"{name}-{number}") for number in numbers]
+    return found
+
+
+@pytest.mark.parametrize("fn,argument", _functional_losses())
+@pytest.mark.parametrize("value", [-1.0, float("nan"), None])
+def test_every_functional_loss_checks_its_numbers(fn, argument, value):
+    """The functional forms (``ntxent_loss``, ``triplet_loss``, ``proxy_nca_loss``, ...) check
+    their numbers as the classes do: a ValueError naming the argument, not a NaN loss, a
+    ZeroDivisionError or a silently negative temperature."""
+    import inspect
+
+    x, labels = torch.randn(6, 8), torch.tensor([0, 0, 1, 1, 2, 2])
+    first = list(inspect.signature(fn).parameters)[:3]
+    if "proxies" in first:
+        args = (x, labels, torch.randn(3, 8))
+    elif "labels" in first:
+        args = (x, labels)
+    else:
+        args = (x, x + 0.1)
+    with pytest.raises(ValueError, match=argument):
+        fn(*args, **{argument: value})
+
+
+@pytest.mark.parametrize("fn", [proxy_nca_loss, proxy_anchor_loss])
+def test_functional_proxy_losses_check_the_proxies_and_labels(fn):
+    x, labels = torch.randn(4, 8), torch.tensor([0, 1, 2, 1])
+    with pytest.raises(ValueError, match=r"proxies must be \(C, 8\)"):
+        fn(x, labels, torch.randn(3, 7))
+    with pytest.raises(ValueError, match="labels must be in"):
+        fn(x, torch.tensor([0, 1, 3, 1]), torch.randn(3, 8))
+    with pytest.raises(ValueError, match="labels are required"):
+        fn(x, None, torch.randn(3, 8))
+    with pytest.raises(ValueError, match="at least one sample"):
+        fn(torch.randn(0, 8), torch.zeros(0, dtype=torch.long), torch.randn(3, 8))

@@ -25,6 +25,13 @@ from sslkit.losses._common import (
 )
 
 
+def _check_alpha_degrees(alpha_degrees: float) -> float:
+    alpha_degrees = as_number(alpha_degrees, "alpha_degrees")
+    if not 0 < alpha_degrees < 90:
+        raise ValueError(f"alpha_degrees must be in (0, 90) degrees, got {alpha_degrees}")
+    return alpha_degrees
+
+
 def angular_loss(
     embeddings: torch.Tensor,
     labels: torch.Tensor | None,
@@ -68,6 +75,7 @@ def angular_loss(
         returns: scalar.
     """
     check_embeddings_labels(embeddings, labels)
+    alpha_degrees = _check_alpha_degrees(alpha_degrees)
     t = math.tan(math.radians(alpha_degrees)) ** 2
     with full_precision(embeddings.device):
         x = upcast(embeddings)
@@ -135,10 +143,7 @@ class AngularLoss(nn.Module):
         gather_distributed: bool = True,
     ) -> None:
         super().__init__()
-        alpha_degrees = as_number(alpha_degrees, "alpha_degrees")
-        if not 0 < alpha_degrees < 90:
-            raise ValueError(f"alpha_degrees must be in (0, 90) degrees, got {alpha_degrees}")
-        self.alpha_degrees = alpha_degrees
+        self.alpha_degrees = _check_alpha_degrees(alpha_degrees)
         self.smooth = smooth
         self.normalize = normalize
         self.gather_distributed = gather_distributed

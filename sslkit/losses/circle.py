@@ -24,6 +24,13 @@ from sslkit.losses._common import (
 )
 
 
+def _check_margin(margin: float) -> float:
+    margin = check_in_range(margin, "margin", 0.0, 1.0)
+    if margin == 1.0:
+        raise ValueError("margin must be below 1 (D_p = 1 - m is the positives' target), got 1.0")
+    return margin
+
+
 def circle_loss(
     embeddings: torch.Tensor,
     labels: torch.Tensor | None,
@@ -61,6 +68,7 @@ def circle_loss(
         returns: scalar.
     """
     check_embeddings_labels(embeddings, labels)
+    margin, gamma = _check_margin(margin), check_positive(gamma, "gamma")
     with full_precision(embeddings.device):
         z = F.normalize(upcast(embeddings), dim=1)
         candidates, candidate_labels, offset = gather_labelled(z, labels, gather_distributed)
@@ -115,10 +123,7 @@ class CircleLoss(nn.Module):
 
     def __init__(self, margin: float = 0.25, gamma: float = 256.0, gather_distributed: bool = True) -> None:
         super().__init__()
-        margin = check_in_range(margin, "margin", 0.0, 1.0)
-        if margin == 1.0:
-            raise ValueError("margin must be below 1 (D_p = 1 - m is the positives' target), got 1.0")
-        self.margin = margin
+        self.margin = _check_margin(margin)
         self.gamma = check_positive(gamma, "gamma")
         self.gather_distributed = gather_distributed
 

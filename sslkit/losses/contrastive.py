@@ -24,6 +24,17 @@ from sslkit.losses._common import (
 )
 
 
+def _check_margins(pos_margin: float, neg_margin: float) -> tuple[float, float]:
+    pos_margin, neg_margin = check_nonnegative(pos_margin, "pos_margin"), check_nonnegative(neg_margin, "neg_margin")
+    if not neg_margin > pos_margin:
+        raise ValueError(
+            f"neg_margin must be greater than pos_margin (different-label pairs are pushed beyond "
+            f"neg_margin, same-label pairs pulled within pos_margin), got neg_margin={neg_margin}, "
+            f"pos_margin={pos_margin}"
+        )
+    return pos_margin, neg_margin
+
+
 def contrastive_loss(
     embeddings: torch.Tensor,
     labels: torch.Tensor | None,
@@ -58,6 +69,7 @@ def contrastive_loss(
         returns: scalar (0 for a batch of one sample).
     """
     check_embeddings_labels(embeddings, labels)
+    pos_margin, neg_margin = _check_margins(pos_margin, neg_margin)
     with full_precision(embeddings.device):
         x = upcast(embeddings)
         if normalize:
@@ -114,14 +126,7 @@ class ContrastiveLoss(nn.Module):
         gather_distributed: bool = True,
     ) -> None:
         super().__init__()
-        self.pos_margin = check_nonnegative(pos_margin, "pos_margin")
-        self.neg_margin = check_nonnegative(neg_margin, "neg_margin")
-        if not self.neg_margin > self.pos_margin:
-            raise ValueError(
-                f"neg_margin must be greater than pos_margin (different-label pairs are pushed beyond "
-                f"neg_margin, same-label pairs pulled within pos_margin), got neg_margin={self.neg_margin}, "
-                f"pos_margin={self.pos_margin}"
-            )
+        self.pos_margin, self.neg_margin = _check_margins(pos_margin, neg_margin)
         self.squared = squared
         self.normalize = normalize
         self.gather_distributed = gather_distributed

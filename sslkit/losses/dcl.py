@@ -72,6 +72,7 @@ def dcl_loss(
     torch.Size([])
     """
     check_two_views(z1, z2)
+    temperature = check_positive(temperature, "temperature")
     check_negatives(negatives, z1.shape[1])
     if negatives is not None and negatives.shape[0] < 1:
         raise ValueError("negatives must hold at least one embedding: DCL's denominator has only negatives")

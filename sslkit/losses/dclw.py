@@ -70,6 +70,7 @@ def dclw_loss(
     torch.Size([])
     """
     check_two_views(z1, z2)
+    sigma = check_positive(sigma, "sigma")
     weights = vmf_weights(z1, z2, sigma, gather_distributed)
     return dcl_loss(z1, z2, temperature, negatives, gather_distributed, positive_weight=weights)
 

@@ -44,6 +44,20 @@ def check_class_labels(labels: torch.Tensor, num_classes: int) -> None:
 _NO_LABELS = object()  # check_inputs' default: the logits() call, which takes no labels
 
 
+def check_proxy_inputs(embeddings: torch.Tensor, labels: torch.Tensor, proxies: torch.Tensor) -> torch.Tensor:
+    """The checks of a head's loss call for the functional proxy losses, which take the (C, D)
+    proxies as an argument: (N, D) embeddings with N >= 1, (N,) labels in [0, C), proxies with
+    the embeddings' D. Returns the labels as int64."""
+    check_embeddings_labels(embeddings, labels)
+    check_tensor(proxies, "proxies")
+    if proxies.dim() != 2 or proxies.shape[1] != embeddings.shape[1]:
+        raise ValueError(f"proxies must be (C, {embeddings.shape[1]}), got shape {tuple(proxies.shape)}")
+    check_class_labels(labels, proxies.shape[0])
+    if embeddings.shape[0] == 0:
+        raise ValueError("embeddings must hold at least one sample: the mean loss over an empty batch is undefined")
+    return labels.long()
+
+
 class Head(nn.Module):
     """Base of every classification head: sizes, label checks, optimizer groups.
 

@@ -63,6 +63,7 @@ def lifted_structure_loss(
         returns: scalar.
     """
     check_embeddings_labels(embeddings, labels)
+    margin = check_nonnegative(margin, "margin")
     with full_precision(embeddings.device):
         x = upcast(embeddings)
         if normalize:

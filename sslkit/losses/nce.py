@@ -70,6 +70,9 @@ def _nce(
     """The loss and the ``log E_j[exp(s_j/T)]`` it used (``log Z - log M``), for :class:`NCELoss` to keep."""
     check_two_views(z1, z2)
     check_negatives(negatives, z1.shape[1])
+    temperature = check_positive(temperature, "temperature")
+    if normalizer is not None:
+        normalizer = check_positive(normalizer, "normalizer")
     if negatives is not None and negatives.shape[0] < 1:
         raise ValueError("negatives must hold at least one noise sample, got shape (0, D)")
     if bank_size is not None and bank_size < 1:

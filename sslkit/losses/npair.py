@@ -86,6 +86,7 @@ def npair_loss(
         returns: scalar (0 when no label has two samples).
     """
     check_embeddings_labels(embeddings, labels)
+    l2_reg = check_nonnegative(l2_reg, "l2_reg")
     with full_precision(embeddings.device):
         x = upcast(embeddings)
         candidates, candidate_labels, offset = gather_labelled(x, labels, gather_distributed)

@@ -49,6 +49,7 @@ def ntxent_loss(
         returns: scalar.
     """
     check_two_views(z1, z2)
+    temperature = check_positive(temperature, "temperature")
     check_negatives(negatives, z1.shape[1])
     inv_t = 1.0 / temperature
     with full_precision(z1.device):

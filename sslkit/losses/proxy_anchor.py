@@ -15,7 +15,7 @@ from torch.autograd.function import once_differentiable
 
 from sslkit.losses._common import check_nonnegative, check_positive, full_precision, needs_row_shift, upcast
 from sslkit.losses._workspace import Workspace
-from sslkit.losses.head import Head
+from sslkit.losses.head import Head, check_proxy_inputs
 from sslkit.losses.margin_softmax import _cosines_in_workspace, _scaled_unit_rows, _weight_grad_via_workspace
 
 
@@ -150,7 +150,8 @@ def proxy_anchor_loss(
 
     Computed by one fused autograd function (``_ProxyAnchorLoss``).
     """
-    labels = labels.long()
+    labels = check_proxy_inputs(embeddings, labels, proxies)
+    alpha, delta = check_positive(alpha, "alpha"), check_nonnegative(delta, "delta")
     with full_precision(embeddings.device):
         dtype = torch.promote_types(upcast(embeddings).dtype, upcast(proxies).dtype)
         features = _scaled_unit_rows(embeddings.to(dtype), alpha)  # (N, D) alpha x / ||x||

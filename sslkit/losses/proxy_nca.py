@@ -15,7 +15,7 @@ from torch import nn
 
 from sslkit.losses._common import check_positive, full_precision, upcast
 from sslkit.losses._workspace import Workspace
-from sslkit.losses.head import Head
+from sslkit.losses.head import Head, check_proxy_inputs
 from sslkit.losses.margin_softmax import _scaled_unit_rows, cosine_margin_cross_entropy
 
 
@@ -72,7 +72,8 @@ def proxy_nca_loss(
         workspace: the caller's scratch memory for the (N, C) and (C, D) temporaries, reused
             between calls on the CPU (:class:`ProxyNCAHead` keeps one); None allocates afresh.
     """
-    labels = labels.long()
+    labels = check_proxy_inputs(embeddings, labels, proxies)
+    scale = check_positive(scale, "scale")
     with full_precision(embeddings.device):
         dtype = torch.promote_types(upcast(embeddings).dtype, upcast(proxies).dtype)
         # -s d = 2 s cos - 2 s: the constant 2 s cancels between numerator and denominator, and

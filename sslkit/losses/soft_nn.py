@@ -55,6 +55,7 @@ def soft_nearest_neighbors_loss(
         returns: scalar.
     """
     check_embeddings_labels(embeddings, labels)
+    temperature = check_positive(temperature, "temperature")
     inv_t = 1.0 / temperature
     with full_precision(embeddings.device):
         x = upcast(embeddings)

@@ -207,6 +207,9 @@ def supcon_loss(
         returns: scalar.
     """
     check_embeddings_labels(embeddings, labels)
+    temperature = check_positive(temperature, "temperature")
+    if base_temperature is not None:
+        base_temperature = check_positive(base_temperature, "base_temperature")
     inv_t = 1.0 / temperature
     scale = 1.0 if base_temperature is None else temperature / base_temperature
     with full_precision(embeddings.device):

@@ -78,6 +78,7 @@ def triplet_loss(
         returns: scalar.
     """
     check_embeddings_labels(embeddings, labels)
+    margin = check_nonnegative(margin, "margin")
     # Checked here too: a misspelt mode must not fall through to "all".
     if mining not in MINING:
         raise ValueError(f"mining must be one of {MINING}, got {mining!r}")
