@@ -152,6 +152,12 @@ def proxy_anchor_loss(
     """
     labels = check_proxy_inputs(embeddings, labels, proxies)
     alpha, delta = check_positive(alpha, "alpha"), check_nonnegative(delta, "delta")
+    return _proxy_anchor_loss(embeddings, labels, proxies, alpha, delta, workspace)
+
+
+def _proxy_anchor_loss(embeddings, labels, proxies, alpha, delta, workspace):
+    """:func:`proxy_anchor_loss` on inputs already checked (int64 labels): the head's call,
+    which has checked them itself (each check of the labels' range is a host sync)."""
     with full_precision(embeddings.device):
         dtype = torch.promote_types(upcast(embeddings).dtype, upcast(proxies).dtype)
         features = _scaled_unit_rows(embeddings.to(dtype), alpha)  # (N, D) alpha x / ||x||
@@ -205,7 +211,7 @@ class ProxyAnchorHead(Head):
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         labels = self.check_inputs(embeddings, labels)
-        return proxy_anchor_loss(embeddings, labels, self.proxies, self.alpha, self.delta, self.workspace)
+        return _proxy_anchor_loss(embeddings, labels, self.proxies, self.alpha, self.delta, self.workspace)
 
     def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
         self.check_inputs(embeddings)

@@ -74,6 +74,12 @@ def proxy_nca_loss(
     """
     labels = check_proxy_inputs(embeddings, labels, proxies)
     scale = check_positive(scale, "scale")
+    return _proxy_nca_loss(embeddings, labels, proxies, scale, include_positive_in_denominator, workspace)
+
+
+def _proxy_nca_loss(embeddings, labels, proxies, scale, include_positive_in_denominator, workspace):
+    """:func:`proxy_nca_loss` on inputs already checked (int64 labels): the head's call,
+    which has checked them itself (each check of the labels' range is a host sync)."""
     with full_precision(embeddings.device):
         dtype = torch.promote_types(upcast(embeddings).dtype, upcast(proxies).dtype)
         # -s d = 2 s cos - 2 s: the constant 2 s cancels between numerator and denominator, and
@@ -143,7 +149,7 @@ class ProxyNCAHead(Head):
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         labels = self.check_inputs(embeddings, labels)
-        return proxy_nca_loss(
+        return _proxy_nca_loss(
             embeddings, labels, self.proxies, self.scale, self.include_positive_in_denominator, self.workspace
         )
 
