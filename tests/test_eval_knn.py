@@ -129,6 +129,8 @@ def test_accuracy_on_separable_data_and_against_predictions():
         ({"num_classes": 2}, "train_labels"),  # labels go up to 2
         ({"test_features": torch.randn(5, 3)}, "test_features"),
         ({"train_labels": torch.zeros(4, dtype=torch.long)}, "train_labels"),
+        ({"train_labels": None}, "train_labels"),
+        ({"train_labels": torch.tensor([0.0, 1.5, 2.0, 0.0, 1.0, 2.0])}, "train_labels"),
         ({"train_features": torch.randn(6)}, "train_features"),
     ],
 )

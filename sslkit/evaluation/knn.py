@@ -32,8 +32,11 @@ def _check_knn_args(
         raise ValueError(
             f"test_features must be (M, {train_features.shape[1]}) to match train_features, got shape {tuple(test_features.shape)}"
         )
-    if train_labels.shape != (train_features.shape[0],):
-        raise ValueError(f"train_labels must have shape ({train_features.shape[0]},), got {tuple(train_labels.shape)}")
+    if not isinstance(train_labels, torch.Tensor) or train_labels.shape != (train_features.shape[0],):
+        got = tuple(train_labels.shape) if isinstance(train_labels, torch.Tensor) else type(train_labels).__name__
+        raise ValueError(f"train_labels must be a tensor of shape ({train_features.shape[0]},), got {got}")
+    if train_labels.is_floating_point() or train_labels.is_complex():
+        raise ValueError(f"train_labels must be integer class ids, got {train_labels.dtype}")
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     if train_labels.min() < 0 or train_labels.max() >= num_classes:
