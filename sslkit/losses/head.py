@@ -41,6 +41,13 @@ def check_class_labels(labels: torch.Tensor, num_classes: int) -> None:
         )
 
 
+def check_not_empty(embeddings: torch.Tensor) -> None:
+    """A head's loss is a mean over the batch: no samples, no loss (and aten's fused row
+    normalisation would divide by zero)."""
+    if embeddings.shape[0] == 0:
+        raise ValueError("embeddings must hold at least one sample: the mean loss over an empty batch is undefined")
+
+
 _NO_LABELS = object()  # check_inputs' default: the logits() call, which takes no labels
 
 
@@ -53,8 +60,7 @@ def check_proxy_inputs(embeddings: torch.Tensor, labels: torch.Tensor, proxies: 
     if proxies.dim() != 2 or proxies.shape[1] != embeddings.shape[1]:
         raise ValueError(f"proxies must be (C, {embeddings.shape[1]}), got shape {tuple(proxies.shape)}")
     check_class_labels(labels, proxies.shape[0])
-    if embeddings.shape[0] == 0:
-        raise ValueError("embeddings must hold at least one sample: the mean loss over an empty batch is undefined")
+    check_not_empty(embeddings)
     return labels.long()
 
 
@@ -94,8 +100,7 @@ class Head(nn.Module):
         else:
             check_embeddings_labels(embeddings, labels)
             check_class_labels(labels, self.num_classes)
-            if embeddings.shape[0] == 0:
-                raise ValueError("embeddings must hold at least one sample: the mean loss over an empty batch is undefined")
+            check_not_empty(embeddings)
         if embeddings.shape[1] != self.embedding_dim:
             raise ValueError(
                 f"embeddings must have embedding_dim = {self.embedding_dim} columns, got {embeddings.shape[1]}"
