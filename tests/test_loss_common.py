@@ -182,3 +182,33 @@ def test_functional_proxy_losses_check_the_proxies_and_labels(fn):
         fn(x, None, torch.randn(3, 8))
     with pytest.raises(ValueError, match="at least one sample"):
         fn(torch.randn(0, 8), torch.zeros(0, dtype=torch.long), torch.randn(3, 8))
+
+
+_EXTREME_BATCHES = {
+    "tiny (1e-30)": lambda x: x * 1e-30,
+    "identical rows": lambda x: x[:1].repeat(len(x), 1),
+    "all zero": torch.zeros_like,
+    "one zero row": lambda x: torch.cat([torch.zeros_like(x[:1]), x[1:]]),
+    "fp16 of size 300": lambda x: (x * 300).half(),
+    "bf16": lambda x: x.bfloat16(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_EXTREME_BATCHES))
+@pytest.mark.parametrize("name", sorted(KIND))
+def test_every_loss_stays_finite_on_extreme_but_valid_batches(name, case):
+    """No inf or NaN in the value or any gradient for degenerate batches a training run can
+    produce: collapsed (identical) embeddings, zero or vanishing ones, large fp16 ones."""
+    g = torch.Generator().manual_seed(0)
+    x = _EXTREME_BATCHES[case](torch.randn(8, 16, generator=g)).requires_grad_(True)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    loss = build(name, embedding_dim=16, num_classes=5) if KIND[name] == "head" else build(name)
+    if KIND[name] == "two_view":
+        z2 = (x.detach().float() * 1.01).to(x.dtype).requires_grad_(True)
+        value, leaves = loss(x, z2), [x, z2]
+    else:
+        value, leaves = loss(x, labels), [x]
+    value.backward()
+    grads = [t.grad for t in leaves] + [p.grad for p in loss.parameters() if p.grad is not None]
+    assert torch.isfinite(value), value
+    assert all(torch.isfinite(grad).all() for grad in grads)
