@@ -34,11 +34,11 @@ def check_class_labels(labels: torch.Tensor, num_classes: int) -> None:
     Without this, an out-of-range label reaches ``cross_entropy``/``gather`` and fails with an
     index error far from the cause (or, on CUDA, a device-side assert).
     """
-    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-        raise ValueError(
-            f"labels must be in [0, num_classes) = [0, {num_classes}), "
-            f"got min {int(labels.min())} and max {int(labels.max())}"
-        )
+    if not labels.numel():
+        return
+    low, high = torch.stack([labels.min(), labels.max()]).tolist()  # one host sync, not two
+    if low < 0 or high >= num_classes:
+        raise ValueError(f"labels must be in [0, num_classes) = [0, {num_classes}), got min {low} and max {high}")
 
 
 def check_not_empty(embeddings: torch.Tensor) -> None:

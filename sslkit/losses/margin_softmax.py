@@ -115,19 +115,29 @@ def _scaled_unit_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x * (torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(_NORM_EPS).reciprocal() * scale)
 
 
-def _cosines_in_workspace(
+def _product_in_workspace(
     features: torch.Tensor, weight: torch.Tensor, workspace: Workspace
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``L = F W^T diag(1 / ||W_j||)`` in the workspace's (N, C) "logits" buffer, and the norms.
+    """``F W^T`` in the workspace's (N, C) "logits" buffer, and the class weights' norms.
 
     The fused losses' forward starts here (the caller gives the buffer back when its last
-    reader is done). Returns ``(L, norm, inv_norm)``: (N, C), (C,) unclamped, (C,) clamped.
+    reader is done). Returns ``(F W^T, norm, inv_norm)``: (N, C), (C,) unclamped, (C,) the
+    reciprocal of the norm clamped to eps (as ``F.normalize`` divides).
     """
     norm = torch.linalg.vector_norm(weight, dim=1)  # (C,)
     inv_norm = norm.clamp_min(_NORM_EPS).reciprocal_()
-    logits = workspace.take("logits", (features.shape[0], weight.shape[0]), features.dtype, features.device)
-    torch.mm(features, weight.T, out=logits).mul_(inv_norm)
-    return logits, norm, inv_norm
+    product = workspace.take("logits", (features.shape[0], weight.shape[0]), features.dtype, features.device)
+    torch.mm(features, weight.T, out=product)
+    return product, norm, inv_norm
+
+
+def _cosines_in_workspace(
+    features: torch.Tensor, weight: torch.Tensor, workspace: Workspace
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``L = F W^T diag(1 / ||W_j||)`` in the workspace's buffer: :func:`_product_in_workspace`
+    with its columns scaled. Returns ``(L, norm, inv_norm)``."""
+    product, norm, inv_norm = _product_in_workspace(features, weight, workspace)
+    return product.mul_(inv_norm), norm, inv_norm
 
 
 def _weight_grad_via_workspace(
@@ -355,11 +365,9 @@ class _CosineMarginCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, features, weight, labels, radius, target_logit, max_abs_logit, workspace, target_in_denominator):
-        norm = torch.linalg.vector_norm(weight, dim=1)  # (C,)
+        # (N, C) F W^T: the cosines times the scale, times ||W_j||
+        logits, norm, inv_norm = _product_in_workspace(features, weight, workspace)
         clamped = norm.clamp_min(_NORM_EPS)  # as F.normalize divides
-        inv_norm = clamped.reciprocal()
-        logits = workspace.take("logits", (features.shape[0], weight.shape[0]), features.dtype, features.device)
-        torch.mm(features, weight.T, out=logits)  # (N, C) F W^T: the cosines times the scale, times ||W_j||
         column = labels.unsqueeze(1)
         graph = _TargetGraph(logits.gather(1, column).squeeze(1) * inv_norm[labels], radius, target_logit)
         t = graph.target.detach().to(logits.dtype)
