@@ -407,6 +407,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     _check_choice(cfg.model.backbone, models.BACKBONES, "model.backbone", source)
     _check_choice(cfg.method.name, methods.METHODS, "method.name", source)
     _check_choice(cfg.loss.name, losses.LOSSES, "loss.name", source)
+    methods.check_loss(cfg.method.name, cfg.loss.name, source)  # before any data is read: ablate checks every point up front
     _check_choice(cfg.optim.name, optim.OPTIMIZERS, "optim.name", source)
     _check_choice(cfg.optim.lr_scaling, ("none", "linear", "sqrt"), "optim.lr_scaling", source)
     _check_choice(cfg.train.mixed_precision, ("no", "fp16", "bf16"), "train.mixed_precision", source)

@@ -189,6 +189,16 @@ def test_mistakes_fail_before_anything_runs(tmp_path, argv, words):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_point_whose_loss_the_method_cannot_train_fails_before_the_first_point_runs(tmp_path):
+    status, stdout, stderr = run_ablate("--sweep", "loss.name=ntxent,arcface", "--out", str(tmp_path / "out"))
+    assert status == 2
+    # the loss override's own note (which recipe keys arcface drops) may come first; then one error line
+    lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith("note:")]
+    assert len(lines) == 1, stderr
+    assert "method 'simclr' needs a two-view loss" in lines[0] and "method.name=supervised" in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+
+
 # --------------------------------------------------------------------------- the grid
 
 

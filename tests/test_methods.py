@@ -3,6 +3,8 @@ round-trips, and head parameters reach the optimizer with the learning rate they
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -96,10 +98,29 @@ def test_wrong_loss_kind_for_a_method_is_one_line():
 
     for method_name, loss_name, words in [("simclr", "supcon", "two-view"), ("supcon", "ntxent", "label loss"),
                                           ("supervised", "triplet", "needs a head")]:
-        cfg = config_from_dict({"method": {"name": method_name}, "loss": {"name": loss_name}, "model": TINY_MODEL})
-        backbone = models.build_backbone("resnet18", 4, True, 1)
+        with pytest.raises(UserError, match=words):  # config validation already refuses the pair
+            config_from_dict({"method": {"name": method_name}, "loss": {"name": loss_name}, "model": TINY_MODEL})
+        accepted = methods.METHODS[method_name].loss_names[0]
+        cfg = config_from_dict({"method": {"name": method_name}, "loss": {"name": accepted}, "model": TINY_MODEL})
+        cfg.loss.name = loss_name  # past validation, as a caller of the Python API may do: build_method checks too
         with pytest.raises(UserError, match=words):
-            methods.build_method(cfg, backbone, 10)
+            methods.build_method(cfg, models.build_backbone("resnet18", 4, True, 1), 10)
+
+
+def test_recipe_with_a_loss_its_method_cannot_train_is_refused_when_loaded():
+    """The check runs in config validation, before any data or model: and it says which method takes the loss."""
+    from sslkit.config import load_config
+    from sslkit.errors import UserError
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
+    for overrides, words in [(["method.name=supervised", "loss.name=supcon"], ["needs a head", "method.name=supcon"]),
+                             (["method.name=moco", "loss.name=dcl"], ["ntxent or infonce", "method.name=simclr"]),
+                             (["method.name=nce", "loss.name=ntxent"], ["loss.name nce", "simclr or moco or mocov3"])]:
+        with pytest.raises(UserError) as caught:
+            load_config(recipe, overrides)
+        for word in words:
+            assert word in str(caught.value), str(caught.value)
+    load_config(recipe, ["method.name=supcon", "loss.name=triplet"])  # a pair that goes together loads
 
 
 def test_head_class_count_must_match_the_dataset():

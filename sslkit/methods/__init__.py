@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from sslkit import losses
+from sslkit.errors import UserError
 from sslkit.methods.moco import MoCo, MoCoV3
 from sslkit.methods.nce import MemoryBankNCE
 from sslkit.methods.simclr import SimCLR
@@ -32,15 +34,39 @@ METHODS: dict[str, type[nn.Module]] = {
 }
 
 
+# What each method's loss is called with, in words, for the error below.
+_LOSS_FORMS = {"two_view": "a two-view loss", "label": "a label loss", "head": "a head"}
+
+
+def check_loss(method_name: str, loss_name: str, source: str = "recipe") -> None:
+    """Raise one line unless ``loss_name`` is a loss the method trains with (``Method.loss_names``).
+
+    The line names the losses the method takes and, when another method takes this loss, that
+    method: ``loss.name=supcon`` under ``method.name=supervised`` points to ``method.name=supcon``.
+    """
+    accepted = METHODS[method_name].loss_names
+    if loss_name in accepted:
+        return
+    kinds = {losses.KIND[name] for name in accepted}
+    others = [name for name, method in METHODS.items() if loss_name in method.loss_names]
+    hint = f"; loss.name '{loss_name}' trains with method.name={' or '.join(others)}" if others else ""
+    if len(kinds) == 1 and len(accepted) > 2:  # a whole family: say which, and list it
+        needs = f"needs {_LOSS_FORMS[kinds.pop()]}, got loss.name '{loss_name}'; choose one of: {', '.join(sorted(accepted))}"
+    else:
+        needs = f"trains with loss.name {' or '.join(accepted)}, got '{loss_name}'"
+    raise UserError(f"{source}: method '{method_name}' {needs}{hint}")
+
+
 def build_method(cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> nn.Module:
     """The method named by ``cfg.method.name`` around ``backbone``, with ``cfg.loss``.
 
     Methods with ``needs_indices`` keep per-sample state and also get the training set's size.
     """
+    check_loss(cfg.method.name, cfg.loss.name)
     method = METHODS[cfg.method.name]
     if getattr(method, "needs_indices", False):
         return method.from_config(cfg, backbone, num_classes, num_samples=num_samples)
     return method.from_config(cfg, backbone, num_classes)
 
 
-__all__ = ["METHODS", "build_method", "SimCLR", "SupCon", "Supervised"]
+__all__ = ["METHODS", "build_method", "check_loss", "SimCLR", "SupCon", "Supervised"]

@@ -126,12 +126,6 @@ def _check_momentum(cfg) -> None:
                         f"0 <= momentum <= momentum_final <= 1 (MoCo: 0.99 -> 1.0)")
 
 
-def _contrastive_loss(cfg, method: str) -> nn.Module:
-    if cfg.loss.name not in ("ntxent", "infonce"):
-        raise UserError(f"method '{method}' trains with InfoNCE: set loss.name to ntxent (or infonce), got '{cfg.loss.name}'")
-    return losses.build(cfg.loss.name, **cfg.loss.kwargs)
-
-
 # --------------------------------------------------------------------------- MoCo v2
 
 
@@ -161,6 +155,7 @@ class MoCo(nn.Module):
     """
 
     needs_labels = False
+    loss_names = ("ntxent", "infonce")  # InfoNCE against the queue
 
     def __init__(self, backbone: nn.Module, projector: nn.Module, loss: nn.Module, queue_size: int = 65536,
                  momentum: float = 0.99, momentum_final: float = 1.0, symmetric: bool = True, bn_splits: int = 8) -> None:
@@ -195,7 +190,7 @@ class MoCo(nn.Module):
                             f"parts of one process's batch: set method.bn_splits=1 with model.sync_batchnorm=true")
         projector = _mlp_without_batch_norm(backbone.feature_dim, model.projector_hidden, model.projector_out,
                                             model.projector_layers)
-        return cls(backbone, projector, _contrastive_loss(cfg, "moco"), m.queue_size, m.momentum, m.momentum_final,
+        return cls(backbone, projector, losses.build(cfg.loss.name, **cfg.loss.kwargs), m.queue_size, m.momentum, m.momentum_final,
                    m.symmetric, m.bn_splits)
 
     @torch.no_grad()
@@ -297,6 +292,7 @@ class MoCoV3(nn.Module):
     """
 
     needs_labels = False
+    loss_names = ("ntxent", "infonce")  # InfoNCE against the queue
 
     def __init__(self, backbone: nn.Module, projector: nn.Module, predictor: nn.Module, temperature: float = 0.2,
                  momentum: float = 0.99, momentum_final: float = 1.0) -> None:
@@ -316,7 +312,7 @@ class MoCoV3(nn.Module):
         _check_momentum(cfg)
         if m.predictor_hidden < 1:
             raise UserError(f"method.predictor_hidden must be >= 1, got {m.predictor_hidden} (MoCo v3: 4096)")
-        temperature = _contrastive_loss(cfg, "mocov3").temperature
+        temperature = losses.build(cfg.loss.name, **cfg.loss.kwargs).temperature
         projector = build_mlp(backbone.feature_dim, model.projector_hidden, model.projector_out, model.projector_layers,
                               last_batch_norm=True)
         predictor = build_mlp(model.projector_out, m.predictor_hidden, model.projector_out, 2)

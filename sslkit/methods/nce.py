@@ -45,6 +45,7 @@ class MemoryBankNCE(nn.Module):
 
     needs_labels = False
     needs_indices = True
+    loss_names = ("nce",)
     # Equal on every process (same seed, same gathered updates): DDP need not re-send it each step.
     replicated_buffers = ("bank",)
 
@@ -66,8 +67,6 @@ class MemoryBankNCE(nn.Module):
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> "MemoryBankNCE":
         if num_samples is None:
             raise UserError("method 'nce' needs the training set's size for its memory bank, and this trainer does not pass it")
-        if cfg.loss.name != "nce":
-            raise UserError(f"method 'nce' trains with the NCE loss: set loss.name to nce, got '{cfg.loss.name}'")
         if "bank_size" in cfg.loss.kwargs:
             raise UserError(f"loss.bank_size is set by method 'nce' to the training set's size ({num_samples}); "
                             f"remove it from the recipe")

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from sslkit import losses
-from sslkit.errors import UserError
 from sslkit.methods.common import encode
 from sslkit.models import build_mlp
 
@@ -26,6 +25,7 @@ class SupCon(nn.Module):
     """
 
     needs_labels = True
+    loss_names = tuple(name for name, kind in losses.KIND.items() if kind == "label")  # embeddings, labels -> loss
 
     def __init__(self, backbone: nn.Module, projector: nn.Module, loss: nn.Module) -> None:
         super().__init__()
@@ -34,9 +34,6 @@ class SupCon(nn.Module):
 
     @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int) -> "SupCon":
-        if losses.KIND[cfg.loss.name] != "label":
-            label_losses = sorted(n for n, k in losses.KIND.items() if k == "label")
-            raise UserError(f"method 'supcon' needs a label loss, got loss.name '{cfg.loss.name}'; choose one of: {', '.join(label_losses)}")
         m = cfg.model
         projector = build_mlp(backbone.feature_dim, m.projector_hidden, m.projector_out, m.projector_layers)
         return cls(backbone, projector, losses.build(cfg.loss.name, **cfg.loss.kwargs))

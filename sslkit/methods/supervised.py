@@ -25,6 +25,7 @@ class Supervised(nn.Module):
     """
 
     needs_labels = True
+    loss_names = tuple(name for name, kind in losses.KIND.items() if kind == "head")  # heads with their own weights
 
     def __init__(self, backbone: nn.Module, neck: nn.Module, head: nn.Module) -> None:
         super().__init__()
@@ -33,9 +34,6 @@ class Supervised(nn.Module):
 
     @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int) -> "Supervised":
-        if losses.KIND[cfg.loss.name] != "head":
-            heads = sorted(n for n, k in losses.KIND.items() if k == "head")
-            raise UserError(f"method 'supervised' needs a head, got loss.name '{cfg.loss.name}'; choose one of: {', '.join(heads)}")
         kwargs = dict(cfg.loss.kwargs)
         stated = kwargs.pop("num_classes", num_classes)
         if stated != num_classes:
