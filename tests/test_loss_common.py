@@ -212,3 +212,80 @@ def test_every_loss_stays_finite_on_extreme_but_valid_batches(name, case):
     grads = [t.grad for t in leaves] + [p.grad for p in loss.parameters() if p.grad is not None]
     assert torch.isfinite(value), value
     assert all(torch.isfinite(grad).all() for grad in grads)
+
+
+@pytest.mark.parametrize("name", sorted(KIND))
+def test_build_names_an_unknown_argument_and_lists_the_valid_ones(name):
+    """``build("ntxent", temp=0.1)``: one ValueError naming ``temp`` and the loss's arguments
+    with their defaults, not Python's TypeError about an unexpected keyword."""
+    from sslkit.losses import loss_arguments
+
+    sizes = {"embedding_dim": 8, "num_classes": 5} if KIND[name] == "head" else {}
+    with pytest.raises(ValueError, match=f"loss '{name}' takes no argument 'temp'; its arguments are: ") as error:
+        build(name, temp=0.1, **sizes)
+    listed = str(error.value).split("its arguments are: ")[1]
+    for argument, parameter in loss_arguments(name, with_trainer_supplied=True).items():
+        shown = argument if parameter.default is parameter.empty else f"{argument}={parameter.default!r}"
+        assert shown in listed.split(", ")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind == "head"))
+def test_build_names_the_missing_sizes_of_a_head(name):
+    with pytest.raises(ValueError, match=f"loss '{name}' needs embedding_dim and num_classes \\(the embedding size D"):
+        build(name)
+    with pytest.raises(ValueError, match=f"loss '{name}' needs num_classes \\(the number of classes C\\)$"):
+        build(name, embedding_dim=8)
+
+
+def test_build_leaves_a_type_error_inside_a_constructor_alone(monkeypatch):
+    """Only a wrong argument list becomes the ValueError: a bug inside ``__init__`` keeps its TypeError."""
+    from sslkit.losses.ntxent import NTXentLoss
+
+    def broken(self, temperature=0.5, gather_distributed=True):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(NTXentLoss, "__init__", broken)
+    with pytest.raises(TypeError, match="a bug"):
+        build("ntxent", temperature=0.2)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind != "two_view"))
+def test_every_labelled_loss_called_without_labels_says_they_are_required(name):
+    """``loss(embeddings)`` with no labels argument at all: the same ValueError as labels=None,
+    not a TypeError about a missing positional argument; a head's ``logits(embeddings)`` needs none."""
+    loss, x = _build(name), torch.randn(4, 8)
+    with pytest.raises(ValueError, match="labels are required"):
+        loss(x)
+    if KIND[name] == "head":
+        assert loss.logits(x).shape == (4, 5)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind != "two_view"))
+def test_embeddings_of_the_wrong_rank_or_dtype_get_their_own_message(name):
+    loss, labels = _build(name), torch.tensor([0, 1, 0, 1])
+    with pytest.raises(ValueError, match=r"^embeddings must be 2-D \(N, D\), got shape \(4, 8, 1\); for \(batch, views, D\)"):
+        loss(torch.randn(4, 8, 1), labels)
+    with pytest.raises(ValueError, match=r"^embeddings must be 2-D \(N, D\), got shape \(32,\)$"):
+        loss(torch.randn(32), labels)
+    with pytest.raises(ValueError, match=r"^embeddings must be floating point, got torch.int64$"):
+        loss(torch.ones(4, 8, dtype=torch.long), labels)
+    if KIND[name] == "head":
+        with pytest.raises(ValueError, match=r"^embeddings must be 2-D \(N, D\), got shape \(4, 8, 1\)$"):
+            loss.logits(torch.randn(4, 8, 1))
+
+
+def test_supcon_on_batch_views_dim_embeddings_gives_the_reshape_hint_and_the_hint_is_right():
+    """SupContrast's (batch, views, D) layout: the error says how to flatten it, and following it
+    gives SupContrast's own loss (its rows are the views stacked: ``cat(unbind(features, 1))``
+    with ``labels.repeat(views)``). Pairing the reshape with ``labels.repeat`` would not."""
+    g = torch.Generator().manual_seed(0)
+    batch, views, dim = 8, 2, 16
+    features = torch.randn(batch, views, dim, generator=g, dtype=torch.float64)
+    labels = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    loss = build("supcon")
+    with pytest.raises(ValueError, match=r"embeddings must be 2-D \(N, D\), got shape \(8, 2, 16\); for \(batch, views, D\) "
+                                         r"as in SupContrast, pass embeddings.reshape\(-1, D\) with labels.repeat_interleave\(views\)$"):
+        loss(features, labels)
+    supcontrast = loss(torch.cat(features.unbind(1)), labels.repeat(views))
+    torch.testing.assert_close(loss(features.reshape(-1, dim), labels.repeat_interleave(views)), supcontrast)
+    assert not torch.allclose(loss(features.reshape(-1, dim), labels.repeat(views)), supcontrast)

@@ -62,7 +62,8 @@ def render() -> str:
            "forms (`ntxent_loss`, `supcon_loss`, `triplet_loss`, ...) alike: a missing or non-tensor input,",
            "wrong shapes, non-integer labels, labels outside a head's classes, an empty batch for a head, a",
            "number (temperature, margin, scale) that is not a number or is outside its range. Labels may be in",
-           "any integer dtype.", ""]
+           "any integer dtype. `build` with an argument the loss does not take, or without one it needs",
+           "(`embedding_dim`, `num_classes` for a head), is a `ValueError` that lists the loss's arguments.", ""]
     for kind in ("two_view", "label", "head"):
         out += [f"## {SECTION[kind]}", "", f"Call: {CALL[kind]}", "",
                 "| name | class | what | paper | defaults |", "|---|---|---|---|---|"]

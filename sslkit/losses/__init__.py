@@ -104,22 +104,54 @@ KIND: dict[str, str] = {
 
 
 def build(name: str, **kwargs) -> nn.Module:
-    """Build a loss by registry name; an unknown name lists the valid ones.
+    """Build a loss by registry name; an unknown name lists the valid ones, an unknown or missing
+    argument is a ValueError listing the loss's arguments (not Python's TypeError, which does not).
 
     >>> build("ntxent", temperature=0.2)
     NTXentLoss(temperature=0.2, gather_distributed=True)
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; choose one of: {', '.join(sorted(LOSSES))}")
+    # Bind first, so that only a wrong argument list becomes this ValueError: a TypeError raised
+    # inside a constructor is a bug and keeps its traceback.
+    try:
+        inspect.signature(LOSSES[name]).bind(**kwargs)
+    except TypeError:
+        raise ValueError(_argument_error(name, kwargs)) from None
     return LOSSES[name](**kwargs)
 
 
-def loss_arguments(name: str) -> dict[str, inspect.Parameter]:
-    """The constructor arguments a recipe may give loss ``name`` (``loss.<argument>``), by name."""
+# What a missing required argument is, for the error that names it.
+_MEANING = {"embedding_dim": "the embedding size D", "num_classes": "the number of classes C"}
+
+
+def _argument_error(name: str, kwargs: dict) -> str:
+    """One line for keyword arguments that do not fit loss ``name``: the unknown ones with every
+    valid argument (and its default), else the missing required ones with what they mean."""
+    arguments = loss_arguments(name, with_trainer_supplied=True)
+    unknown = [key for key in kwargs if key not in arguments]
+    if unknown:
+        listed = ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in arguments.values())
+        plural = "s" if len(unknown) > 1 else ""
+        return f"loss {name!r} takes no argument{plural} {_and([repr(key) for key in unknown])}; its arguments are: {listed}"
+    missing = [key for key, p in arguments.items() if p.default is p.empty and key not in kwargs]
+    meanings = [_MEANING[key] for key in missing if key in _MEANING]
+    return f"loss {name!r} needs {_and(missing)}" + (f" ({_and(meanings)})" if meanings else "")
+
+
+def _and(words: list[str]) -> str:
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
+
+
+def loss_arguments(name: str, with_trainer_supplied: bool = False) -> dict[str, inspect.Parameter]:
+    """The constructor arguments a recipe may give loss ``name`` (``loss.<argument>``), by name;
+    ``with_trainer_supplied=True`` adds those the trainer fills in (every argument ``build`` takes)."""
     signature = inspect.signature(LOSSES[name].__init__)
-    # Heads get these from the model and dataset, not from the recipe.
-    supplied_by_trainer = {"self", "embedding_dim"}  # num_classes may be stated, and is checked against the dataset
-    return {k: p for k, p in signature.parameters.items() if k not in supplied_by_trainer and p.kind is p.POSITIONAL_OR_KEYWORD}
+    # Heads get embedding_dim from the model, not from the recipe; num_classes may be stated
+    # there, and is checked against the dataset.
+    supplied_by_trainer = set() if with_trainer_supplied else {"embedding_dim"}
+    return {k: p for k, p in signature.parameters.items()
+            if k != "self" and k not in supplied_by_trainer and p.kind is p.POSITIONAL_OR_KEYWORD}
 
 
 def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> dict:

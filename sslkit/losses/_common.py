@@ -134,16 +134,30 @@ def check_negatives(negatives: torch.Tensor | None, dim: int) -> None:
         raise ValueError(f"negatives must be (K, {dim}), got shape {tuple(negatives.shape)}")
 
 
+# SupContrast (the SupCon authors' code) takes (batch, views, D) features; reshape(-1, D) orders
+# the rows b0v0, b0v1, b1v0, ..., so each label repeats once per view, next to itself.
+_VIEWS_HINT = (
+    "; for (batch, views, D) as in SupContrast, pass embeddings.reshape(-1, D) with labels.repeat_interleave(views)"
+)
+
+
+def check_embeddings(embeddings: torch.Tensor, hint_3d: str = "") -> None:
+    """(N, D) floating point, with its own message for a wrong shape and for a wrong dtype, so
+    that neither reads as the other; ``hint_3d`` is added to the message for a 3-D tensor."""
+    check_tensor(embeddings, "embeddings")
+    if embeddings.dim() != 2:
+        hint = hint_3d if embeddings.dim() == 3 else ""
+        raise ValueError(f"embeddings must be 2-D (N, D), got shape {tuple(embeddings.shape)}{hint}")
+    if not embeddings.is_floating_point():
+        raise ValueError(f"embeddings must be floating point, got {embeddings.dtype}")
+
+
 def check_embeddings_labels(embeddings: torch.Tensor, labels: torch.Tensor | None) -> None:
     """Label losses need (N, D) floating embeddings and (N,) integer labels."""
     if labels is None:
         raise ValueError("labels are required: this loss compares samples by class, pass labels of shape (N,)")
-    check_tensor(embeddings, "embeddings")
+    check_embeddings(embeddings, _VIEWS_HINT)
     check_tensor(labels, "labels")
-    if embeddings.dim() != 2 or not embeddings.is_floating_point():
-        raise ValueError(
-            f"embeddings must be floating point (N, D), got shape {tuple(embeddings.shape)} and {embeddings.dtype}"
-        )
     if labels.dim() != 1 or labels.shape[0] != embeddings.shape[0]:
         raise ValueError(
             f"labels must be (N,) with N = {embeddings.shape[0]} to match embeddings, got shape {tuple(labels.shape)}"

@@ -92,7 +92,7 @@ class AdaCosDynamicHead(MarginSoftmaxHead):
             self.s.copy_(new_scale)
         return self.scale.to(logits.dtype)
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         labels = self.check_inputs(embeddings, labels)
         with full_precision(embeddings.device):
             logits, old_scale = self._scaled_logits(embeddings, labels)  # s(t-1) cos, (N, C)

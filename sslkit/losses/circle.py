@@ -127,7 +127,7 @@ class CircleLoss(nn.Module):
         self.gamma = check_positive(gamma, "gamma")
         self.gather_distributed = gather_distributed
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return circle_loss(embeddings, labels, self.margin, self.gamma, self.gather_distributed)
 
     def extra_repr(self) -> str:

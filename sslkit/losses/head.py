@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sslkit.losses._common import as_number, check_embeddings_labels, check_tensor
+from sslkit.losses._common import as_number, check_embeddings, check_embeddings_labels, check_tensor
 
 
 def check_positive_int(value: int, name: str, minimum: int = 1) -> int:
@@ -67,8 +67,10 @@ def check_proxy_inputs(embeddings: torch.Tensor, labels: torch.Tensor, proxies: 
 class Head(nn.Module):
     """Base of every classification head: sizes, label checks, optimizer groups.
 
-    Subclasses implement ``forward(embeddings, labels) -> scalar loss`` and
-    ``logits(embeddings) -> (N, C)``, and call :meth:`check_inputs` first in both.
+    Subclasses implement ``forward(embeddings, labels=None) -> scalar loss`` and
+    ``logits(embeddings) -> (N, C)``, and call :meth:`check_inputs` first in both. ``labels``
+    defaults to None so that ``head(embeddings)`` reaches the check's ValueError ("labels are
+    required"), not Python's TypeError about a missing positional argument.
 
     Args:
         embedding_dim: D, the size of each embedding.
@@ -91,12 +93,7 @@ class Head(nn.Module):
         ``cross_entropy`` and indexing want int64, and uint8 would index as a mask), or None.
         """
         if labels is _NO_LABELS:
-            check_tensor(embeddings, "embeddings")
-            if embeddings.dim() != 2 or not embeddings.is_floating_point():
-                raise ValueError(
-                    f"embeddings must be floating point (N, D), got shape {tuple(embeddings.shape)} "
-                    f"and {embeddings.dtype}"
-                )
+            check_embeddings(embeddings)
         else:
             check_embeddings_labels(embeddings, labels)
             check_class_labels(labels, self.num_classes)

@@ -559,7 +559,7 @@ class MarginSoftmaxHead(Head):
         with full_precision(embeddings.device):
             return self._scaled_logits(embeddings)[0]
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         labels = self.check_inputs(embeddings, labels)
         with full_precision(embeddings.device):
             if self.normalize_weights:

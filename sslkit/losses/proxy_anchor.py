@@ -209,7 +209,7 @@ class ProxyAnchorHead(Head):
         nn.init.kaiming_normal_(self.proxies, mode="fan_out")
         self.workspace = Workspace()  # scratch memory of the fused loss, reused between steps
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         labels = self.check_inputs(embeddings, labels)
         return _proxy_anchor_loss(embeddings, labels, self.proxies, self.alpha, self.delta, self.workspace)
 

@@ -147,7 +147,7 @@ class ProxyNCAHead(Head):
         self.proxies = nn.Parameter(torch.randn(self.num_classes, self.embedding_dim) / 8)  # (C, D)
         self.workspace = Workspace()  # scratch memory of the fused loss, reused between steps
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         labels = self.check_inputs(embeddings, labels)
         return _proxy_nca_loss(
             embeddings, labels, self.proxies, self.scale, self.include_positive_in_denominator, self.workspace

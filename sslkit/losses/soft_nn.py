@@ -114,7 +114,7 @@ class SoftNearestNeighborsLoss(nn.Module):
         self.normalize = normalize
         self.gather_distributed = gather_distributed
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return soft_nearest_neighbors_loss(
             embeddings, labels, self.temperature, self.normalize, self.gather_distributed
         )

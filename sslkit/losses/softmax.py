@@ -55,7 +55,7 @@ class SoftmaxHead(Head):
             bias = None if self.bias is None else self.bias.to(dtype)
             return F.linear(embeddings.to(dtype), self.weight.to(dtype), bias)
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         labels = self.check_inputs(embeddings, labels)
         return F.cross_entropy(self.logits(embeddings), labels)
 

@@ -296,7 +296,7 @@ class SupConLoss(nn.Module):
         self.base_temperature = base_temperature
         self.gather_distributed = gather_distributed
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return supcon_loss(embeddings, labels, self.temperature, self.base_temperature, self.gather_distributed)
 
     def extra_repr(self) -> str:
