@@ -26,8 +26,10 @@ import shutil
 from pathlib import Path
 
 import torch
+import yaml
 from safetensors.torch import load_file, save_file
 
+from sslkit.config import flatten
 from sslkit.errors import UserError
 
 PROGRESS_FILE = "progress.json"
@@ -60,6 +62,80 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     if found:
         return found[-1]
     raise UserError(f"run.resume '{resume}' is neither a checkpoint (a directory with {PROGRESS_FILE}) nor a run directory with checkpoints")
+
+
+def run_contents(run_dir: Path) -> list[str]:
+    """What a started or finished run left in ``run_dir`` that a second run would mix with (empty: nothing).
+
+    A ``config.yaml`` alone (a run that stopped before its first log line) does not count.
+    """
+    run_dir = Path(run_dir)
+    held = []
+    found = list_checkpoints(run_dir)
+    if found:
+        held.append(f"checkpoints up to step {read_progress(found[-1])['step']}")
+    held += [name for name in ("results.json", "backbone.safetensors") if (run_dir / name).is_file()]
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size:
+        held.append("metrics.jsonl")
+    return held
+
+
+# Settings a resumed run must share with the run it continues: its checkpoint holds weights and
+# optimizer state of that model, method and loss, on that data. (Anything else may change: a
+# longer schedule, other evaluation settings, more logging.)
+_FIXED_ON_RESUME = ("model.", "method.", "loss.name", "data.name", "data.holdout_classes", "data.image_size",
+                    "augment.image_size", "optim.name")
+
+
+def check_run_directory(run_dir: Path, resume: str | None, config: dict) -> list[str]:
+    """Refuse a run that would mix with another in ``run_dir``; returns notes for a resumed one.
+
+    ``config``: the new run's resolved config as a nested dict (``to_dict(cfg)``). A fresh run
+    (``resume`` None) into a directory that holds a run is refused: it would append to the other
+    run's metrics, leave its checkpoints beside the new ones, and a later ``run.resume=auto``
+    would continue whichever checkpoint is newest. A resumed run must keep the settings of
+    ``_FIXED_ON_RESUME`` that its ``config.yaml`` records; the notes list the other settings that
+    changed (a longer ``train.epochs`` recomputes the learning-rate schedule for the new length).
+    """
+    run_dir = Path(run_dir)
+    if resume is None:
+        held = run_contents(run_dir)
+        if held:
+            raise UserError(f"{run_dir} already holds a run ({', '.join(held)}); continue it with run.resume=auto, "
+                            f"or start another with run.name=<new name> (or delete {run_dir})")
+        return []
+    saved_file = run_dir / "config.yaml"
+    if resume != "auto" or not list_checkpoints(run_dir) or not saved_file.is_file():
+        return []
+    saved = flatten(yaml.safe_load(saved_file.read_text()) or {})  # the recorded recipe of the run being continued
+    settings = flatten(yaml.safe_load(yaml.safe_dump(config)))  # through YAML too: tuples read back as lists
+    changed = {key: (saved.get(key), settings.get(key)) for key in sorted(saved.keys() | settings.keys())
+               if key != "run.resume" and saved.get(key) != settings.get(key)}
+    fixed = [key for key in changed if key.startswith(_FIXED_ON_RESUME)]
+    if fixed:
+        key = fixed[0]
+        raise UserError(f"run.resume=auto continues {run_dir}, which was trained with {key}={changed[key][0]}, but this command "
+                        f"sets {key}={changed[key][1]}; keep {', '.join(fixed)} as they were, or start a new run with another run.name")
+    return [f"resuming with changed settings: " + ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())] if changed else []
+
+
+def trim_metrics(run_dir: Path, step: int) -> None:
+    """Drop ``metrics.jsonl`` lines past ``step``: a resumed run logs them again from its checkpoint."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if not metrics.is_file():
+        return
+    lines = metrics.read_text().splitlines()
+    kept = [line for line in lines if _logged_at_or_before(line, step)]
+    if len(kept) != len(lines):
+        metrics.write_text("".join(line + "\n" for line in kept))
+
+
+def _logged_at_or_before(line: str, step: int) -> bool:
+    try:
+        return json.loads(line).get("step", 0) <= step
+    except json.JSONDecodeError:  # a line torn by a kill mid-write
+        return False
 
 
 def read_progress(path: Path) -> dict:

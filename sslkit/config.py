@@ -362,6 +362,17 @@ def replace_recipe_loss(recipe: dict, merged: dict, overrides: list[str]) -> str
     return "; ".join(parts)
 
 
+def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    """``{"train": {"epochs": 4}}`` -> ``{"train.epochs": 4}``: the keys as overrides spell them."""
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def to_dict(cfg: Config) -> dict:
     """Plain-dict form of a config (the loss kwargs flattened back into the loss section)."""
     data = dataclasses.asdict(cfg)

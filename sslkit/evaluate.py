@@ -17,6 +17,7 @@ if __package__ in (None, ""):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -24,7 +25,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("target", help="a run directory, a checkpoint directory, or a backbone .safetensors/.pt file")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides of the run's config, e.g. eval.knn_k=20")
     parser.add_argument("--recipe", help="the recipe to read data/model settings from (default: the run's config.yaml)")
-    parser.add_argument("--out", help="where to write the JSON results (default: <run>/eval.json)")
+    parser.add_argument("--out", help="where to write the JSON results (default: next to what is evaluated: <run>/eval.json "
+                        "for a run directory, <checkpoint>.eval.json beside a checkpoint directory, e.g. "
+                        "runs/x/checkpoints/step-00000420.eval.json, and <name>.eval.json beside a backbone file, "
+                        "e.g. /tmp/bb.eval.json for /tmp/bb.safetensors)")
     parser.add_argument("--no-linear", action="store_true", help="skip the linear probe")
     # Intermixed: overrides may come before or after the --options, as users type them.
     return parser.parse_intermixed_args(argv)
@@ -32,10 +36,57 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def find_recipe(target: Path) -> Path | None:
     """The run's config.yaml for a run directory, a checkpoint in one, or a file in one."""
+    if target.name in ("", ".", ".."):  # "." has no parents to climb: Path(".").parent is "."
+        target = target.resolve()
     for folder in (target, target.parent, target.parent.parent):
         if (folder / "config.yaml").is_file():
             return folder / "config.yaml"
     return None
+
+
+def default_out(target: Path) -> Path:
+    """Where the results go without ``--out``: next to what is evaluated, never next to ``--recipe``.
+
+    A run directory (or any directory that is not a checkpoint) holds them as ``eval.json``. A
+    checkpoint gets ``checkpoints/step-N.eval.json`` beside it rather than a file inside it: the
+    run's checkpoint rotation (``train.keep_checkpoints``) deletes old checkpoint directories,
+    and the step in the name keeps the results of several checkpoints apart. A backbone file
+    ``X.safetensors`` / ``X.pt`` gets ``X.eval.json`` beside it.
+    """
+    from sslkit.checkpoint import PROGRESS_FILE
+
+    if target.name in ("", ".", ".."):  # "." or "..": name the folder itself
+        target = target.resolve()
+    if target.is_dir():
+        if (target / PROGRESS_FILE).is_file():
+            return target.parent / f"{target.name}.eval.json"
+        return target / "eval.json"
+    return target.parent / f"{target.stem}.eval.json"
+
+
+def _shape(tensor) -> str:
+    return f"[{', '.join(str(n) for n in tensor.shape)}]"
+
+
+def state_mismatch(state: dict, own: dict) -> str | None:
+    """What keeps ``state`` (the file's weights) from loading into a model whose state_dict is ``own``.
+
+    None when every key is there with its shape; otherwise the first difference in the model's
+    key order (a shape that differs or a weight the file lacks, then a weight the model lacks),
+    with how many more there are, e.g. ``conv1.weight is [16, 3, 3, 3] in the file, [32, 3, 3, 3]
+    in the model``.
+    """
+    problems = []
+    for key, value in own.items():
+        if key not in state:
+            problems.append(f"{key} ({_shape(value)}) is in the model but not in the file")
+        elif tuple(state[key].shape) != tuple(value.shape):
+            problems.append(f"{key} is {_shape(state[key])} in the file, {_shape(value)} in the model")
+    problems += [f"the file has {key} ({_shape(value)}), which the model lacks" for key, value in state.items() if key not in own]
+    if not problems:
+        return None
+    more = len(problems) - 1
+    return problems[0] + (f", and {more} more difference{'s' if more > 1 else ''}" if more else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         if recipe is None:
             raise UserError(f"no config.yaml next to '{target}'; pass --recipe with the recipe it was trained with")
         cfg = load_config(recipe, args.overrides)
+        out = Path(args.out) if args.out else default_out(target)
+        if not out.parent.is_dir():  # found now, not after minutes of evaluation
+            raise UserError(f"--out '{out}': the folder '{out.parent}' does not exist; create it or give a path in an existing folder")
+        if not os.access(out.parent, os.W_OK):
+            raise UserError(f"cannot write the results to '{out}': '{out.parent}' is not writable; pass --out with a writable path")
         accelerator = Accelerator(mixed_precision="no")
         if accelerator.device.type == "cpu":
             cpu_threads(None)  # accelerate launch may have pinned one thread (sslkit/launch.py)
@@ -76,12 +132,22 @@ def main(argv: list[str] | None = None) -> int:
         preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize).to(accelerator.device)
         backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, preprocess.out_channels)
         state = checkpoint.load_backbone_state(target)
+        model = f"model.backbone={cfg.model.backbone} width={cfg.model.width} cifar_stem={cfg.model.cifar_stem}"
+        own = backbone.state_dict()
+        if (problem := state_mismatch(state, own)) is not None:
+            ours, theirs = own.get("conv1.weight"), state.get("conv1.weight")
+            if (ours is not None and theirs is not None and theirs.dim() == 4 and ours.shape[1] != theirs.shape[1]
+                    and (theirs.shape[0], *theirs.shape[2:]) == (ours.shape[0], *ours.shape[2:])):
+                # Only the input channels differ: the data, not the model settings, is what changed.
+                advice = (f"the backbone was trained on {theirs.shape[1]}-channel images, data.name={d.name} has "
+                          f"{ours.shape[1]}-channel ones; evaluate it on a dataset with {theirs.shape[1]}-channel images")
+            else:
+                advice = "pass the model.* values the backbone was trained with, or --recipe with its recipe"
+            raise UserError(f"the weights in '{target}' do not fit {model} ({problem}); {advice}")
         try:
             backbone.load_state_dict(state)
-        except RuntimeError as error:
-            first = str(error).strip().splitlines()[0]
-            raise UserError(f"the weights in '{target}' do not fit model.backbone={cfg.model.backbone} width={cfg.model.width} "
-                            f"cifar_stem={cfg.model.cifar_stem}: {first}") from None
+        except RuntimeError as error:  # keys and shapes fit, yet torch refused: its whole message, on one line
+            raise UserError(f"the weights in '{target}' do not fit {model}: {' '.join(str(error).split())}") from None
         backbone = backbone.to(accelerator.device)
         train_loader, test_loader = accelerator.prepare(*eval_loaders(cfg, train_set, test_set, cfg.eval.batch_size))
         results = {"encoder": evaluate_backbone(backbone, cfg, preprocess, train_loader, test_loader, info.num_classes,
@@ -97,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if accelerator.is_main_process:
         console.print(results_table(results, f"{target}: {d.name}"))
-        out = Path(args.out) if args.out else (recipe.parent / "eval.json")
         report = {"target": str(target), "results": results["encoder"]}
         if "raw pixels" in results:
             report["raw_pixels"] = results["raw pixels"]

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from sslkit import checkpoint, data, distributed, evaluation, launch, methods, models, optim
 from sslkit.augment import EvalTransform, TwoViewAugment
-from sslkit.config import Config, save_config, to_dict
+from sslkit.config import Config, flatten, save_config, to_dict
 from sslkit.console import console, print_config, results_table
 from sslkit.errors import UserError
 from sslkit.report import write_report
@@ -192,6 +192,7 @@ def train(cfg: Config) -> dict:
     """Pretrain an encoder as ``cfg`` says; returns the final evaluation results."""
     # ------------------------------------------------------------------ set-up
     run_dir = make_run_dir(cfg)
+    run_notes = checkpoint.check_run_directory(run_dir, cfg.run.resume, to_dict(cfg))  # one run per directory
     accelerator = make_accelerator(cfg, run_dir)
     # train.threads applies on any device (data and host work); the automatic count only matters on the CPU.
     on_cpu = accelerator.device.type == "cpu"
@@ -234,7 +235,6 @@ def train(cfg: Config) -> dict:
         if main:
             console.print(f"backbone initialised from {cfg.run.init_from}" + (f"; keys not used: {', '.join(unused)}" if unused else ""))
     method = make_method(cfg, backbone, info.num_classes, len(train_set), accelerator.device.type)
-    initial_backbone = {k: v.clone() for k, v in backbone.state_dict().items()} if cfg.eval.compare_random_init else None
 
     optimizer, lr = make_optimizer(cfg, method)
     if main and cfg.optim.lr_scaling != "none":
@@ -245,6 +245,8 @@ def train(cfg: Config) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
         print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
+        for note in run_notes:
+            console.print(f"note: {note}", markup=False, highlight=False)
         console.print(f"{world} process{'es' if world > 1 else ''} on {accelerator.device} ({accelerator.distributed_type.value}), "
                       f"{local_batch} images per process per step, global batch {cfg.train.batch_size}"
                       + (f", {threads} CPU thread{'s' if threads > 1 else ''} per process ({threads_source})" if threads else "")
@@ -253,6 +255,12 @@ def train(cfg: Config) -> dict:
 
     # ------------------------------------------------------------------ prepare
     method, optimizer, train_loader = prepare_for_training(accelerator, method, optimizer, train_loader)
+    # The starting weights as every process now has them: DDP has just given all of them process 0's
+    # (each process built its own from a process-specific seed; a copy taken before prepare would
+    # make the "random init" row score a different network on each process's share of the data).
+    initial_backbone = None
+    if cfg.eval.compare_random_init:
+        initial_backbone = {k: v.detach().clone() for k, v in accelerator.unwrap_model(method).backbone.state_dict().items()}
     batches_per_epoch = len(train_loader)
     # Accelerate syncs at the end of the loader too, so a short last window still makes a step.
     steps_per_epoch = math.ceil(batches_per_epoch / cfg.train.grad_accum_steps)
@@ -263,7 +271,7 @@ def train(cfg: Config) -> dict:
     knn_train_loader, knn_test_loader = accelerator.prepare(*eval_loaders(cfg, memory_set, test_set, cfg.eval.batch_size))
     unseen_loader = accelerator.prepare(eval_loaders(cfg, unseen_set, unseen_set, cfg.eval.batch_size)[0]) if unseen_set else None
     if cfg.train.tensorboard:
-        accelerator.init_trackers(cfg.run.name, config=_flat(to_dict(cfg)))
+        accelerator.init_trackers(cfg.run.name, config={k: v for k, v in flatten(to_dict(cfg)).items() if isinstance(v, (int, float, str, bool))})
 
     # ------------------------------------------------------------------ resume
     progress = LoopState()
@@ -272,9 +280,12 @@ def train(cfg: Config) -> dict:
         accelerator.load_state(str(resume_from))
         progress = LoopState(**checkpoint.read_progress(resume_from))
         if main:
-            console.print(f"resumed from {resume_from} at step {progress.step} (epoch {progress.epoch}, batch {progress.batch_in_epoch})")
+            console.print(f"resumed from {resume_from} at step {progress.step} (epoch {progress.epoch}, batch {progress.batch_in_epoch})"
+                          + (f"; the run had already finished (total {total_steps} steps): evaluating it again" if progress.step >= total_steps else ""))
     elif cfg.run.resume == "auto" and main:
         console.print(f"no checkpoint in {checkpoint.checkpoint_dir(run_dir)}: starting fresh")
+    if main and (resume_from is not None or cfg.run.resume == "auto"):
+        checkpoint.trim_metrics(run_dir, progress.step)  # lines past the checkpoint will be logged again
     last_good = resume_from
 
     def save() -> Path:
@@ -288,7 +299,7 @@ def train(cfg: Config) -> dict:
     # ------------------------------------------------------------------ epochs
     bar = Progress(TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.4f}"),
                    TextColumn("lr {task.fields[lr]:.2e}"), TextColumn("{task.fields[ips]:.0f} img/s"), TimeElapsedColumn(),
-                   TimeRemainingColumn(), console=console, disable=not main)
+                   TimeRemainingColumn(), console=console, disable=not main or progress.step >= total_steps)
     task = bar.add_task("train", total=total_steps, completed=progress.step, epoch=progress.epoch, loss=float("nan"), lr=0.0, ips=0.0)
     method.train()
     unwrapped = accelerator.unwrap_model(method)
@@ -400,13 +411,3 @@ def _loss_lr_scales(loss: torch.nn.Module) -> dict[str, float]:
         return {}
     names = {id(p): n for n, p in loss.named_parameters()}
     return {names[id(p)]: float(g.get("lr_scale", 1.0)) for g in loss.param_groups() for p in g["params"]}
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        elif isinstance(value, (int, float, str, bool)):
-            out[f"{prefix}{key}"] = value
-    return out

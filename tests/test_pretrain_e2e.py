@@ -89,6 +89,45 @@ def test_evaluate_a_run_next_to_raw_pixels(tmp_path):
     assert_one_line_error(missing, "nope", "not found")
 
 
+def _tiny_backbone_file(tmp_path: Path) -> tuple[Path, Path]:
+    """A width-4 ResNet-18 (CIFAR stem, 1 channel: digits) exported as a run exports it, and a copy of
+    the quick-start recipe in a folder of its own (so nothing lands in the source tree)."""
+    from sslkit.checkpoint import export_backbone
+    from sslkit.models import build_backbone
+
+    backbone = export_backbone(build_backbone("resnet18", width=4, cifar_stem=True, in_channels=1), tmp_path / "bb.safetensors")
+    recipe = tmp_path / "recipes" / "quickstart.yaml"
+    recipe.parent.mkdir()
+    shutil.copy(QUICKSTART, recipe)
+    return backbone, recipe
+
+
+def evaluate(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(ROOT / "sslkit" / "evaluate.py"), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env(), cwd=tmp_path)
+
+
+def test_evaluate_a_backbone_file_writes_next_to_it_not_next_to_the_recipe(tmp_path):
+    backbone, recipe = _tiny_backbone_file(tmp_path)
+    result = evaluate(tmp_path, str(backbone), "--recipe", str(recipe), "model.width=4", "augment.image_size=8",
+                      "eval.knn_k=5", "eval.compare_raw_pixels=false", "--no-linear")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "bb.eval.json"
+    assert f"resultswrittento{out}" in "".join(result.stdout.split())  # rich wraps long lines
+    assert json.loads(out.read_text())["target"] == str(backbone)
+    assert not (recipe.parent / "eval.json").exists()
+
+
+def test_evaluate_weights_of_another_width_name_the_first_mismatch_in_one_line(tmp_path):
+    backbone, recipe = _tiny_backbone_file(tmp_path)
+    result = evaluate(tmp_path, str(backbone), "--recipe", str(recipe), "model.width=8", "augment.image_size=8")
+    assert_one_line_error(result, f"the weights in '{backbone}' do not fit model.backbone=resnet18 width=8 cifar_stem=True",
+                          "(conv1.weight is [4, 1, 3, 3] in the file, [8, 1, 3, 3] in the model, and ",
+                          "; pass the model.* values the backbone was trained with, or --recipe with its recipe")
+    assert result.stderr.strip().endswith("--recipe with its recipe"), result.stderr
+    assert not list(tmp_path.rglob("*eval.json"))
+
+
 @pytest.mark.parametrize("sync_batchnorm", [False, True])
 def test_two_processes_with_accelerate_launch(tmp_path, sync_batchnorm):
     from dist_utils import _free_port
@@ -96,9 +135,17 @@ def test_two_processes_with_accelerate_launch(tmp_path, sync_batchnorm):
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--main_process_port", str(_free_port())]  # not 29500: another run may hold it
+    compare = ["eval.compare_random_init=true", "eval.linear_epochs=0"] if not sync_batchnorm else []
     result = pretrain(tmp_path, "run.name=two", "train.epochs=1", "train.max_steps=4",
-                      f"model.sync_batchnorm={str(sync_batchnorm).lower()}", launcher=launcher)
+                      f"model.sync_batchnorm={str(sync_batchnorm).lower()}", *compare, launcher=launcher)
     assert result.returncode == 0, result.stderr[-3000:]
+    if compare:
+        # The "random init" row scores the starting network every process trained from: the one a
+        # single process builds from the same seed, not a different network on each process's share.
+        one = pretrain(tmp_path, "run.name=one", "train.epochs=1", "train.max_steps=1", *compare)
+        assert one.returncode == 0, one.stderr[-3000:]
+        start = [json.loads((tmp_path / name / "results.json").read_text())["results"]["random init"] for name in ("two", "one")]
+        assert start[0] == start[1]
     assert ("BatchNorm over the global batch" in result.stdout) == sync_batchnorm
     run = tmp_path / "two"
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
@@ -134,6 +181,9 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     resumed = pretrain(tmp_path, "run.name=killed", "run.resume=auto", *common)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
+    # the steps the killed run logged after its last checkpoint are logged once, by the resumed run
+    logged = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert logged == sorted(set(logged)), logged
     straight = load_file(tmp_path / "straight" / "backbone.safetensors")
     again = load_file(tmp_path / "killed" / "backbone.safetensors")
     assert straight.keys() == again.keys()
@@ -154,7 +204,21 @@ def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
                        "train.checkpoint_every_steps=1")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "step 2" in resumed.stdout
+    assert "train.max_steps 2 -> 3" in resumed.stdout  # what changed since the run began is said
     assert not half.exists()
+
+
+def test_one_run_per_directory(tmp_path):
+    """A second fresh run into a run's directory, or a resume that changes the model, is one line and changes nothing."""
+    first = pretrain(tmp_path, "run.name=taken", "train.epochs=1", "train.max_steps=2", "train.checkpoint_every_steps=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = tmp_path / "taken"
+    before = {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")}
+    again = pretrain(tmp_path, "run.name=taken", "train.epochs=1", "train.max_steps=2", timeout=120)
+    assert_one_line_error(again, "already holds a run", "checkpoints up to step 2", "run.resume=auto", "run.name=")
+    wider = pretrain(tmp_path, "run.name=taken", "run.resume=auto", "model.width=8", timeout=120)
+    assert_one_line_error(wider, "model.width=4", "model.width=8", "another run.name")
+    assert {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")} == before
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import platform
 import statistics
 import subprocess
@@ -153,6 +154,7 @@ def run_sslkit(recipe: Path, overrides: list[str], workdir: Path, batches_per_ep
     if "compare_raw_pixels" in {f.name for f in dataclasses.fields(EvalConfig)}:
         run_overrides.append("eval.compare_raw_pixels=false")
     command = [sys.executable, str(PRETRAIN), str(recipe), *run_overrides]
+    shutil.rmtree(workdir / "race-sslkit", ignore_errors=True)  # the race's own scratch run: a rerun starts over
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     process = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir)
