@@ -362,6 +362,25 @@ def replace_recipe_loss(recipe: dict, merged: dict, overrides: list[str]) -> str
     return "; ".join(parts)
 
 
+def check_command_line(argv: list[str], options: typing.Iterable[str]) -> None:
+    """One line for a ``--option`` the command does not take, with the override it probably meant.
+
+    Settings are ``section.key=value`` overrides; ``--epochs 3`` (as other trainers spell it)
+    would otherwise get argparse's usage text listing every later argument as unrecognised.
+    """
+    known = set(options) | {"-h", "--help"}
+    for index, token in enumerate(argv):
+        if not token.startswith("-") or token.split("=", 1)[0] in known:
+            continue
+        name = token.lstrip("-").split("=", 1)[0].replace("-", "_")
+        keys = [key for key in flatten(to_dict(Config())) if key.rsplit(".", 1)[-1] == name]
+        following = argv[index + 1] if index + 1 < len(argv) else "-"
+        value = token.split("=", 1)[1] if "=" in token else following if not following.startswith("-") and "=" not in following else "..."
+        meant = f"; did you mean {' or '.join(f'{key}={value}' for key in keys)}?" if keys else ""
+        raise UserError(f"unknown option '{token}': settings are key=value overrides such as train.epochs=3 "
+                        f"(options: {', '.join(sorted(known))}){meant}")
+
+
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     """``{"train": {"epochs": 4}}`` -> ``{"train.epochs": 4}``: the keys as overrides spell them."""
     out: dict[str, object] = {}
@@ -443,6 +462,8 @@ def validate(cfg: Config, source: str = "recipe") -> None:
                        ("model.width", cfg.model.width), ("eval.knn_k", cfg.eval.knn_k)):
         _check_range(value, key, source, 1)
     _check_range(cfg.eval.linear_epochs, "eval.linear_epochs", source, 0)
+    if cfg.train.threads is not None:  # null: automatic (see sslkit/launch.py)
+        _check_range(cfg.train.threads, "train.threads", source, 1)
     for key, value in (("optim.lr", cfg.optim.lr), ("eval.knn_temperature", cfg.eval.knn_temperature)):
         if not value > 0:
             raise UserError(f"{source}: '{key}' must be > 0, got {value}")

@@ -24,7 +24,8 @@ def results_table(rows: dict[str, dict[str, float]], title: str = "results") -> 
     that wide is cut to unreadable stubs in an 80-column log.
     """
     metrics = list(dict.fromkeys(m for values in rows.values() for m in values))
-    table = Table(title=title)
+    # A title wider than the columns would wrap (or be cut) in an 80-column log: let it set the width.
+    table = Table(title=title, min_width=min(len(title), console.width))
     table.add_column("metric")
     for name in rows:
         table.add_column(name, justify="right")

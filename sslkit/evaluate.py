@@ -90,6 +90,15 @@ def state_mismatch(state: dict, own: dict) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sslkit.config import check_command_line
+    from sslkit.console import print_user_error
+    from sslkit.errors import UserError
+
+    try:
+        check_command_line(sys.argv[1:] if argv is None else argv, ("--recipe", "--out", "--no-linear"))
+    except UserError as error:
+        print_user_error(error)
+        return 2
     args = parse_args(argv)
     from sslkit.launch import cpu_threads, relaunch_cpu_processes
 
@@ -100,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     from sslkit import checkpoint, data, models
     from sslkit.augment import EvalTransform
     from sslkit.config import load_config
-    from sslkit.console import console, print_user_error, results_table
-    from sslkit.errors import UserError
+    from sslkit.console import console, results_table
     from sslkit.train import eval_loaders, evaluate_backbone, evaluate_raw_pixels, evaluate_unseen
 
     try:

@@ -18,6 +18,7 @@ if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,14 +30,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sslkit.config import check_command_line
+    from sslkit.console import print_user_error
+    from sslkit.errors import UserError
+
+    try:
+        check_command_line(sys.argv[1:] if argv is None else argv, ())
+    except UserError as error:
+        print_user_error(error)
+        return 2
     args = parse_args(argv)
     from sslkit.launch import relaunch_cpu_processes
 
     if argv is None and (code := relaunch_cpu_processes()) is not None:
         return code
     from sslkit.config import load_config
-    from sslkit.console import print_user_error
-    from sslkit.errors import UserError
     from sslkit.train import train
 
     try:
@@ -44,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print_user_error(error)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: a user's choice, not a crash; every checkpoint written so far is whole
+        if os.environ.get("RANK", "0") == "0":  # one line, not one per process
+            from sslkit.console import error_console
+
+            error_console.print("interrupted: continue from the last checkpoint with run.resume=auto", highlight=False)
+        return 130
     return 0
 
 

@@ -209,6 +209,9 @@ def train(cfg: Config) -> dict:
     memory_set = train_set if d.train_split == "train" else data.build_dataset(d.name, "train", d.root, d.download, d.image_size)
     unseen_set = None
     if d.holdout_classes:
+        if len(set(d.holdout_classes)) >= info.num_classes:
+            raise UserError(f"data.holdout_classes holds out all {info.num_classes} classes of {d.name}, leaving none to train on; "
+                            f"keep at least one class out of the list (the README's road holds out 5 of 10)")
         # Train (and measure kNN / linear accuracy) on the seen classes; retrieve among the unseen ones.
         unseen_set = test_set.select_classes(d.holdout_classes, keep=True)
         train_set = train_set.select_classes(d.holdout_classes, keep=False)
@@ -245,6 +248,9 @@ def train(cfg: Config) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
         print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
+        if on_cpu and cfg.train.mixed_precision == "fp16":
+            run_notes.append("train.mixed_precision=fp16 has no effect on the CPU (Accelerate runs fp32 there); "
+                             "train.mixed_precision=bf16 autocasts on CPUs that support it")
         for note in run_notes:
             console.print(f"note: {note}", markup=False, highlight=False)
         console.print(f"{world} process{'es' if world > 1 else ''} on {accelerator.device} ({accelerator.distributed_type.value}), "

@@ -191,6 +191,20 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
         assert torch.equal(straight[key], again[key]), key
 
 
+def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
+    command = [sys.executable, str(PRETRAIN), str(QUICKSTART), f"run.output_dir={tmp_path}", *TINY, "run.name=stopped",
+               "train.epochs=2", "train.checkpoint_every_steps=2"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(), cwd=tmp_path)
+    _wait_for(tmp_path / "stopped" / "checkpoints", "step-00000002", process)
+    process.send_signal(signal.SIGINT)
+    stderr = process.communicate(timeout=60)[1]
+    assert process.returncode == 130
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("interrupted"), stderr
+    resumed = pretrain(tmp_path, "run.name=stopped", "run.resume=auto", "train.epochs=2", "train.checkpoint_every_steps=2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+
+
 def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
     """A half-written checkpoint (.tmp-*) is ignored by resume and cleaned by the next save."""
     first = pretrain(tmp_path, "run.name=crash", "train.epochs=1", "train.max_steps=2", "train.checkpoint_every_steps=1")
@@ -210,8 +224,10 @@ def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
 
 def test_one_run_per_directory(tmp_path):
     """A second fresh run into a run's directory, or a resume that changes the model, is one line and changes nothing."""
-    first = pretrain(tmp_path, "run.name=taken", "train.epochs=1", "train.max_steps=2", "train.checkpoint_every_steps=1")
+    first = pretrain(tmp_path, "run.name=taken", "train.epochs=1", "train.max_steps=2", "train.checkpoint_every_steps=1",
+                     "train.mixed_precision=fp16")
     assert first.returncode == 0, first.stderr[-3000:]
+    assert "fp16 has no effect on the CPU" in first.stdout  # not silently fp32
     run = tmp_path / "taken"
     before = {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")}
     again = pretrain(tmp_path, "run.name=taken", "train.epochs=1", "train.max_steps=2", timeout=120)
@@ -230,6 +246,9 @@ def test_one_run_per_directory(tmp_path):
         (["train.batch_size=4096"], ["train.batch_size", "1437"]),
         (["loss.temperature=0"], ["temperature", "> 0"]),
         (["loss.name=arc"], ["unknown loss.name 'arc'"]),
+        (["--epochs", "3"], ["unknown option '--epochs'", "train.epochs=3"]),  # as other trainers spell it
+        (["train.threads=0"], ["train.threads", ">= 1"]),
+        (["data.holdout_classes=[0,1,2,3,4,5,6,7,8,9]"], ["holds out all 10 classes", "digits"]),
     ],
 )
 def test_bad_input_gives_one_line_and_writes_nothing(tmp_path, overrides, words):
