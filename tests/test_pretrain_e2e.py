@@ -205,36 +205,34 @@ def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     assert "resumed from" in resumed.stdout
 
 
+def _one_run_per_directory(tmp_path: Path, run: Path) -> None:
+    """A second fresh run into a run's directory, or a resume that changes the model, is one line and changes nothing."""
+    before = {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")}
+    again = pretrain(tmp_path, f"run.name={run.name}", "train.epochs=1", "train.max_steps=2", timeout=120)
+    assert_one_line_error(again, "already holds a run", "checkpoints up to step 2", "run.resume=auto", "run.name=")
+    wider = pretrain(tmp_path, f"run.name={run.name}", "run.resume=auto", "model.width=8", timeout=120)
+    assert_one_line_error(wider, "model.width=4", "model.width=8", "another run.name")
+    assert {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")} == before
+
+
 def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
     """A half-written checkpoint (.tmp-*) is ignored by resume and cleaned by the next save."""
-    first = pretrain(tmp_path, "run.name=crash", "train.epochs=1", "train.max_steps=2", "train.checkpoint_every_steps=1")
+    first = pretrain(tmp_path, "run.name=crash", "train.epochs=1", "train.max_steps=2", "train.checkpoint_every_steps=1",
+                     "train.mixed_precision=fp16")
     assert first.returncode == 0, first.stderr[-3000:]
+    assert "fp16 has no effect on the CPU" in first.stdout  # not silently fp32
+    _one_run_per_directory(tmp_path, tmp_path / "crash")
     checkpoints = tmp_path / "crash" / "checkpoints"
     half = checkpoints / ".tmp-step-00000099"
     shutil.copytree(checkpoints / "step-00000002", half)
     (half / "progress.json").unlink()
     (half / "model.safetensors").write_bytes(b"\0" * 10)  # torn write
     resumed = pretrain(tmp_path, "run.name=crash", "run.resume=auto", "train.epochs=1", "train.max_steps=3",
-                       "train.checkpoint_every_steps=1")
+                       "train.checkpoint_every_steps=1", "train.mixed_precision=fp16")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "step 2" in resumed.stdout
     assert "train.max_steps 2 -> 3" in resumed.stdout  # what changed since the run began is said
     assert not half.exists()
-
-
-def test_one_run_per_directory(tmp_path):
-    """A second fresh run into a run's directory, or a resume that changes the model, is one line and changes nothing."""
-    first = pretrain(tmp_path, "run.name=taken", "train.epochs=1", "train.max_steps=2", "train.checkpoint_every_steps=1",
-                     "train.mixed_precision=fp16")
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "fp16 has no effect on the CPU" in first.stdout  # not silently fp32
-    run = tmp_path / "taken"
-    before = {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")}
-    again = pretrain(tmp_path, "run.name=taken", "train.epochs=1", "train.max_steps=2", timeout=120)
-    assert_one_line_error(again, "already holds a run", "checkpoints up to step 2", "run.resume=auto", "run.name=")
-    wider = pretrain(tmp_path, "run.name=taken", "run.resume=auto", "model.width=8", timeout=120)
-    assert_one_line_error(wider, "model.width=4", "model.width=8", "another run.name")
-    assert {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")} == before
 
 
 @pytest.mark.parametrize(
