@@ -111,7 +111,7 @@ def check_run_directory(run_dir: Path, resume: str | None, config: dict) -> list
     saved = flatten(yaml.safe_load(saved_file.read_text()) or {})  # the recorded recipe of the run being continued
     settings = flatten(yaml.safe_load(yaml.safe_dump(config)))  # through YAML too: tuples read back as lists
     changed = {key: (saved.get(key), settings.get(key)) for key in sorted(saved.keys() | settings.keys())
-               if key != "run.resume" and saved.get(key) != settings.get(key)}
+               if key not in ("run.resume", "run.output_dir") and saved.get(key) != settings.get(key)}  # the same place, maybe spelled otherwise
     fixed = [key for key in changed if key.startswith(_FIXED_ON_RESUME)]
     if fixed:
         key = fixed[0]

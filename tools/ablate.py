@@ -60,7 +60,7 @@ from rich.markup import escape  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from sslkit.config import load_config, to_dict  # noqa: E402
+from sslkit.config import flatten, load_config, to_dict  # noqa: E402
 from sslkit.console import console, print_user_error  # noqa: E402
 from sslkit.errors import UserError  # noqa: E402
 from sslkit.report import PLOT_HINT, new_figure  # noqa: E402
@@ -161,7 +161,7 @@ def check_points(recipe: Path, overrides: list[str], points: list[Point], out: P
             raise UserError(f"point {point.name}: {error}") from None
         saved_path = out / "runs" / point.name / "config.yaml"
         if saved_path.is_file():
-            wanted, saved = _flat(to_dict(cfg)), _flat(yaml.safe_load(saved_path.read_text()) or {})
+            wanted, saved = flatten(to_dict(cfg)), flatten(yaml.safe_load(saved_path.read_text()) or {})
             # output_dir: the same place, maybe spelled differently. Keys the saved config lacks came with a
             # newer sslkit: the run predates them, which alone is no reason to refuse it.
             differ = sorted(k for k in wanted.keys() & saved.keys() if k != "run.output_dir" and wanted[k] != saved[k])
@@ -170,16 +170,6 @@ def check_points(recipe: Path, overrides: list[str], points: list[Point], out: P
                 more = f" (and {len(differ) - 1} more keys)" if len(differ) > 1 else ""
                 raise UserError(f"{saved_path.parent} was run with {key}={saved[key]}, this sweep asks for {key}={wanted[key]}{more}; "
                                 f"use another --out, or delete that run directory to redo it")
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 # --------------------------------------------------------------------------- running
