@@ -239,19 +239,39 @@ def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
     "overrides, words",
     [
         (["train.epoch=3"], ["unknown key 'train.epoch'", "epochs"]),
-        (["train.epochs=three"], ["'train.epochs' must be int"]),
         (["data.name=fashion_mnist", "data.root=/nonexistent/fmnist"], ["/nonexistent/fmnist", "dataset-fashion-mnist"]),
         (["train.batch_size=4096"], ["train.batch_size", "1437"]),
-        (["loss.temperature=0"], ["temperature", "> 0"]),
-        (["loss.name=arc"], ["unknown loss.name 'arc'"]),
-        (["--epochs", "3"], ["unknown option '--epochs'", "train.epochs=3"]),  # as other trainers spell it
-        (["train.threads=0"], ["train.threads", ">= 1"]),
         (["data.holdout_classes=[0,1,2,3,4,5,6,7,8,9]"], ["holds out all 10 classes", "digits"]),
     ],
 )
 def test_bad_input_gives_one_line_and_writes_nothing(tmp_path, overrides, words):
     result = pretrain(tmp_path, "run.name=bad", *overrides, timeout=120)
     assert_one_line_error(result, *words)
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["train.epochs=three"], ["'train.epochs' must be int"]),
+        (["loss.temperature=0"], ["temperature", "> 0"]),
+        (["loss.name=arc"], ["unknown loss.name 'arc'"]),
+        (["--epochs", "3"], ["unknown option '--epochs'", "train.epochs=3"]),  # as other trainers spell it
+        (["train.threads=0"], ["train.threads", ">= 1"]),
+    ],
+)
+def test_recipe_mistakes_are_one_line_before_any_work(tmp_path, capsys, overrides, words):
+    """Mistakes the recipe check catches, through pretrain.py's main() in this process (they stop
+    before the trainer, so nothing of this process's torch or Accelerate state is touched; the
+    subprocess cases above cover the command itself)."""
+    from sslkit.pretrain import main
+
+    code = main([str(QUICKSTART), f"run.output_dir={tmp_path}", *TINY, "run.name=bad", *overrides])
+    assert code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    for word in words:
+        assert word in lines[0], lines[0]
     assert not (tmp_path / "bad").exists()
 
 
