@@ -374,8 +374,13 @@ def check_command_line(argv: list[str], options: typing.Iterable[str]) -> None:
             continue
         name = token.lstrip("-").split("=", 1)[0].replace("-", "_")
         keys = [key for key in flatten(to_dict(Config())) if key.rsplit(".", 1)[-1] == name]
-        following = argv[index + 1] if index + 1 < len(argv) else "-"
-        value = token.split("=", 1)[1] if "=" in token else following if not following.startswith("-") and "=" not in following else "..."
+        following = argv[index + 1] if index + 1 < len(argv) else ""
+        if "=" in token:  # --lr=0.1
+            value = token.split("=", 1)[1]
+        elif following and not following.startswith("-") and "=" not in following:  # --epochs 3
+            value = following
+        else:
+            value = "..."
         meant = f"; did you mean {' or '.join(f'{key}={value}' for key in keys)}?" if keys else ""
         raise UserError(f"unknown option '{token}': settings are key=value overrides such as train.epochs=3 "
                         f"(options: {', '.join(sorted(known))}){meant}")
