@@ -17,6 +17,7 @@ rate, the per-process batch) are computed in the trainer and logged.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import types
 import typing
@@ -469,6 +470,18 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     _check_range(cfg.eval.linear_epochs, "eval.linear_epochs", source, 0)
     if cfg.train.threads is not None:  # null: automatic (see sslkit/launch.py)
         _check_range(cfg.train.threads, "train.threads", source, 1)
+    if cfg.train.max_steps is not None:  # null: no limit (0 would train nothing and report it as trained)
+        _check_range(cfg.train.max_steps, "train.max_steps", source, 1)
+    for key, value in (("train.freeze_backbone_epochs", cfg.train.freeze_backbone_epochs),
+                       ("train.checkpoint_every_steps", cfg.train.checkpoint_every_steps),
+                       ("train.knn_every_epochs", cfg.train.knn_every_epochs)):  # 0: off
+        _check_range(value, key, source, 0)
+    for key, value in (("train.keep_checkpoints", cfg.train.keep_checkpoints),
+                       ("train.checkpoint_every_epochs", cfg.train.checkpoint_every_epochs)):
+        _check_range(value, key, source, 1)
+    if cfg.train.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise UserError(f"{source}: train.tensorboard=true needs the tensorboard package, which is not installed: "
+                        f"pip install tensorboard (or leave train.tensorboard false)")
     for key, value in (("optim.lr", cfg.optim.lr), ("eval.knn_temperature", cfg.eval.knn_temperature)):
         if not value > 0:
             raise UserError(f"{source}: '{key}' must be > 0, got {value}")

@@ -13,8 +13,9 @@ Datasets, by ``data.name``:
 - ``fashion_mnist``: the standard IDX files, by default from ``/usr/share/datasets/fashion-mnist``.
 - ``cifar10``, ``cifar100``, ``stl10``: torchvision's on-disk formats; downloaded only when
   ``data.download`` is true.
-- ``imagefolder``: ``root/<class>/<image>`` (or ``root/train/...`` and ``root/test/...``),
-  decoded lazily and resized to ``data.image_size``.
+- ``imagefolder``: ``root/train/<class>/<image>`` and ``root/test/<class>/<image>``, decoded
+  lazily and resized to ``data.image_size``. Pretraining evaluates on the test split, so it needs
+  both; a plain ``root/<class>/<image>`` is a training split only (``build_dataset`` from Python).
 
 Whole in-memory datasets are small: CIFAR-10 is 150 MB as uint8, STL-10's unlabelled split
 2.6 GB. Only ``imagefolder`` decodes lazily, because an image folder can be any size.
@@ -430,8 +431,8 @@ def _imagefolder(split: str, root: str | None, download: bool, image_size: int |
     training classes by name, so a class missing from the test folder does not shift the labels.
     """
     if root is None:
-        raise UserError("imagefolder needs data.root: a directory laid out as root/<class>/<image> "
-                        "(or root/train/<class>/<image> and root/test/<class>/<image>)")
+        raise UserError("imagefolder needs data.root: a directory laid out as root/train/<class>/<image> "
+                        "and root/test/<class>/<image>")
     if image_size is None:
         raise UserError("imagefolder needs data.image_size: images are resized to one square size so that they batch together")
     root_path = Path(root).expanduser()
@@ -440,8 +441,8 @@ def _imagefolder(split: str, root: str | None, download: bool, image_size: int |
     has_splits = (root_path / "train").is_dir()
     train_dir = root_path / "train" if has_splits else root_path
     if split == "test" and not (root_path / "test").is_dir():
-        raise UserError(f"imagefolder: no test split: {root_path / 'test'} does not exist "
-                        f"(use root/train/<class>/... and root/test/<class>/... for a test split)")
+        raise UserError(f"imagefolder: no test split: {root_path / 'test'} does not exist; training evaluates on one, "
+                        f"so lay the folder out as root/train/<class>/... and root/test/<class>/... (a few images a class will do)")
     folder = train_dir if split == "train" else root_path / "test"
     try:
         classes, class_to_idx = find_classes(train_dir)

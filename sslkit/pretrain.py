@@ -22,7 +22,7 @@ import os  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sslkit/pretrain.py", description="Pretrain an encoder from a YAML recipe.")
+    parser = argparse.ArgumentParser(prog="sslkit-pretrain" if Path(sys.argv[0]).name == "sslkit-pretrain" else "sslkit/pretrain.py", description="Pretrain an encoder from a YAML recipe.")
     parser.add_argument("recipe", help="a YAML recipe, e.g. recipes/quickstart.yaml")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.epochs=5 loss.temperature=0.2")
     # Intermixed: overrides may come before or after the --options, as users type them.

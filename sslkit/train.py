@@ -248,13 +248,17 @@ def train(cfg: Config) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
         print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
+        if cfg.train.freeze_backbone_epochs >= cfg.train.epochs:
+            run_notes.append(f"train.freeze_backbone_epochs={cfg.train.freeze_backbone_epochs} covers all "
+                             f"{cfg.train.epochs} epochs: the backbone is never trained, only what sits on it")
         if on_cpu and cfg.train.mixed_precision == "fp16":
             run_notes.append("train.mixed_precision=fp16 has no effect on the CPU (Accelerate runs fp32 there); "
                              "train.mixed_precision=bf16 autocasts on CPUs that support it")
         for note in run_notes:
             console.print(f"note: {note}", markup=False, highlight=False)
         console.print(f"{world} process{'es' if world > 1 else ''} on {accelerator.device} ({accelerator.distributed_type.value}), "
-                      f"{local_batch} images per process per step, global batch {cfg.train.batch_size}"
+                      f"{local_batch} images per process per batch, global batch {cfg.train.batch_size}"
+                      + (f", {cfg.train.grad_accum_steps} batches accumulated per step" if cfg.train.grad_accum_steps > 1 else "")
                       + (f", {threads} CPU thread{'s' if threads > 1 else ''} per process ({threads_source})" if threads else "")
                       + (", BatchNorm over the global batch (model.sync_batchnorm)" if cfg.model.sync_batchnorm and world > 1 else ""))
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
@@ -309,7 +313,6 @@ def train(cfg: Config) -> dict:
     task = bar.add_task("train", total=total_steps, completed=progress.step, epoch=progress.epoch, loss=float("nan"), lr=0.0, ips=0.0)
     method.train()
     unwrapped = accelerator.unwrap_model(method)
-    images_per_step = cfg.train.batch_size * cfg.train.grad_accum_steps
     with bar:
         while progress.step < total_steps and progress.epoch < cfg.train.epochs:
             loader = accelerator.skip_first_batches(train_loader, progress.batch_in_epoch) if progress.batch_in_epoch else train_loader
@@ -318,7 +321,9 @@ def train(cfg: Config) -> dict:
             loader.set_epoch(progress.epoch)
             sampler.set_epoch(progress.epoch)
             unwrapped.backbone_frozen = progress.epoch < cfg.train.freeze_backbone_epochs
-            window_start, data_wait, window_steps, window_loss = time.perf_counter(), 0.0, 0, 0.0
+            # A window's loss and speed count its batches, not steps x grad_accum_steps: the last step of
+            # an epoch may accumulate fewer batches than that (Accelerate steps at the loader's end).
+            window_start, data_wait, window_steps, window_batches, window_loss = time.perf_counter(), 0.0, 0, 0, 0.0
             fetch_start = time.perf_counter()
             for images, labels, *indices in loader:
                 data_wait += time.perf_counter() - fetch_start
@@ -340,6 +345,7 @@ def train(cfg: Config) -> dict:
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                 window_loss += loss_value
+                window_batches += 1
                 if not accelerator.sync_gradients:
                     fetch_start = time.perf_counter()
                     continue
@@ -350,15 +356,15 @@ def train(cfg: Config) -> dict:
                 window_steps += 1
                 if progress.step % cfg.train.log_every_steps == 0 or progress.step == total_steps:
                     elapsed = time.perf_counter() - window_start
-                    record = {"step": progress.step, "epoch": progress.epoch, "loss": window_loss / (window_steps * cfg.train.grad_accum_steps),
+                    record = {"step": progress.step, "epoch": progress.epoch, "loss": window_loss / window_batches,
                               "lr": optimizer.param_groups[0]["lr"] / optimizer.param_groups[0].get("lr_scale", 1.0),
-                              "images_per_s": window_steps * images_per_step / elapsed, "data_wait_share": data_wait / elapsed}
+                              "images_per_s": window_batches * cfg.train.batch_size / elapsed, "data_wait_share": data_wait / elapsed}
                     log(record, progress.step)
                     bar.update(task, completed=progress.step, epoch=progress.epoch, loss=record["loss"], lr=record["lr"], ips=record["images_per_s"])
                     if main and not console.is_terminal:  # a log file gets a line where a terminal gets the live bar
                         console.print(f"step {progress.step}/{total_steps}  epoch {progress.epoch}  loss {record['loss']:.4f}  "
                                       f"lr {record['lr']:.3g}  {record['images_per_s']:.0f} img/s  data wait {record['data_wait_share']:.1%}")
-                    window_start, data_wait, window_steps, window_loss = time.perf_counter(), 0.0, 0, 0.0
+                    window_start, data_wait, window_steps, window_batches, window_loss = time.perf_counter(), 0.0, 0, 0, 0.0
                 else:
                     bar.update(task, completed=progress.step)
                 if cfg.train.checkpoint_every_steps and progress.step % cfg.train.checkpoint_every_steps == 0:

@@ -124,3 +124,17 @@ def test_loss_keys_given_on_the_command_line_are_kept_and_checked(tmp_path):
     assert cfg.loss.kwargs == {"margin": 0.35}
     with pytest.raises(UserError, match="unknown key 'loss.margin' for loss 'proxy_nca'"):
         load_config(path, ["loss.name=proxy_nca", "loss.margin=0.1"])
+
+
+def test_tensorboard_without_its_package_is_one_line(monkeypatch):
+    """train.tensorboard=true without tensorboard installed: Accelerate would only warn and log nothing."""
+    import importlib.util
+
+    from sslkit.config import config_from_dict
+    from sslkit.errors import UserError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(UserError, match="pip install tensorboard"):
+        config_from_dict({"train": {"tensorboard": True}})
+    config_from_dict({"train": {"tensorboard": False}})

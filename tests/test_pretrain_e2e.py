@@ -258,6 +258,9 @@ def test_bad_input_gives_one_line_and_writes_nothing(tmp_path, overrides, words)
         (["loss.name=arc"], ["unknown loss.name 'arc'"]),
         (["--epochs", "3"], ["unknown option '--epochs'", "train.epochs=3"]),  # as other trainers spell it
         (["train.threads=0"], ["train.threads", ">= 1"]),
+        (["train.max_steps=0"], ["train.max_steps", ">= 1"]),  # would train nothing and call it trained
+        (["train.keep_checkpoints=-1"], ["train.keep_checkpoints", ">= 1"]),
+        (["train.freeze_backbone_epochs=-1"], ["train.freeze_backbone_epochs", ">= 0"]),
     ],
 )
 def test_recipe_mistakes_are_one_line_before_any_work(tmp_path, capsys, overrides, words):
@@ -273,6 +276,19 @@ def test_recipe_mistakes_are_one_line_before_any_work(tmp_path, capsys, override
     for word in words:
         assert word in lines[0], lines[0]
     assert not (tmp_path / "bad").exists()
+
+
+def test_logged_loss_averages_the_batches_a_short_accumulation_window_had(tmp_path):
+    """22 batches an epoch and grad_accum_steps=50: one step of 22 batches. Its logged loss is their
+    mean (about the loss at init, as in a plain run's first step), not their sum over 50."""
+    def first_loss(name: str, *overrides: str) -> float:
+        result = pretrain(tmp_path, f"run.name={name}", "train.epochs=1", "train.knn_every_epochs=0", "eval.linear_epochs=0", *overrides)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return next(json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines() if '"loss"' in line)["loss"]
+
+    accumulated = first_loss("accumulated", "train.grad_accum_steps=50")
+    plain = first_loss("plain", "train.max_steps=1")
+    assert 0.8 < accumulated / plain < 1.25, (accumulated, plain)  # the old division by 50: 0.44
 
 
 def test_corrupt_image_in_folder_names_the_file(tmp_path):
