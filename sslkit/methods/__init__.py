@@ -6,6 +6,8 @@ and the loss (with any parameters of its own, such as a classification head) —
 
 Interface: ``method(view1, view2, labels) -> loss``; ``method.backbone`` is the encoder to
 evaluate and export; ``method.needs_labels`` says whether the dataset must be labelled;
+``Method.loss_names`` lists the registry losses it trains with (checked by :func:`check_loss`
+when a recipe is loaded);
 ``Method.from_config(cfg, backbone, num_classes)`` builds it from a recipe. Optional:
 ``method.after_optimizer_step(step, total_steps)``, called by the trainer after every optimizer
 step (``step`` counts the steps before this one), for state the optimizer does not own — MoCo's
