@@ -135,6 +135,7 @@ def test_accuracy_on_separable_data_and_against_predictions():
     ],
 )
 def test_invalid_arguments_name_the_argument(kwargs, argument):
+    """(weighted_knn_predict; knn_accuracy's own test labels below.)"""
     arguments = {
         "train_features": torch.randn(6, 4),
         "train_labels": torch.tensor([0, 1, 2, 0, 1, 2]),
@@ -144,3 +145,25 @@ def test_invalid_arguments_name_the_argument(kwargs, argument):
     arguments.update(kwargs)
     with pytest.raises(ValueError, match=argument):
         weighted_knn_predict(**arguments)
+
+
+@pytest.mark.parametrize(
+    "test_labels,words",
+    [
+        (torch.tensor([0.0, 1.5, 2.0, 0.0, 1.0]), "test_labels must be integer"),  # was truncated to ints
+        (torch.tensor([0, 1, 9, 0, 1]), "test_labels must lie in [0, num_classes=3)"),  # was counted as a miss
+        (torch.tensor([0, 1, 2]), "test_labels must have shape (5,)"),
+    ],
+)
+def test_knn_accuracy_checks_test_labels_as_it_checks_train_labels(test_labels, words):
+    train, labels = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    with pytest.raises(ValueError) as caught:
+        knn_accuracy(train, labels, torch.randn(5, 4), test_labels, 3)
+    assert words in str(caught.value)
+
+
+def test_knn_refuses_features_with_nan():
+    train = torch.randn(6, 4)
+    train[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="train_features has NaN or inf values .first in row 3"):
+        knn_accuracy(train, torch.tensor([0, 1, 2, 0, 1, 2]), torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1]), 3)

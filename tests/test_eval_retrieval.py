@@ -121,6 +121,10 @@ def test_nmi_is_low_for_features_unrelated_to_labels_and_ignores_label_names():
         ({"gallery_features": torch.randn(4, 3), "gallery_labels": torch.zeros(3, dtype=torch.long)}, "gallery_labels"),
         ({"query_labels": torch.zeros(5, dtype=torch.long)}, "query_labels"),
         ({"query_features": torch.randn(1, 3), "query_labels": torch.zeros(1, dtype=torch.long)}, "leave-one-out"),
+        ({"ks": 4}, "ks must be a list"),
+        ({"query_labels": torch.tensor([0.0, 1, 2, 0, 1, 2])}, "query_labels must be integer"),
+        ({"query_features": torch.tensor([[0.0, 1, 2]] * 5 + [[float("inf"), 0, 0]])}, "query_features has NaN or inf"),
+        ({"query_features": torch.randn(6, 3).numpy()}, "torch.from_numpy"),
     ],
 )
 def test_invalid_arguments_name_the_argument(kwargs, argument):

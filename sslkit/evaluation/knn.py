@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sslkit.evaluation._checks import check_class_ids, check_features
+
 
 def _check_knn_args(
     train_features: torch.Tensor,
@@ -26,24 +28,15 @@ def _check_knn_args(
     temperature: float,
     chunk_size: int,
 ) -> None:
-    if train_features.ndim != 2 or train_features.shape[0] == 0:
-        raise ValueError(f"train_features must be a non-empty (N, D) matrix, got shape {tuple(train_features.shape)}")
-    if test_features.ndim != 2 or test_features.shape[1] != train_features.shape[1]:
-        raise ValueError(
-            f"test_features must be (M, {train_features.shape[1]}) to match train_features, got shape {tuple(test_features.shape)}"
-        )
-    if not isinstance(train_labels, torch.Tensor) or train_labels.shape != (train_features.shape[0],):
-        got = tuple(train_labels.shape) if isinstance(train_labels, torch.Tensor) else type(train_labels).__name__
-        raise ValueError(f"train_labels must be a tensor of shape ({train_features.shape[0]},), got {got}")
-    if train_labels.is_floating_point() or train_labels.is_complex():
-        raise ValueError(f"train_labels must be integer class ids, got {train_labels.dtype}")
+    check_features(train_features, "train_features")
+    if not isinstance(test_features, torch.Tensor) or test_features.ndim != 2 or test_features.shape[1] != train_features.shape[1]:
+        got = tuple(test_features.shape) if isinstance(test_features, torch.Tensor) else type(test_features).__name__
+        raise ValueError(f"test_features must be (M, {train_features.shape[1]}) to match train_features, got {got}")
+    if test_features.shape[0]:
+        check_features(test_features, "test_features")
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-    if train_labels.min() < 0 or train_labels.max() >= num_classes:
-        raise ValueError(
-            f"train_labels must lie in [0, num_classes={num_classes}), got values in "
-            f"[{int(train_labels.min())}, {int(train_labels.max())}]"
-        )
+    check_class_ids(train_labels, "train_labels", train_features.shape[0], num_classes)
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if not temperature > 0:
@@ -129,8 +122,7 @@ def knn_accuracy(
     Shape:
         train_features: (N, D); train_labels: (N,); test_features: (M, D); test_labels: (M,)
     """
-    if test_labels.shape != (test_features.shape[0],):
-        raise ValueError(f"test_labels must have shape ({test_features.shape[0]},), got {tuple(test_labels.shape)}")
+    check_class_ids(test_labels, "test_labels", test_features.shape[0] if isinstance(test_features, torch.Tensor) else -1, num_classes)
     if test_labels.numel() == 0:
         raise ValueError("test_labels is empty: accuracy over no samples is undefined")
     predicted = weighted_knn_predict(train_features, train_labels, test_features, num_classes, k, temperature, chunk_size)

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sslkit.evaluation._checks import check_class_ids, check_features
+
 
 def _check_probe_args(
     train_features: torch.Tensor,
@@ -44,22 +46,15 @@ def _check_probe_args(
     batch_size: int,
     weight_decay: float,
 ) -> None:
-    if train_features.ndim != 2 or train_features.shape[0] == 0:
-        raise ValueError(f"train_features must be a non-empty (N, D) matrix, got shape {tuple(train_features.shape)}")
-    if test_features.ndim != 2 or test_features.shape[1] != train_features.shape[1] or test_features.shape[0] == 0:
-        raise ValueError(
-            f"test_features must be a non-empty (M, {train_features.shape[1]}) matrix to match train_features, "
-            f"got shape {tuple(test_features.shape)}"
-        )
-    for name, labels, features in (("train_labels", train_labels, train_features), ("test_labels", test_labels, test_features)):
-        if labels.shape != (features.shape[0],):
-            raise ValueError(f"{name} must have shape ({features.shape[0]},), got {tuple(labels.shape)}")
-        if labels.min() < 0 or labels.max() >= num_classes:
-            raise ValueError(
-                f"{name} must lie in [0, num_classes={num_classes}), got values in [{int(labels.min())}, {int(labels.max())}]"
-            )
+    check_features(train_features, "train_features")
+    check_features(test_features, "test_features")
+    if test_features.shape[1] != train_features.shape[1]:
+        raise ValueError(f"test_features must be (M, {train_features.shape[1]}) to match train_features, "
+                         f"got shape {tuple(test_features.shape)}")
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+    check_class_ids(train_labels, "train_labels", train_features.shape[0], num_classes)
+    check_class_ids(test_labels, "test_labels", test_features.shape[0], num_classes)
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     if not lr > 0:

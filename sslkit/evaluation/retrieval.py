@@ -20,29 +20,29 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from sslkit.evaluation._checks import check_class_ids, check_features
+
 # KMeans restarts for NMI: one k-means++ start makes NMI swing by a few points between
 # seeds on real features; three keep it steady at little cost next to the encoder pass.
 KMEANS_RESTARTS = 3
 
 
 def _check_retrieval_args(query_features, query_labels, gallery_features, gallery_labels, ks, chunk_size) -> None:
-    if query_features.ndim != 2 or query_features.shape[0] == 0:
-        raise ValueError(f"query_features must be a non-empty (N, D) matrix, got shape {tuple(query_features.shape)}")
-    if query_labels.shape != (query_features.shape[0],):
-        raise ValueError(f"query_labels must have shape ({query_features.shape[0]},), got {tuple(query_labels.shape)}")
+    check_features(query_features, "query_features")
+    check_class_ids(query_labels, "query_labels", query_features.shape[0])
     if (gallery_features is None) != (gallery_labels is None):
         raise ValueError("gallery_features and gallery_labels must be given together (or both None for leave-one-out)")
     if gallery_features is None:
         if query_features.shape[0] < 2:
             raise ValueError("query_features: leave-one-out retrieval needs at least 2 samples")
     else:
-        if gallery_features.ndim != 2 or gallery_features.shape[1] != query_features.shape[1] or gallery_features.shape[0] == 0:
-            raise ValueError(
-                f"gallery_features must be a non-empty (G, {query_features.shape[1]}) matrix to match query_features, "
-                f"got shape {tuple(gallery_features.shape)}"
-            )
-        if gallery_labels.shape != (gallery_features.shape[0],):
-            raise ValueError(f"gallery_labels must have shape ({gallery_features.shape[0]},), got {tuple(gallery_labels.shape)}")
+        check_features(gallery_features, "gallery_features")
+        if gallery_features.shape[1] != query_features.shape[1]:
+            raise ValueError(f"gallery_features must be (G, {query_features.shape[1]}) to match query_features, "
+                             f"got shape {tuple(gallery_features.shape)}")
+        check_class_ids(gallery_labels, "gallery_labels", gallery_features.shape[0])
+    if not isinstance(ks, Sequence) or isinstance(ks, str):
+        raise ValueError(f"ks must be a list of integers >= 1 such as [1, 2, 4, 8], got {ks!r}")
     if len(ks) == 0 or any(int(k) != k or k < 1 for k in ks):
         raise ValueError(f"ks must be a non-empty list of integers >= 1, got {tuple(ks)}")
     if chunk_size < 1:
