@@ -219,6 +219,18 @@ def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def state_differences(state: dict, own: dict) -> tuple[list[str], list[str], list[str]]:
+    """Why ``state`` (a file's weights) would not load into a model whose state_dict is ``own``.
+
+    Returns the keys whose shapes differ, the keys the model needs that ``state`` lacks, and the
+    keys of ``state`` the model lacks, each in the model's (then the file's) order; all empty: it fits.
+    """
+    wrong_shape = [k for k, v in own.items() if k in state and tuple(state[k].shape) != tuple(v.shape)]
+    missing = [k for k in own if k not in state]
+    extra = [k for k in state if k not in own]
+    return wrong_shape, missing, extra
+
+
 def init_backbone(backbone: torch.nn.Module, source: str | Path) -> list[str]:
     """Load a previous run's backbone into ``backbone`` (``run.init_from``); returns the keys it did not use.
 
@@ -227,12 +239,11 @@ def init_backbone(backbone: torch.nn.Module, source: str | Path) -> list[str]:
     """
     state = load_backbone_state(source)
     own = backbone.state_dict()
-    wrong_shape = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
-    missing = [k for k in own if k not in state]
+    wrong_shape, missing, unused = state_differences(state, own)
     if wrong_shape or missing:
         detail = (f"shape mismatch at {wrong_shape[0]} ({tuple(state[wrong_shape[0]].shape)} vs {tuple(own[wrong_shape[0]].shape)})"
                   if wrong_shape else f"{len(missing)} weights missing, e.g. {missing[0]}")
         raise UserError(f"run.init_from '{source}' does not fit this model.backbone / model.width / model.cifar_stem: {detail}; "
                         f"use the same model settings as the run it comes from")
     backbone.load_state_dict({k: v for k, v in state.items() if k in own})
-    return sorted(k for k in state if k not in own)
+    return sorted(unused)

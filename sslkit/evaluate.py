@@ -36,8 +36,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def find_recipe(target: Path) -> Path | None:
     """The run's config.yaml for a run directory, a checkpoint in one, or a file in one."""
-    if target.name in ("", ".", ".."):  # "." has no parents to climb: Path(".").parent is "."
-        target = target.resolve()
     for folder in (target, target.parent, target.parent.parent):
         if (folder / "config.yaml").is_file():
             return folder / "config.yaml"
@@ -55,8 +53,6 @@ def default_out(target: Path) -> Path:
     """
     from sslkit.checkpoint import PROGRESS_FILE
 
-    if target.name in ("", ".", ".."):  # "." or "..": name the folder itself
-        target = target.resolve()
     if target.is_dir():
         if (target / PROGRESS_FILE).is_file():
             return target.parent / f"{target.name}.eval.json"
@@ -69,20 +65,17 @@ def _shape(tensor) -> str:
 
 
 def state_mismatch(state: dict, own: dict) -> str | None:
-    """What keeps ``state`` (the file's weights) from loading into a model whose state_dict is ``own``.
-
-    None when every key is there with its shape; otherwise the first difference in the model's
-    key order (a shape that differs or a weight the file lacks, then a weight the model lacks),
-    with how many more there are, e.g. ``conv1.weight is [16, 3, 3, 3] in the file, [32, 3, 3, 3]
-    in the model``.
+    """:func:`~sslkit.checkpoint.state_differences` in words: None when the file's weights fit the
+    model; otherwise the first difference (a shape, then a weight the file lacks, then one the
+    model lacks) with how many more there are, e.g. ``conv1.weight is [16, 3, 3, 3] in the file,
+    [32, 3, 3, 3] in the model``.
     """
-    problems = []
-    for key, value in own.items():
-        if key not in state:
-            problems.append(f"{key} ({_shape(value)}) is in the model but not in the file")
-        elif tuple(state[key].shape) != tuple(value.shape):
-            problems.append(f"{key} is {_shape(state[key])} in the file, {_shape(value)} in the model")
-    problems += [f"the file has {key} ({_shape(value)}), which the model lacks" for key, value in state.items() if key not in own]
+    from sslkit.checkpoint import state_differences
+
+    wrong_shape, missing, extra = state_differences(state, own)
+    problems = [f"{key} is {_shape(state[key])} in the file, {_shape(own[key])} in the model" for key in wrong_shape]
+    problems += [f"{key} ({_shape(own[key])}) is in the model but not in the file" for key in missing]
+    problems += [f"the file has {key} ({_shape(state[key])}), which the model lacks" for key in extra]
     if not problems:
         return None
     more = len(problems) - 1
@@ -114,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         target = Path(args.target)
+        if target.name in ("", ".", ".."):  # "." has no parents to climb and no name to put beside
+            target = target.resolve()
         if not target.exists():
             raise UserError(f"'{target}' not found; give a run directory (runs/<name>), a checkpoint, or a backbone file")
         recipe = Path(args.recipe) if args.recipe else find_recipe(target)

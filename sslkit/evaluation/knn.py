@@ -122,7 +122,7 @@ def knn_accuracy(
     Shape:
         train_features: (N, D); train_labels: (N,); test_features: (M, D); test_labels: (M,)
     """
-    check_class_ids(test_labels, "test_labels", test_features.shape[0] if isinstance(test_features, torch.Tensor) else -1, num_classes)
+    check_class_ids(test_labels, "test_labels", len(test_features), num_classes)
     if test_labels.numel() == 0:
         raise ValueError("test_labels is empty: accuracy over no samples is undefined")
     predicted = weighted_knn_predict(train_features, train_labels, test_features, num_classes, k, temperature, chunk_size)
