@@ -467,6 +467,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
                        ("train.grad_accum_steps", cfg.train.grad_accum_steps), ("augment.image_size", cfg.augment.image_size),
                        ("model.width", cfg.model.width), ("eval.knn_k", cfg.eval.knn_k)):
         _check_range(value, key, source, 1)
+    methods.check_batch_size(cfg.method.name, cfg.train.batch_size, source)
     _check_range(cfg.eval.linear_epochs, "eval.linear_epochs", source, 0)
     if cfg.train.threads is not None:  # null: automatic (see sslkit/launch.py)
         _check_range(cfg.train.threads, "train.threads", source, 1)

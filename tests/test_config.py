@@ -79,6 +79,23 @@ def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
         assert word in message
 
 
+@pytest.mark.parametrize("method, loss", [("simclr", "ntxent"), ("mocov3", "ntxent"), ("supcon", "supcon")])
+def test_a_batch_of_one_is_refused_where_the_batch_holds_the_negatives(tmp_path, method, loss):
+    """One image contrasted with nothing gives a loss of exactly 0: refused before any data is read."""
+    with pytest.raises(UserError) as info:
+        load_config(write(tmp_path, f"method: {{name: {method}}}\nloss: {{name: {loss}}}\ntrain: {{batch_size: 1}}\n"))
+    message = str(info.value)
+    assert "\n" not in message and f"method '{method}'" in message and "train.batch_size >= 2" in message
+    load_config(write(tmp_path, f"method: {{name: {method}}}\nloss: {{name: {loss}}}\ntrain: {{batch_size: 2}}\n"))
+
+
+@pytest.mark.parametrize("method, loss", [("moco", "ntxent"), ("nce", "nce"), ("supervised", "arcface")])
+def test_a_batch_of_one_is_fine_where_the_negatives_come_from_elsewhere(tmp_path, method, loss):
+    """MoCo's queue, NCE's memory bank and a head's class weights need no other image in the batch."""
+    cfg = load_config(write(tmp_path, f"method: {{name: {method}}}\nloss: {{name: {loss}}}\ntrain: {{batch_size: 1}}\n"))
+    assert cfg.train.batch_size == 1
+
+
 def test_missing_recipe_says_where_recipes_are(tmp_path):
     with pytest.raises(UserError, match="recipes/"):
         load_config(tmp_path / "nope.yaml")

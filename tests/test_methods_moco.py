@@ -353,6 +353,14 @@ def test_a_model_without_replicated_buffers_is_left_as_it_was():
 def test_recipe_mistakes_are_one_line_user_errors():
     with pytest.raises(UserError, match="bn_splits 5"):
         build("moco", bn_splits=5)
+    # The suggestion divides what each pass encodes: 2 images (a batch of one, both views) take 2, not 8.
+    one = config_from_dict({"method": {"name": "moco", "bn_splits": 8}, "loss": {"name": "ntxent"}, "train": {"batch_size": 1}})
+    with pytest.raises(UserError, match=r"divide the 2 images .* try method.bn_splits=2 or 1$"):
+        MoCo.from_config(one, build_backbone("resnet18", 4), 10)
+    odd = config_from_dict({"method": {"name": "moco", "bn_splits": 2, "symmetric": False}, "loss": {"name": "ntxent"},
+                            "train": {"batch_size": 1}})
+    with pytest.raises(UserError, match=r"try method.bn_splits=1$"):
+        MoCo.from_config(odd, build_backbone("resnet18", 4), 10)
     with pytest.raises(UserError, match="loss.name"):
         MoCoV3.from_config(config_from_dict({"method": {"name": "mocov3"}, "loss": {"name": "dcl"}}), build_backbone("resnet18", 4), 10)
     nce = config_from_dict({"method": {"name": "nce"}, "loss": {"name": "nce"}})

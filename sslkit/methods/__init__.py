@@ -7,7 +7,8 @@ and the loss (with any parameters of its own, such as a classification head) —
 Interface: ``method(view1, view2, labels) -> loss``; ``method.backbone`` is the encoder to
 evaluate and export; ``method.needs_labels`` says whether the dataset must be labelled;
 ``Method.loss_names`` lists the registry losses it trains with (checked by :func:`check_loss`
-when a recipe is loaded);
+when a recipe is loaded); ``Method.min_batch_size`` (optional, default 1) is 2 for the methods
+whose negatives are the other images of the batch (checked by :func:`check_batch_size`);
 ``Method.from_config(cfg, backbone, num_classes)`` builds it from a recipe. Optional:
 ``method.after_optimizer_step(step, total_steps)``, called by the trainer after every optimizer
 step (``step`` counts the steps before this one), for state the optimizer does not own — MoCo's
@@ -72,3 +73,16 @@ def build_method(cfg, backbone: nn.Module, num_classes: int, num_samples: int | 
 
 
 __all__ = ["METHODS", "build_method", "check_loss", "SimCLR", "SupCon", "Supervised"]
+
+
+def check_batch_size(method_name: str, batch_size: int, source: str = "recipe") -> None:
+    """Raise one line when the global batch is too small for the method to have anything to contrast.
+
+    SimCLR, MoCo v3 and SupCon take their negatives from the batch itself: with one image the
+    softmax runs over its positive alone, the loss is exactly 0 and nothing trains, silently.
+    MoCo (queue), NCE (memory bank) and the supervised heads train on a batch of one.
+    """
+    needed = getattr(METHODS[method_name], "min_batch_size", 1)
+    if batch_size < needed:
+        raise UserError(f"{source}: method '{method_name}' contrasts each image with the other images of its batch; "
+                        f"train.batch_size={batch_size} leaves none (the loss would be exactly 0): use train.batch_size >= {needed}")

@@ -182,9 +182,11 @@ class MoCo(nn.Module):
         local_batch = cfg.train.batch_size // distributed.world_size()
         per_pass = 2 * local_batch if m.symmetric else local_batch
         if m.bn_splits < 1 or per_pass % m.bn_splits:
+            # The MoCo CIFAR demo's 8 when it divides; else the largest divisor below it (1 always does).
+            fits = max(d for d in range(1, 9) if per_pass % d == 0)
             raise UserError(f"method.bn_splits {m.bn_splits} must be >= 1 and divide the {per_pass} images each process "
                             f"encodes per pass (train.batch_size per process{', both views' if m.symmetric else ''}); "
-                            f"try method.bn_splits=8 or 1")
+                            f"try method.bn_splits={fits}" + (" or 1" if fits > 1 else ""))
         if model.sync_batchnorm and m.bn_splits > 1:
             raise UserError(f"model.sync_batchnorm normalises over every process's batch, method.bn_splits {m.bn_splits} over "
                             f"parts of one process's batch: set method.bn_splits=1 with model.sync_batchnorm=true")
@@ -292,7 +294,8 @@ class MoCoV3(nn.Module):
     """
 
     needs_labels = False
-    loss_names = ("ntxent", "infonce")  # InfoNCE against the queue
+    loss_names = ("ntxent", "infonce")  # InfoNCE against the other keys of the batch
+    min_batch_size = 2  # one image has no other key: its softmax is over the positive alone, loss 0
 
     def __init__(self, backbone: nn.Module, projector: nn.Module, predictor: nn.Module, temperature: float = 0.2,
                  momentum: float = 0.99, momentum_final: float = 1.0) -> None:

@@ -25,6 +25,7 @@ class SimCLR(nn.Module):
 
     needs_labels = False
     loss_names = tuple(name for name, kind in losses.KIND.items() if kind == "two_view")  # z1, z2 -> loss
+    min_batch_size = 2  # the negatives are the batch's other images: one image alone gives a loss of exactly 0
 
     def __init__(self, backbone: nn.Module, projector: nn.Module, loss: nn.Module) -> None:
         super().__init__()

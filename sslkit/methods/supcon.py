@@ -26,6 +26,7 @@ class SupCon(nn.Module):
 
     needs_labels = True
     loss_names = tuple(name for name, kind in losses.KIND.items() if kind == "label")  # embeddings, labels -> loss
+    min_batch_size = 2  # every other sample of the batch is a candidate: one image alone leaves none
 
     def __init__(self, backbone: nn.Module, projector: nn.Module, loss: nn.Module) -> None:
         super().__init__()

@@ -60,6 +60,8 @@ from typing import Callable
 
 import torch
 
+from host import describe_host, host_line  # tools/bench/host.py: this script's folder is on sys.path
+
 # (name, module, class, call form). Call forms: "two_view" loss(z1, z2); "label"
 # loss(embeddings, labels); "head" head(embeddings, labels), built with (embedding_dim, num_classes).
 BATCH_LOSSES = [
@@ -603,6 +605,8 @@ def print_report(report: dict) -> None:
         f", blocks of {meta.get('block_ms', 0):g} ms (a, b)"
         + (" [yellow](--quick sizes)[/yellow]" if meta["quick"] else "")
     )
+    if "host" in meta:  # a ratio depends on the host (see host.py): compare runs on the same one
+        console.print(f"host: {host_line(meta['host'])}", markup=False, highlight=False)
     s = meta["sizes"]
     for key, title, rows in (
         ("batch", f"(a) batch losses, 2N={s['batch']['two_n']}, D={s['batch']['dim']}, T={TEMPERATURE}", report["batch_losses"]),
@@ -705,6 +709,7 @@ def main(argv: list[str] | None = None) -> dict:
             "torch": torch.__version__,
             "python": platform.python_version(),
             "machine": platform.machine(),
+            "host": describe_host(),
             "threads": torch.get_num_threads(),
             "repeats": repeats,
             "batch_repeats": batch_repeats,

@@ -41,6 +41,9 @@ from typing import Callable
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host import describe_host, host_line  # noqa: E402  (standard library only, like this runner)
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_DIR = Path(__file__).resolve().parent
 BENCHMARKS = ("losses", "augment", "knn", "train", "race")
@@ -237,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     console = Console(width=max(140, Console().width))
     load_before = os.getloadavg()[0]
+    host = describe_host()
+    console.print(f"host: {host_line(host)}", markup=False, highlight=False)  # ratios depend on it (host.py)
     started = time.time()
     runs, rows = {}, []
     for name in names:
@@ -249,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [name for name, run in runs.items() if run["status"] != "ok"]
     summary = {
         "quick": args.quick, "started_unix": started, "seconds": time.time() - started,
-        "load_average_1min": [load_before, os.getloadavg()[0]], "cores": os.cpu_count(),
+        "load_average_1min": [load_before, os.getloadavg()[0]], "cores": os.cpu_count(), "host": host,
         "python": platform.python_version(), "benchmarks": runs, "headlines": [asdict(r) for r in rows], "failed": failed,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
