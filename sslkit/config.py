@@ -11,7 +11,10 @@ All of these raise :class:`sslkit.errors.UserError` with one line; entry points 
 without a traceback. Nothing rewrites a value silently: derived values (the scaled learning
 rate, the per-process batch) are computed in the trainer and logged.
 
->>> cfg = load_config("recipes/quickstart.yaml", ["train.epochs=2", "loss.temperature=0.2"])
+The recipes in ``recipes/`` ship inside the package (``sslkit/recipes``), so a bare name works
+from any directory once sslkit is installed (:func:`find_recipe`):
+
+>>> cfg = load_config("quickstart", ["train.epochs=2", "loss.temperature=0.2"])
 """
 
 from __future__ import annotations
@@ -308,11 +311,37 @@ def config_from_dict(raw: dict, source: str = "recipe") -> Config:
     return cfg
 
 
+# The recipes that ship with sslkit (the repository's recipes/ links here).
+BUNDLED_RECIPES = Path(__file__).resolve().parent / "recipes"
+
+
+def bundled_recipes() -> dict[str, Path]:
+    """``{name: path}`` of the recipes installed with sslkit, e.g. ``"quickstart"``."""
+    return {path.stem: path for path in sorted(BUNDLED_RECIPES.glob("*.yaml"))}
+
+
+def find_recipe(recipe: str | Path) -> Path:
+    """The YAML file ``recipe`` names: a file that exists, else a bundled recipe.
+
+    ``quickstart``, ``quickstart.yaml`` and ``recipes/quickstart.yaml`` all name the bundled
+    ``sslkit/recipes/quickstart.yaml`` when no such file exists where the command runs, so the
+    README's commands work from any directory once sslkit is installed; a file of the user's
+    own (an edited copy in ./recipes, say) always wins.
+    """
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    bundled = bundled_recipes()
+    name = path.stem if path.suffix in (".yaml", ".yml") else path.name
+    if path.parent in (Path("."), Path("recipes")) and name in bundled:
+        return bundled[name]
+    raise UserError(f"recipe '{recipe}' not found: give a YAML file's path or a bundled recipe's name ({', '.join(bundled)})")
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Read a YAML recipe, apply ``key=value`` overrides, and validate it."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"recipe '{path}' not found; recipes live in recipes/, e.g. recipes/quickstart.yaml")
+    """Read a YAML recipe (a path, or a bundled recipe's name: :func:`find_recipe`), apply
+    ``key=value`` overrides, and validate it."""
+    path = find_recipe(path)
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:

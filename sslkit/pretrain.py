@@ -2,6 +2,7 @@
 
     accelerate launch sslkit/pretrain.py recipes/simclr.yaml [key.sub=value ...]
     python sslkit/pretrain.py recipes/quickstart.yaml train.epochs=5 loss.temperature=0.2
+    sslkit-pretrain quickstart          # installed: a bundled recipe by name, from any directory
 
 A user's mistake (unknown key, wrong type, missing dataset, ...) prints one line and exits
 with status 2; nothing half-done is written.
@@ -22,8 +23,10 @@ import os  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from sslkit.config import bundled_recipes
+
     parser = argparse.ArgumentParser(prog="sslkit-pretrain" if Path(sys.argv[0]).name == "sslkit-pretrain" else "sslkit/pretrain.py", description="Pretrain an encoder from a YAML recipe.")
-    parser.add_argument("recipe", help="a YAML recipe, e.g. recipes/quickstart.yaml")
+    parser.add_argument("recipe", help="a YAML recipe's path, or the name of a bundled one: " + ", ".join(bundled_recipes()))
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.epochs=5 loss.temperature=0.2")
     # Intermixed: overrides may come before or after the --options, as users type them.
     return parser.parse_intermixed_args(argv)

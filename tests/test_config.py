@@ -1,10 +1,11 @@
 """Recipes load strictly: every user mistake is one UserError naming the key, the file and the choices."""
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from sslkit.config import config_from_dict, load_config, save_config, to_dict
+from sslkit.config import BUNDLED_RECIPES, bundled_recipes, config_from_dict, find_recipe, load_config, save_config, to_dict
 from sslkit.errors import UserError
 
 
@@ -15,8 +16,6 @@ def write(tmp_path, text):
 
 
 def test_every_recipe_loads():
-    from pathlib import Path
-
     recipes = sorted(Path(__file__).parents[1].joinpath("recipes").glob("*.yaml"))
     assert recipes, "no recipes found"
     for recipe in recipes:
@@ -96,9 +95,33 @@ def test_a_batch_of_one_is_fine_where_the_negatives_come_from_elsewhere(tmp_path
     assert cfg.train.batch_size == 1
 
 
-def test_missing_recipe_says_where_recipes_are(tmp_path):
-    with pytest.raises(UserError, match="recipes/"):
-        load_config(tmp_path / "nope.yaml")
+def test_missing_recipe_lists_the_bundled_ones(tmp_path):
+    for missing in (tmp_path / "nope.yaml", "nope", "recipes/nope.yaml", "elsewhere/quickstart.yaml"):
+        with pytest.raises(UserError, match=r"not found: give a YAML file's path or a bundled recipe's name \(.*quickstart, simclr"):
+            load_config(missing)
+
+
+@pytest.mark.parametrize("name", ["quickstart", "quickstart.yaml", "recipes/quickstart.yaml"])
+def test_a_bundled_recipe_loads_by_name_from_any_directory(tmp_path, monkeypatch, name):
+    """Installed without the repository, the README's commands still find the recipes shipped in the package."""
+    monkeypatch.chdir(tmp_path)
+    assert find_recipe(name) == BUNDLED_RECIPES / "quickstart.yaml"
+    assert load_config(name).run.name == "quickstart"
+
+
+def test_a_users_own_recipe_file_wins_over_the_bundled_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "quickstart.yaml").write_text("run: {name: mine}\n")
+    assert load_config("recipes/quickstart.yaml").run.name == "mine"
+    assert load_config("quickstart").run.name == "quickstart"  # a bare name is the bundled recipe
+
+
+def test_the_bundled_recipes_are_the_repositorys(tmp_path):
+    """recipes/ at the repository root is the package's sslkit/recipes, so the two cannot drift apart."""
+    root = Path(__file__).parents[1]
+    assert (root / "recipes").resolve() == BUNDLED_RECIPES
+    assert set(bundled_recipes()) >= {"quickstart", "simclr", "moco", "supcon", "arcface"}
 
 
 def test_bad_override_syntax(tmp_path):
