@@ -40,12 +40,12 @@ TINY = [
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run_ablate(*argv: str) -> tuple[int, str, str]:
+def run_ablate(*argv: str, recipe: str = QUICKSTART) -> tuple[int, str, str]:
     """``ablate.main(argv)`` with one-thread points; returns (status, stdout, stderr)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         patch.setenv("OMP_NUM_THREADS", "1")
-        status = ablate.main([QUICKSTART, *TINY, *argv])
+        status = ablate.main([recipe, *TINY, *argv])
     return status, stdout.getvalue(), stderr.getvalue()
 
 
@@ -137,10 +137,12 @@ def test_rerun_with_other_settings_into_the_same_out_is_refused(sweep):
     assert "done, skipped" not in stdout
 
 
-def test_a_diverging_point_is_recorded_and_the_next_one_still_runs(tmp_path):
+def test_a_diverging_point_is_recorded_and_the_next_one_still_runs(tmp_path, monkeypatch):
     out = tmp_path / "lr"
-    # lr 1e30 gives a NaN loss at the first step (sslkit stops with one line); it comes first in the grid
-    status, stdout, stderr = run_ablate("--sweep", "optim.lr=1e30,0.002", "--out", str(out))
+    # lr 1e30 gives a NaN loss at the first step (sslkit stops with one line); it comes first in the grid.
+    # The recipe by its bundled name, from a directory without recipes/: every point finds it too.
+    monkeypatch.chdir(tmp_path)
+    status, stdout, stderr = run_ablate("--sweep", "optim.lr=1e30,0.002", "--out", str(out), recipe="quickstart")
     assert status == 1, stdout + stderr
     rows = read_csv(out / "results.csv")
     assert [(r["optim.lr"], r["status"]) for r in rows] == [("1e30", "failed"), ("0.002", "ok")]

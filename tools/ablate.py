@@ -60,7 +60,7 @@ from rich.markup import escape  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from sslkit.config import flatten, load_config, to_dict  # noqa: E402
+from sslkit.config import find_recipe, flatten, load_config, to_dict  # noqa: E402
 from sslkit.console import console, print_user_error  # noqa: E402
 from sslkit.errors import UserError  # noqa: E402
 from sslkit.report import PLOT_HINT, new_figure  # noqa: E402
@@ -352,7 +352,7 @@ def plot_metric(summary: list[dict], keys: list[str], metric: str, path: Path) -
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tools/ablate.py", description="Run a grid of pretraining runs and tabulate and plot the results.")
-    parser.add_argument("recipe", type=Path, help="a YAML recipe, e.g. recipes/quickstart.yaml")
+    parser.add_argument("recipe", type=Path, help="a YAML recipe's path or a bundled recipe's name, e.g. recipes/quickstart.yaml or quickstart")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides shared by every point, e.g. train.epochs=10")
     parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2", help="a key and its values; repeat for a product grid")
     parser.add_argument("--seeds", type=int, default=1, help="seeds per grid point: run.seed = s, s+1, ... from the recipe's seed (default 1)")
@@ -374,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             if text.partition("=")[0].strip() in RESERVED_KEYS:
                 raise UserError(f"override '{text}': ablate sets run.name, run.output_dir and run.resume for every point; "
                                 f"use --out DIR to choose where the runs go")
+        args.recipe = find_recipe(args.recipe)  # a bundled recipe's name becomes its file: the runs get a path
         base = load_config(args.recipe, args.overrides)
         keys = [key for key, _ in sweeps]
         out = args.out or Path(base.run.output_dir) / "-".join(["ablate", args.recipe.stem, *keys])
