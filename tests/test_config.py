@@ -95,6 +95,18 @@ def test_a_batch_of_one_is_fine_where_the_negatives_come_from_elsewhere(tmp_path
     assert cfg.train.batch_size == 1
 
 
+def test_a_method_key_the_method_does_not_read_is_noted(tmp_path, capsys):
+    """The method section holds every method's options: one set for another method would do nothing, silently."""
+    recipe = write(tmp_path, "method: {name: simclr, queue_size: 1024}\n")
+    load_config(recipe, ["method.num_negatives=64"])
+    note = capsys.readouterr().err
+    assert "method 'simclr' does not read method.queue_size (read by moco), method.num_negatives (read by nce)" in note
+    assert note.count("\n") == 1
+    load_config(write(tmp_path, "method: {name: moco, queue_size: 1024, bn_splits: 4}\n"), ["method.momentum=0.9"])
+    load_config(write(tmp_path, "method: {name: nce, num_negatives: 64}\nloss: {name: nce}\n"))
+    assert capsys.readouterr().err == ""
+
+
 def test_missing_recipe_lists_the_bundled_ones(tmp_path):
     for missing in (tmp_path / "nope.yaml", "nope", "recipes/nope.yaml", "elsewhere/quickstart.yaml"):
         with pytest.raises(UserError, match=r"not found: give a YAML file's path or a bundled recipe's name \(.*quickstart, simclr"):

@@ -9,6 +9,8 @@ evaluate and export; ``method.needs_labels`` says whether the dataset must be la
 ``Method.loss_names`` lists the registry losses it trains with (checked by :func:`check_loss`
 when a recipe is loaded); ``Method.min_batch_size`` (optional, default 1) is 2 for the methods
 whose negatives are the other images of the batch (checked by :func:`check_batch_size`);
+``Method.options`` (optional, default none) names the ``method.*`` keys it reads, so that a key
+set for another method is noted (:func:`unused_options`);
 ``Method.from_config(cfg, backbone, num_classes)`` builds it from a recipe. Optional:
 ``method.after_optimizer_step(step, total_steps)``, called by the trainer after every optimizer
 step (``step`` counts the steps before this one), for state the optimizer does not own — MoCo's
@@ -86,3 +88,19 @@ def check_batch_size(method_name: str, batch_size: int, source: str = "recipe") 
     if batch_size < needed:
         raise UserError(f"{source}: method '{method_name}' contrasts each image with the other images of its batch; "
                         f"train.batch_size={batch_size} leaves none (the loss would be exactly 0): use train.batch_size >= {needed}")
+
+
+def unused_options(method_name: str, given: list[str]) -> str:
+    """A note when ``given`` (the ``method.*`` keys a recipe or command line sets) holds keys the method does not read.
+
+    The method section holds every method's options (``queue_size`` is MoCo's, ``num_negatives``
+    NCE's), so a recipe for one method run as another, or a key set for the wrong method,
+    would otherwise be ignored silently. Returns "" when every key is read.
+    """
+    used = set(getattr(METHODS[method_name], "options", ()))
+    unused = [key for key in given if key != "name" and key not in used]
+    if not unused:
+        return ""
+    owners = lambda key: " or ".join(name for name, method in METHODS.items() if key in getattr(method, "options", ())) or "no method"
+    listed = ", ".join(f"method.{key} (read by {owners(key)})" for key in unused)
+    return f"note: method '{method_name}' does not read {listed}; {'it has' if len(unused) == 1 else 'they have'} no effect on this run"

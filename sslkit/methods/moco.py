@@ -156,6 +156,7 @@ class MoCo(nn.Module):
 
     needs_labels = False
     loss_names = ("ntxent", "infonce")  # InfoNCE against the queue
+    options = ("momentum", "momentum_final", "queue_size", "symmetric", "bn_splits")  # the method.* keys it reads
 
     def __init__(self, backbone: nn.Module, projector: nn.Module, loss: nn.Module, queue_size: int = 65536,
                  momentum: float = 0.99, momentum_final: float = 1.0, symmetric: bool = True, bn_splits: int = 8) -> None:
@@ -296,6 +297,7 @@ class MoCoV3(nn.Module):
     needs_labels = False
     loss_names = ("ntxent", "infonce")  # InfoNCE against the other keys of the batch
     min_batch_size = 2  # one image has no other key: its softmax is over the positive alone, loss 0
+    options = ("momentum", "momentum_final", "predictor_hidden")  # the method.* keys it reads
 
     def __init__(self, backbone: nn.Module, projector: nn.Module, predictor: nn.Module, temperature: float = 0.2,
                  momentum: float = 0.99, momentum_final: float = 1.0) -> None:

@@ -46,6 +46,7 @@ class MemoryBankNCE(nn.Module):
     needs_labels = False
     needs_indices = True
     loss_names = ("nce",)
+    options = ("num_negatives",)  # the method.* keys it reads
     # Equal on every process (same seed, same gathered updates): DDP need not re-send it each step.
     replicated_buffers = ("bank",)
 
