@@ -350,6 +350,17 @@ def test_a_model_without_replicated_buffers_is_left_as_it_was():
 # --------------------------------------------------------------------------- recipes and a real run
 
 
+def test_a_queue_longer_than_an_epochs_keys_is_noted():
+    """Past one epoch's keys the queue holds each image's own older keys as its negatives."""
+    cfg = config_from_dict({"method": {"name": "moco", "queue_size": 4096}, "loss": {"name": "ntxent"}})
+    assert methods.notes(cfg, num_samples=2049) == []  # symmetric: 4,098 keys an epoch, more than the queue holds
+    (note,) = methods.notes(cfg, num_samples=2048)
+    assert "method.queue_size=4096 is not below the 4,096 keys an epoch adds (2,048 images, both views)" in note
+    cfg.method.symmetric = False
+    assert methods.notes(cfg, num_samples=4097) == [] and len(methods.notes(cfg, num_samples=4096)) == 1
+    assert methods.notes(config_from_dict({"method": {"name": "simclr"}}), num_samples=10) == []
+
+
 def test_recipe_mistakes_are_one_line_user_errors():
     with pytest.raises(UserError, match="bn_splits 5"):
         build("moco", bn_splits=5)

@@ -10,7 +10,8 @@ evaluate and export; ``method.needs_labels`` says whether the dataset must be la
 when a recipe is loaded); ``Method.min_batch_size`` (optional, default 1) is 2 for the methods
 whose negatives are the other images of the batch (checked by :func:`check_batch_size`);
 ``Method.options`` (optional, default none) names the ``method.*`` keys it reads, so that a key
-set for another method is noted (:func:`unused_options`);
+set for another method is noted (:func:`unused_options`); ``Method.notes(cfg, num_samples)``
+(optional) returns notes on settings that run but defeat the method on this dataset (:func:`notes`);
 ``Method.from_config(cfg, backbone, num_classes)`` builds it from a recipe. Optional:
 ``method.after_optimizer_step(step, total_steps)``, called by the trainer after every optimizer
 step (``step`` counts the steps before this one), for state the optimizer does not own — MoCo's
@@ -104,3 +105,9 @@ def unused_options(method_name: str, given: list[str]) -> str:
     owners = lambda key: " or ".join(name for name, method in METHODS.items() if key in getattr(method, "options", ())) or "no method"
     listed = ", ".join(f"method.{key} (read by {owners(key)})" for key in unused)
     return f"note: method '{method_name}' does not read {listed}; {'it has' if len(unused) == 1 else 'they have'} no effect on this run"
+
+
+def notes(cfg, num_samples: int) -> list[str]:
+    """The chosen method's notes on its settings for a training set of ``num_samples`` images (``Method.notes``)."""
+    method = METHODS[cfg.method.name]
+    return method.notes(cfg, num_samples) if hasattr(method, "notes") else []

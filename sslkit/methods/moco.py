@@ -196,6 +196,17 @@ class MoCo(nn.Module):
         return cls(backbone, projector, losses.build(cfg.loss.name, **cfg.loss.kwargs), m.queue_size, m.momentum, m.momentum_final,
                    m.symmetric, m.bn_splits)
 
+    @staticmethod
+    def notes(cfg, num_samples: int) -> list[str]:
+        """A queue longer than one epoch's keys holds older keys of each query's own image, as its negatives."""
+        m = cfg.method
+        keys_per_epoch = num_samples * (2 if m.symmetric else 1)  # symmetric: both views' keys are enqueued
+        if m.queue_size < keys_per_epoch:
+            return []
+        return [f"method.queue_size={m.queue_size} is not below the {keys_per_epoch:,} keys an epoch adds "
+                f"({num_samples:,} images{', both views' if m.symmetric else ''}): the queue then holds older keys of each "
+                f"image as negatives of that same image; keep it below (the MoCo CIFAR demo: 4,096 of 100,000)"]
+
     @torch.no_grad()
     def _keys(self, images: torch.Tensor) -> torch.Tensor:
         """Keys from the momentum encoder, its batch shuffled so BatchNorm groups differ from the queries'."""
