@@ -214,6 +214,46 @@ def test_every_loss_stays_finite_on_extreme_but_valid_batches(name, case):
     assert all(torch.isfinite(grad).all() for grad in grads)
 
 
+_STRIDED = {
+    "a token slice x[:, 0]": lambda x: torch.stack([x, -x], dim=1)[:, 0],
+    "every other column": lambda x: torch.stack([x, -x], dim=2).flatten(1)[:, ::2],
+    "a transpose": lambda x: x.T.contiguous().T,
+}
+
+
+@pytest.mark.parametrize("layout", sorted(_STRIDED))
+@pytest.mark.parametrize("name", sorted(KIND))
+def test_every_loss_gives_the_same_value_and_gradients_for_non_contiguous_embeddings(name, layout):
+    """A CLS-token slice or a column split is not contiguous in memory: same loss, logits and
+    gradients as its contiguous copy (aten's weight-norm kernel once read such a slice's storage)."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(8, 16, dtype=torch.float64, generator=g)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    results = []
+    for make in (lambda x: x.clone(), _STRIDED[layout]):
+        torch.manual_seed(0)  # a new loss each time: AdaCos's dynamic scale changes with every call
+        loss = build(name, embedding_dim=16, num_classes=5) if KIND[name] == "head" else build(name)
+        loss = loss.double() if isinstance(loss, torch.nn.Module) else loss
+        source = base.clone().requires_grad_(True)
+        x = make(source)
+        assert make is not _STRIDED[layout] or not x.is_contiguous()
+        if KIND[name] == "two_view":
+            value = loss(x, make(source * 0.9 + 0.1))
+        else:
+            value = loss(x, labels)
+        value.backward()
+        logits = loss.logits(x).detach() if KIND[name] == "head" else None
+        params = [p.grad.clone() for p in loss.parameters() if p.grad is not None] if hasattr(loss, "parameters") else []
+        results.append((value.detach(), source.grad, logits, params))
+    (v0, g0, l0, p0), (v1, g1, l1, p1) = results
+    torch.testing.assert_close(v1, v0)
+    torch.testing.assert_close(g1, g0)
+    if l0 is not None:
+        torch.testing.assert_close(l1, l0)
+    for a, b in zip(p1, p0):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("name", sorted(KIND))
 def test_build_names_an_unknown_argument_and_lists_the_valid_ones(name):
     """``build("ntxent", temp=0.1)``: one ValueError naming ``temp`` and the loss's arguments

@@ -108,6 +108,9 @@ def _scaled_unit_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
     """
     if x.shape[0] == 0:  # aten's CPU kernel dies with SIGFPE (a division by zero) on no rows
         return x * scale
+    # aten's CPU kernel reads the first N*D numbers of storage whatever the strides (a CLS-token
+    # slice x[:, 0] came out wrong) and its backward refuses a non-contiguous input: copy first.
+    x = x.contiguous()
     gain = torch.full((x.shape[0], 1), scale, dtype=x.dtype, device=x.device)
     unit, norm = torch._weight_norm_interface(x, gain, 0)
     if bool((norm > _NORM_EPS).all()):
