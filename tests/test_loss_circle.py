@@ -135,7 +135,7 @@ def test_no_pair_anywhere_is_zero_with_a_graph(labels):
 
 @pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, float("nan")])
 def test_rejects_bad_margin(bad):
-    with pytest.raises(ValueError, match="margin"):
+    with pytest.raises(ValueError, match=r"margin must be in \[0, 1\)"):  # the range it states is the one it checks
         CircleLoss(margin=bad)
 
 

@@ -184,6 +184,14 @@ def test_functional_proxy_losses_check_the_proxies_and_labels(fn):
         fn(torch.randn(0, 8), torch.zeros(0, dtype=torch.long), torch.randn(3, 8))
 
 
+def test_functional_proxy_nca_needs_a_second_proxy_as_its_head_does():
+    """One proxy leaves Proxy-NCA's denominator empty: the function said NaN where the head refuses."""
+    x, labels = torch.randn(6, 8), torch.zeros(6, dtype=torch.long)
+    with pytest.raises(ValueError, match="proxies must have at least 2 rows"):
+        proxy_nca_loss(x, labels, torch.randn(1, 8))
+    assert proxy_nca_loss(x, labels, torch.randn(1, 8), include_positive_in_denominator=True) == 0
+
+
 _EXTREME_BATCHES = {
     "tiny (1e-30)": lambda x: x * 1e-30,
     "identical rows": lambda x: x[:1].repeat(len(x), 1),

@@ -154,10 +154,14 @@ def test_rejects_bad_temperature_and_normalizer(bad):
         NCELoss(normalizer=bad)
 
 
-@pytest.mark.parametrize("bad", [0, -5, 2.5, True])
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True, "10"])
 def test_rejects_bad_bank_size(bad):
-    with pytest.raises(ValueError, match="bank_size"):
+    """The module and the function check it alike (the function once compared a string with 1)."""
+    with pytest.raises(ValueError, match="bank_size must be a positive integer"):
         NCELoss(bank_size=bad)
+    z, bank = torch.randn(4, 8), torch.randn(5, 8)
+    with pytest.raises(ValueError, match="bank_size must be a positive integer"):
+        nce_loss(z, z, negatives=bank, bank_size=bad)
 
 
 def test_rejects_bad_inputs():

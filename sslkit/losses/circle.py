@@ -15,7 +15,7 @@ from torch import nn
 
 from sslkit.losses._common import (
     check_embeddings_labels,
-    check_in_range,
+    as_number,
     check_positive,
     full_precision,
     gather_labelled,
@@ -25,9 +25,9 @@ from sslkit.losses._common import (
 
 
 def _check_margin(margin: float) -> float:
-    margin = check_in_range(margin, "margin", 0.0, 1.0)
-    if margin == 1.0:
-        raise ValueError("margin must be below 1 (D_p = 1 - m is the positives' target), got 1.0")
+    margin = as_number(margin, "margin")
+    if not 0.0 <= margin < 1.0:  # one message for both ends: 1 itself is out too
+        raise ValueError(f"margin must be in [0, 1) (D_p = 1 - m is the positives' target), got {margin}")
     return margin
 
 

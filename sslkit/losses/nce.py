@@ -18,6 +18,15 @@ from sslkit import distributed
 from sslkit.losses._common import as_number, check_negatives, check_positive, check_two_views, full_precision, upcast
 
 
+
+def _check_bank_size(bank_size) -> int | None:
+    """``bank_size`` as an int, or None; ValueError naming it for anything but a positive integer (not a bool)."""
+    if bank_size is None:
+        return None
+    if isinstance(bank_size, bool) or as_number(bank_size, "bank_size", int) != bank_size or bank_size < 1:
+        raise ValueError(f"bank_size must be a positive integer or None, got {bank_size!r}")
+    return int(bank_size)
+
 def _logits_and_positives(
     z1: torch.Tensor, z2: torch.Tensor, inv_t: float, negatives: torch.Tensor | None, gather_distributed: bool
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -75,8 +84,7 @@ def _nce(
         normalizer = check_positive(normalizer, "normalizer")
     if negatives is not None and negatives.shape[0] < 1:
         raise ValueError("negatives must hold at least one noise sample, got shape (0, D)")
-    if bank_size is not None and bank_size < 1:
-        raise ValueError(f"bank_size must be a positive integer, got {bank_size}")
+    bank_size = _check_bank_size(bank_size)
     with full_precision(z1.device):
         dtype = torch.promote_types(upcast(z1).dtype, upcast(z2).dtype)  # views in fp64 and fp32 meet in fp64
         z1 = F.normalize(upcast(z1).to(dtype), dim=1)
@@ -197,11 +205,7 @@ class NCELoss(nn.Module):
     ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        if bank_size is not None and (
-            isinstance(bank_size, bool) or as_number(bank_size, "bank_size", int) != bank_size or bank_size < 1
-        ):
-            raise ValueError(f"bank_size must be a positive integer or None, got {bank_size}")
-        self.bank_size = None if bank_size is None else int(bank_size)
+        self.bank_size = _check_bank_size(bank_size)
         self.normalizer = None if normalizer is None else check_positive(normalizer, "normalizer")
         self.gather_distributed = gather_distributed
         # NaN = not estimated yet. float64 so the frozen value does not round.

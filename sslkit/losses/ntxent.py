@@ -67,10 +67,13 @@ class NTXentLoss(nn.Module):
 
     Args:
         temperature: T > 0 dividing the cosine similarities. The default 0.5 is SimCLR's
-            CIFAR-10 value ([0], appendix B.9); MoCo uses 0.2 (v2) and 0.07 (v1).
+            CIFAR-10 value ([0], appendix B.9), as lightly's ``NTXentLoss``;
+            pytorch-metric-learning's defaults to 0.07 (MoCo v1's; MoCo v2 uses 0.2).
         gather_distributed: across processes, compare local anchors with every process's
             embeddings (the SimCLR paper's large-batch setting). Off: each process only
-            sees its own batch.
+            sees its own batch. lightly defaults to ``False``; sslkit to ``True``, because
+            the paper's negatives are the whole global batch and a multi-process run should
+            train the loss a single-process run of the same global batch trains.
 
     Shape:
         z1, z2: (N, D); negatives: (K, D) or None; returns a scalar.

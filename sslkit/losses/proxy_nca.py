@@ -73,6 +73,9 @@ def proxy_nca_loss(
             between calls on the CPU (:class:`ProxyNCAHead` keeps one); None allocates afresh.
     """
     labels = check_proxy_inputs(embeddings, labels, proxies)
+    if not include_positive_in_denominator and proxies.shape[0] < 2:  # as the head checks num_classes
+        raise ValueError(f"proxies must have at least 2 rows: Proxy-NCA's denominator sums over the other classes' "
+                         f"proxies, got {proxies.shape[0]}")
     scale = check_positive(scale, "scale")
     return _proxy_nca_loss(embeddings, labels, proxies, scale, include_positive_in_denominator, workspace)
 
