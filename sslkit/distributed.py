@@ -38,6 +38,25 @@ def world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
 
 
+def check_same_rows(tensor: torch.Tensor) -> None:
+    """Raise ``ValueError`` on every process unless all of them hold the same number of rows.
+
+    The gathers below, and the rank offsets of the positives (:func:`local_offset`), assume the
+    same ``n`` everywhere; with another ``n`` on one process (a last partial batch from a loader
+    without ``drop_last``) gloo aborts the process and NCCL may hang. One all-gather of one
+    number per gather makes that a readable error instead, raised by all processes alike (they
+    all see the same sizes). It costs a host sync on a GPU: small next to the gather itself.
+    """
+    count = torch.tensor([tensor.shape[0] if tensor.dim() else 1], device=tensor.device)  # a 0-d tensor is one row
+    counts = [torch.empty_like(count) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, count)
+    sizes = torch.cat(counts).tolist()
+    if len(set(sizes)) > 1:
+        raise ValueError(f"batch sizes differ across processes {tuple(sizes)}: a loss that gathers embeddings needs the same "
+                         f"number of samples on every process; drop the last partial batch (DataLoader(drop_last=True)) "
+                         f"or pass gather_distributed=False")
+
+
 class _GatherWithGrad(torch.autograd.Function):
     """All-gather whose backward all-reduces (sums) the gradient and keeps the local slice."""
 
@@ -59,11 +78,12 @@ def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
     """Concatenate ``tensor`` from every process along dim 0, keeping the gradient.
 
     Shape:
-        tensor: (n, ...) on every process (the same n everywhere).
+        tensor: (n, ...) on every process (the same n everywhere: :func:`check_same_rows`).
         returns: (world_size * n, ...), process r's rows at ``r * n : (r + 1) * n``.
     """
     if not is_distributed():
         return tensor
+    check_same_rows(tensor)
     return torch.cat(_GatherWithGrad.apply(tensor), dim=0)
 
 
@@ -72,6 +92,7 @@ def gather_no_grad(tensor: torch.Tensor) -> torch.Tensor:
     """Concatenate ``tensor`` from every process along dim 0, detached (labels, queue keys)."""
     if not is_distributed():
         return tensor
+    check_same_rows(tensor)
     gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, tensor.contiguous())
     return torch.cat(gathered, dim=0)

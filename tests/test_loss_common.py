@@ -4,6 +4,7 @@ and the input checks every labelled loss of the registry shares."""
 import pytest
 import torch
 
+from dist_utils import run_in_processes
 from loss_utils import value_and_grads
 from sslkit.losses import KIND, _common, build
 from sslkit.losses.dcl import dcl_loss
@@ -337,3 +338,31 @@ def test_supcon_on_batch_views_dim_embeddings_gives_the_reshape_hint_and_the_hin
     supcontrast = loss(torch.cat(features.unbind(1)), labels.repeat(views))
     torch.testing.assert_close(loss(features.reshape(-1, dim), labels.repeat_interleave(views)), supcontrast)
     assert not torch.allclose(loss(features.reshape(-1, dim), labels.repeat(views)), supcontrast)
+
+
+def _uneven_batches(rank: int, world: int) -> dict:
+    """Every gathering loss of the registry with 4 samples on rank 0 and 3 on rank 1, then 4 and 4."""
+    messages = {}
+    for name in sorted(n for n, kind in KIND.items() if kind != "head"):
+        loss = build(name)
+        results = []
+        for n in (4 - rank, 4):  # uneven first: after the error the process group must still work
+            x = torch.randn(n, 8, requires_grad=True)
+            try:
+                value = loss(x, torch.randn(n, 8)) if KIND[name] == "two_view" else loss(x, torch.arange(n) % 2)
+                value.backward()
+                results.append("ok")
+            except ValueError as error:
+                results.append(str(error))
+        messages[name] = results
+    return messages
+
+
+def test_uneven_batches_across_two_processes_are_one_error_on_both_not_an_abort():
+    """A last partial batch on one process (no drop_last) made gloo abort the process inside the
+    gather; now every gathering loss raises the same ValueError on both, and the next even batch trains."""
+    by_rank = run_in_processes(_uneven_batches)
+    assert by_rank[0] == by_rank[1]
+    for name, (uneven, even) in by_rank[0].items():
+        assert uneven.startswith("batch sizes differ across processes (4, 3)") and "drop_last=True" in uneven, (name, uneven)
+        assert even == "ok", (name, even)

@@ -63,7 +63,11 @@ def render() -> str:
            "wrong shapes, non-integer labels, labels outside a head's classes, an empty batch for a head, a",
            "number (temperature, margin, scale) that is not a number or is outside its range. Labels may be in",
            "any integer dtype. `build` with an argument the loss does not take, or without one it needs",
-           "(`embedding_dim`, `num_classes` for a head), is a `ValueError` that lists the loss's arguments.", ""]
+           "(`embedding_dim`, `num_classes` for a head), is a `ValueError` that lists the loss's arguments.", "",
+           "Across processes, every loss but the heads gathers the other processes' embeddings (with gradient,",
+           "`gather_distributed=True` by default) and needs the same batch size on every process: a last partial",
+           "batch on one of them is a `ValueError` on all (use `DataLoader(drop_last=True)`, as sslkit's trainer",
+           "does), not an aborted process. The heads gather nothing: their class weights are parameters.", ""]
     for kind in ("two_view", "label", "head"):
         out += [f"## {SECTION[kind]}", "", f"Call: {CALL[kind]}", "",
                 "| name | class | what | paper | defaults |", "|---|---|---|---|---|"]
