@@ -108,6 +108,13 @@ def test_every_labelled_loss_takes_any_integer_label_dtype(name, dtype):
 
 
 @pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind == "two_view"))
+def test_two_view_losses_refuse_an_integer_bank_as_they_refuse_integer_views(name):
+    z = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="negatives must be floating point embeddings, got torch.int64"):
+        _build(name)(z, z, negatives=torch.ones(5, 8, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind == "two_view"))
 def test_two_view_losses_take_views_of_different_float_dtypes(name):
     """A float64 view with a float32 one meets in float64 (the NCE loss once failed in its matmul)."""
     g = torch.Generator().manual_seed(0)

@@ -67,7 +67,10 @@ def render() -> str:
            "Across processes, every loss but the heads gathers the other processes' embeddings (with gradient,",
            "`gather_distributed=True` by default) and needs the same batch size on every process: a last partial",
            "batch on one of them is a `ValueError` on all (use `DataLoader(drop_last=True)`, as sslkit's trainer",
-           "does), not an aborted process. The heads gather nothing: their class weights are parameters.", ""]
+           "does), not an aborted process. The heads gather nothing: their class weights are parameters.", "",
+           "Every head but `softmax` computes its loss in one fused autograd function that turns the (N, C)",
+           "logits into their gradient in place, so its loss takes one backward pass: a second",
+           "`backward(retain_graph=True)` is a `RuntimeError` saying so. Call the head again for another graph.", ""]
     for kind in ("two_view", "label", "head"):
         out += [f"## {SECTION[kind]}", "", f"Call: {CALL[kind]}", "",
                 "| name | class | what | paper | defaults |", "|---|---|---|---|---|"]

@@ -132,6 +132,8 @@ def check_negatives(negatives: torch.Tensor | None, dim: int) -> None:
     check_tensor(negatives, "negatives")
     if negatives.dim() != 2 or negatives.shape[1] != dim:
         raise ValueError(f"negatives must be (K, {dim}), got shape {tuple(negatives.shape)}")
+    if not negatives.is_floating_point():  # as z1 and z2: integer embeddings are a mistake, not a cast
+        raise ValueError(f"negatives must be floating point embeddings, got {negatives.dtype}")
 
 
 # SupContrast (the SupCon authors' code) takes (batch, views, D) features; reshape(-1, D) orders
