@@ -371,6 +371,8 @@ def train(cfg: Config) -> dict:
                 if cfg.train.checkpoint_every_steps and progress.step % cfg.train.checkpoint_every_steps == 0:
                     last_good = save()
                 if progress.step >= total_steps:
+                    if progress.batch_in_epoch == batches_per_epoch:  # the last step also ended its epoch: count it
+                        progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
                     break
                 fetch_start = time.perf_counter()
             else:

@@ -61,7 +61,14 @@ def test_one_process_run_writes_everything(tmp_path):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
     assert len(steps) == 2 * (1437 // 64) and all(r["loss"] > 0 and r["images_per_s"] > 0 for r in steps)
-    assert any("knn_top1" in r for r in records)
+    assert [(r["step"], r["epoch"]) for r in records if "knn_top1" in r] == [(1437 // 64, 1)]  # after epoch 1 of 2
+    # The last step also ends the last epoch: the final record and checkpoint count it (they said epoch 1).
+    assert [(r["step"], r["epoch"]) for r in records if "final_knn_top1" in r] == [(2 * (1437 // 64), 2)]
+    from sslkit.checkpoint import read_progress
+
+    final = json.loads((run / "results.json").read_text())["checkpoint"]
+    assert {k: read_progress(Path(final))[k] for k in ("step", "epoch", "batch_in_epoch")} == {
+        "step": 2 * (1437 // 64), "epoch": 2, "batch_in_epoch": 0}
     results = json.loads((run / "results.json").read_text())["results"]["trained"]
     assert 0.0 <= results["knn_top1"] <= 1.0 and "linear_top1" in results
     assert "knn_top1" in result.stdout and "linear_top1" in result.stdout
