@@ -140,23 +140,38 @@ def test_every_numeric_argument_that_is_not_a_valid_number_is_named(name, value)
             build(name, **sizes, **{argument: value})
 
 
-def _functional_losses():
-    """Every public ``*_loss`` function of the loss modules, with the numbers it takes."""
+def _public_loss_functions():
+    """Every public ``*_loss`` function of the loss modules, with its parameters."""
     import importlib
     import inspect
     import pkgutil
 
     import sslkit.losses
 
-    found = []
     for info in pkgutil.iter_modules(sslkit.losses.__path__):
         module = importlib.import_module(f"sslkit.losses.{info.name}")
         for name, fn in vars(module).items():
             if name.endswith("_loss") and not name.startswith("_") and inspect.isfunction(fn) and fn.__module__ == module.__name__:
-                numbers = [p.name for p in inspect.signature(fn).parameters.values()
-                           if isinstance(p.default, float) and not isinstance(p.default, bool)]
-                found += [pytest.param(fn, number, id=f"{name}-{number}") for number in numbers]
-    return found
+                yield name, fn, inspect.signature(fn).parameters.values()
+
+
+def _functional_losses():
+    """Every public ``*_loss`` function of the loss modules, with the numbers it takes."""
+    return [pytest.param(fn, p.name, id=f"{name}-{p.name}") for name, fn, parameters in _public_loss_functions()
+            for p in parameters if isinstance(p.default, float) and not isinstance(p.default, bool)]
+
+
+def _functional_inputs(fn):
+    """Valid positional inputs for a functional loss: two views, a labelled batch, or one with proxies."""
+    import inspect
+
+    x, labels = torch.randn(6, 8), torch.tensor([0, 0, 1, 1, 2, 2])
+    first = list(inspect.signature(fn).parameters)[:3]
+    if "proxies" in first:
+        return x, labels, torch.randn(3, 8)
+    if "labels" in first:
+        return x, labels
+    return x, x + 0.1
 
 
 @pytest.mark.parametrize("fn,argument", _functional_losses())
@@ -165,18 +180,73 @@ def test_every_functional_loss_checks_its_numbers(fn, argument, value):
     """The functional forms (``ntxent_loss``, ``triplet_loss``, ``proxy_nca_loss``, ...) check
     their numbers as the classes do: a ValueError naming the argument, not a NaN loss, a
     ZeroDivisionError or a silently negative temperature."""
-    import inspect
-
-    x, labels = torch.randn(6, 8), torch.tensor([0, 0, 1, 1, 2, 2])
-    first = list(inspect.signature(fn).parameters)[:3]
-    if "proxies" in first:
-        args = (x, labels, torch.randn(3, 8))
-    elif "labels" in first:
-        args = (x, labels)
-    else:
-        args = (x, x + 0.1)
     with pytest.raises(ValueError, match=argument):
-        fn(*args, **{argument: value})
+        fn(*_functional_inputs(fn), **{argument: value})
+
+
+def _switches():
+    """(registry name, argument) for every True/False argument a loss's constructor takes."""
+    from sslkit.losses import loss_arguments
+
+    return [pytest.param(name, argument, id=f"{name}-{argument}") for name in sorted(KIND)
+            for argument, parameter in loss_arguments(name).items() if isinstance(parameter.default, bool)]
+
+
+@pytest.mark.parametrize("name,argument", _switches())
+def test_every_switch_refuses_a_word_and_takes_true_and_false(name, argument):
+    """``build("arcface", ..., easy_margin="no")`` turned the margin on: a non-empty string is
+    truthy. Now each switch (normalize, gather_distributed, easy_margin, ...) refuses it with a
+    ValueError naming the argument, and True and False both build and are kept as given."""
+    sizes = {"embedding_dim": 16, "num_classes": 5} if KIND[name] == "head" else {}
+    with pytest.raises(ValueError, match=f"^{argument} must be True or False, got 'no'$"):
+        build(name, **sizes, **{argument: "no"})
+    for value in (True, False):
+        assert f"{argument}={value}" in repr(build(name, **sizes, **{argument: value}))
+
+
+def _functional_switches():
+    return [pytest.param(fn, p.name, id=f"{name}-{p.name}") for name, fn, parameters in _public_loss_functions()
+            for p in parameters if isinstance(p.default, bool)]
+
+
+@pytest.mark.parametrize("fn,argument", _functional_switches())
+def test_every_functional_loss_checks_its_switches(fn, argument):
+    """``triplet_loss(..., normalize="false")``, ``ntxent_loss(..., gather_distributed="false")``:
+    the same ValueError as the classes give, and False itself is a loss."""
+    with pytest.raises(ValueError, match=f"^{argument} must be True or False, got 'false'$"):
+        fn(*_functional_inputs(fn), **{argument: "false"})
+    assert torch.isfinite(fn(*_functional_inputs(fn), **{argument: False}))
+
+
+def test_public_helpers_with_a_switch_check_it():
+    from sslkit.losses.arcface import arcface_target_logit
+    from sslkit.losses.dclw import vmf_weights
+    from sslkit.losses.margin_softmax import cosine_logits, cosine_margin_cross_entropy
+
+    x, w, labels = torch.randn(4, 8), torch.randn(3, 8), torch.tensor([0, 1, 2, 0])
+    calls = {
+        "easy_margin": lambda v: arcface_target_logit(torch.rand(4), 0.5, easy_margin=v),
+        "gather_distributed": lambda v: vmf_weights(x, x + 0.1, gather_distributed=v),
+        "private_grad": lambda v: cosine_logits(x, w, private_grad=v),
+        "target_in_denominator": lambda v: cosine_margin_cross_entropy(x, w, labels, lambda c: c, 1.0, 10.0,
+                                                                       target_in_denominator=v),
+    }
+    for argument, call in calls.items():
+        with pytest.raises(ValueError, match=f"^{argument} must be True or False, got 'no'$"):
+            call("no")
+        assert torch.isfinite(call(False)).all()
+
+
+def test_check_flag_takes_true_false_and_their_unambiguous_spellings_only():
+    import numpy as np
+
+    for value, expected in [(True, True), (False, False), (1, True), (0, False), (np.bool_(True), True),
+                            (np.array(False), False), (torch.tensor(True), True), (torch.tensor(False), False)]:
+        assert _common.check_flag(value, "x") is expected
+    for value in ["no", "false", "True", "", None, 0.0, 1.0, 2, -1, [True], np.int64(1), torch.tensor([True]),
+                  torch.tensor(1)]:
+        with pytest.raises(ValueError, match="^x must be True or False, got "):
+            _common.check_flag(value, "x")
 
 
 @pytest.mark.parametrize("fn", [proxy_nca_loss, proxy_anchor_loss])

@@ -83,6 +83,22 @@ def as_number(value, name: str, kind: type = float):
         raise ValueError(f"{name} must be a number, got {value!r}") from None
 
 
+def check_flag(value, name: str) -> bool:
+    """``value`` as a Python ``bool``, or a ``ValueError`` naming ``name`` when it is not a switch.
+
+    Takes ``True``/``False``, the ints ``0``/``1`` (``nn.Linear(bias=0)`` style; no other
+    reading is possible) and 0-d boolean NumPy or torch scalars (what ``x.mean() > 0.5``
+    gives). Anything else is refused, not read as true: ``"no"`` and ``"false"`` are truthy
+    strings, and None, 0.5 or a list have no meaning as a switch.
+    """
+    if isinstance(value, bool) or (type(value) is int and value in (0, 1)):
+        return bool(value)
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    if str(dtype) in ("bool", "torch.bool") and shape == ():  # numpy.bool_, np.array(True), torch.tensor(True)
+        return bool(value)
+    raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
 def check_positive(value: float, name: str) -> float:
     """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite number > 0."""
     value = as_number(value, name)

@@ -18,6 +18,7 @@ from torch import nn
 from sslkit.losses._common import (
     as_number,
     check_embeddings_labels,
+    check_flag,
     full_precision,
     gather_labelled,
     mean_over_processes,
@@ -76,6 +77,8 @@ def angular_loss(
     """
     check_embeddings_labels(embeddings, labels)
     alpha_degrees = _check_alpha_degrees(alpha_degrees)
+    smooth, normalize = check_flag(smooth, "smooth"), check_flag(normalize, "normalize")
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     t = math.tan(math.radians(alpha_degrees)) ** 2
     with full_precision(embeddings.device):
         x = upcast(embeddings)
@@ -144,9 +147,9 @@ class AngularLoss(nn.Module):
     ) -> None:
         super().__init__()
         self.alpha_degrees = _check_alpha_degrees(alpha_degrees)
-        self.smooth = smooth
-        self.normalize = normalize
-        self.gather_distributed = gather_distributed
+        self.smooth = check_flag(smooth, "smooth")
+        self.normalize = check_flag(normalize, "normalize")
+        self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return angular_loss(

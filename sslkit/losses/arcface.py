@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from sslkit.losses._common import as_number, check_positive
+from sslkit.losses._common import as_number, check_flag, check_positive
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
 
 # sin(theta) = sqrt(1 - cos^2) has an infinite derivative at cos = +-1; below this the sine is
@@ -31,6 +31,7 @@ def arcface_target_logit(cos_target: torch.Tensor, margin: float, easy_margin: b
     Shape:
         cos_target: (N,); returns (N,).
     """
+    easy_margin = check_flag(easy_margin, "easy_margin")
     sin_target = torch.sqrt(torch.clamp(1 - cos_target * cos_target, min=_SIN_SQUARED_EPS))
     cos_plus_m = cos_target * math.cos(margin) - sin_target * math.sin(margin)
     if easy_margin:
@@ -79,7 +80,7 @@ class ArcFaceHead(MarginSoftmaxHead):
         if not 0 <= margin < math.pi / 2:
             raise ValueError(f"margin must be in [0, pi/2) radians, got {margin}")
         self.margin = margin
-        self.easy_margin = bool(easy_margin)
+        self.easy_margin = check_flag(easy_margin, "easy_margin")
 
     def target_logit(self, cos_target: torch.Tensor) -> torch.Tensor:
         return arcface_target_logit(cos_target, self.margin, self.easy_margin)

@@ -16,6 +16,7 @@ from torch import nn
 from sslkit.losses._common import (
     check_embeddings_labels,
     as_number,
+    check_flag,
     check_positive,
     full_precision,
     gather_labelled,
@@ -69,6 +70,7 @@ def circle_loss(
     """
     check_embeddings_labels(embeddings, labels)
     margin, gamma = _check_margin(margin), check_positive(gamma, "gamma")
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     with full_precision(embeddings.device):
         z = F.normalize(upcast(embeddings), dim=1)
         candidates, candidate_labels, offset = gather_labelled(z, labels, gather_distributed)
@@ -125,7 +127,7 @@ class CircleLoss(nn.Module):
         super().__init__()
         self.margin = _check_margin(margin)
         self.gamma = check_positive(gamma, "gamma")
-        self.gather_distributed = gather_distributed
+        self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return circle_loss(embeddings, labels, self.margin, self.gamma, self.gather_distributed)

@@ -15,6 +15,7 @@ from torch import nn
 
 from sslkit.losses._common import (
     check_embeddings_labels,
+    check_flag,
     check_nonnegative,
     full_precision,
     gather_labelled,
@@ -70,6 +71,8 @@ def contrastive_loss(
     """
     check_embeddings_labels(embeddings, labels)
     pos_margin, neg_margin = _check_margins(pos_margin, neg_margin)
+    squared, normalize = check_flag(squared, "squared"), check_flag(normalize, "normalize")
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     with full_precision(embeddings.device):
         x = upcast(embeddings)
         if normalize:
@@ -127,9 +130,9 @@ class ContrastiveLoss(nn.Module):
     ) -> None:
         super().__init__()
         self.pos_margin, self.neg_margin = _check_margins(pos_margin, neg_margin)
-        self.squared = squared
-        self.normalize = normalize
-        self.gather_distributed = gather_distributed
+        self.squared = check_flag(squared, "squared")
+        self.normalize = check_flag(normalize, "normalize")
+        self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return contrastive_loss(

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from sslkit import distributed
-from sslkit.losses._common import check_negatives, check_positive, check_two_views, full_precision, upcast
+from sslkit.losses._common import check_flag, check_negatives, check_positive, check_two_views, full_precision, upcast
 from sslkit.losses._fused import bank_softmax_ce, two_view_softmax_ce
 
 
@@ -73,6 +73,7 @@ def dcl_loss(
     """
     check_two_views(z1, z2)
     temperature = check_positive(temperature, "temperature")
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     check_negatives(negatives, z1.shape[1])
     if negatives is not None and negatives.shape[0] < 1:
         raise ValueError("negatives must hold at least one embedding: DCL's denominator has only negatives")
@@ -124,7 +125,7 @@ class DCLLoss(nn.Module):
     def __init__(self, temperature: float = 0.1, gather_distributed: bool = True) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        self.gather_distributed = gather_distributed
+        self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, z1: torch.Tensor, z2: torch.Tensor, negatives: torch.Tensor | None = None) -> torch.Tensor:
         return dcl_loss(z1, z2, self.temperature, negatives, self.gather_distributed)

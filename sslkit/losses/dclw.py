@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslkit import distributed
-from sslkit.losses._common import check_positive, check_two_views, full_precision, upcast
+from sslkit.losses._common import check_flag, check_positive, check_two_views, full_precision, upcast
 from sslkit.losses.dcl import dcl_loss
 
 
@@ -35,6 +35,7 @@ def vmf_weights(
     Shape:
         z1, z2: (N, D). returns: (N,), in z1's (upcast) dtype.
     """
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     with full_precision(z1.device):
         positive = (F.normalize(upcast(z1), dim=1) * F.normalize(upcast(z2), dim=1)).sum(dim=1)  # (n,)
         n = positive.shape[0]
@@ -71,6 +72,7 @@ def dclw_loss(
     """
     check_two_views(z1, z2)
     sigma = check_positive(sigma, "sigma")
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     weights = vmf_weights(z1, z2, sigma, gather_distributed)
     return dcl_loss(z1, z2, temperature, negatives, gather_distributed, positive_weight=weights)
 
@@ -98,7 +100,7 @@ class DCLWLoss(nn.Module):
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
         self.sigma = check_positive(sigma, "sigma")
-        self.gather_distributed = gather_distributed
+        self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, z1: torch.Tensor, z2: torch.Tensor, negatives: torch.Tensor | None = None) -> torch.Tensor:
         return dclw_loss(z1, z2, self.temperature, self.sigma, negatives, self.gather_distributed)

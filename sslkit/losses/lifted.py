@@ -16,6 +16,7 @@ from torch import nn
 from sslkit import distributed
 from sslkit.losses._common import (
     check_embeddings_labels,
+    check_flag,
     check_nonnegative,
     full_precision,
     gather_labelled,
@@ -64,6 +65,8 @@ def lifted_structure_loss(
     """
     check_embeddings_labels(embeddings, labels)
     margin = check_nonnegative(margin, "margin")
+    normalize = check_flag(normalize, "normalize")
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     with full_precision(embeddings.device):
         x = upcast(embeddings)
         if normalize:
@@ -120,8 +123,8 @@ class LiftedStructureLoss(nn.Module):
     def __init__(self, margin: float = 1.0, normalize: bool = True, gather_distributed: bool = True) -> None:
         super().__init__()
         self.margin = check_nonnegative(margin, "margin")
-        self.normalize = normalize
-        self.gather_distributed = gather_distributed
+        self.normalize = check_flag(normalize, "normalize")
+        self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return lifted_structure_loss(embeddings, labels, self.margin, self.normalize, self.gather_distributed)

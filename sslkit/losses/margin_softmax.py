@@ -54,7 +54,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from sslkit.losses._common import full_precision, needs_row_shift, upcast
+from sslkit.losses._common import check_flag, full_precision, needs_row_shift, upcast
 from sslkit.losses._workspace import Workspace
 from sslkit.losses.head import Head
 
@@ -222,7 +222,7 @@ def cosine_logits(
     Shape:
         features: (N, D) (already scaled as the caller wants); weight: (C, D); returns (N, C).
     """
-    return _CosineLogits.apply(features, weight, private_grad, workspace)
+    return _CosineLogits.apply(features, weight, check_flag(private_grad, "private_grad"), workspace)
 
 
 class _TargetGraph:
@@ -473,8 +473,9 @@ def cosine_margin_cross_entropy(
     """
     radius = torch.as_tensor(radius, dtype=features.dtype, device=features.device)
     workspace = workspace if workspace is not None else Workspace()
+    target_in_denominator = check_flag(target_in_denominator, "target_in_denominator")
     return _CosineMarginCE.apply(
-        features, weight, labels, radius, target_logit, float(max_abs_logit), workspace, bool(target_in_denominator)
+        features, weight, labels, radius, target_logit, float(max_abs_logit), workspace, target_in_denominator
     )
 
 

@@ -15,7 +15,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslkit import distributed
-from sslkit.losses._common import as_number, check_negatives, check_positive, check_two_views, full_precision, upcast
+from sslkit.losses._common import (
+    as_number,
+    check_flag,
+    check_negatives,
+    check_positive,
+    check_two_views,
+    full_precision,
+    upcast,
+)
 
 
 
@@ -168,6 +176,7 @@ def nce_loss(
     >>> nce_loss(z1, z2, negatives=bank, bank_size=1000).shape
     torch.Size([])
     """
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     return _nce(z1, z2, temperature, negatives, bank_size, normalizer, None, gather_distributed)[0]
 
 
@@ -207,7 +216,7 @@ class NCELoss(nn.Module):
         self.temperature = check_positive(temperature, "temperature")
         self.bank_size = _check_bank_size(bank_size)
         self.normalizer = None if normalizer is None else check_positive(normalizer, "normalizer")
-        self.gather_distributed = gather_distributed
+        self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
         # NaN = not estimated yet. float64 so the frozen value does not round.
         self.register_buffer("log_mean_exp", torch.tensor(float("nan"), dtype=torch.float64))
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from sslkit.losses._common import (
     check_embeddings_labels,
+    check_flag,
     check_nonnegative,
     full_precision,
     gather_labelled,
@@ -87,6 +88,7 @@ def npair_loss(
     """
     check_embeddings_labels(embeddings, labels)
     l2_reg = check_nonnegative(l2_reg, "l2_reg")
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     with full_precision(embeddings.device):
         x = upcast(embeddings)
         candidates, candidate_labels, offset = gather_labelled(x, labels, gather_distributed)
@@ -132,7 +134,7 @@ class NPairLoss(nn.Module):
     def __init__(self, l2_reg: float = 0.0, gather_distributed: bool = True) -> None:
         super().__init__()
         self.l2_reg = check_nonnegative(l2_reg, "l2_reg")
-        self.gather_distributed = gather_distributed
+        self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return npair_loss(embeddings, labels, self.l2_reg, self.gather_distributed)

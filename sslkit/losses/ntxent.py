@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sslkit.losses._common import check_negatives, check_positive, check_two_views, full_precision, upcast
+from sslkit.losses._common import check_flag, check_negatives, check_positive, check_two_views, full_precision, upcast
 from sslkit.losses._fused import bank_softmax_ce, two_view_softmax_ce
 
 
@@ -50,6 +50,7 @@ def ntxent_loss(
     """
     check_two_views(z1, z2)
     temperature = check_positive(temperature, "temperature")
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     check_negatives(negatives, z1.shape[1])
     inv_t = 1.0 / temperature
     with full_precision(z1.device):
@@ -87,7 +88,7 @@ class NTXentLoss(nn.Module):
     def __init__(self, temperature: float = 0.5, gather_distributed: bool = True) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        self.gather_distributed = gather_distributed
+        self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, z1: torch.Tensor, z2: torch.Tensor, negatives: torch.Tensor | None = None) -> torch.Tensor:
         return ntxent_loss(z1, z2, self.temperature, negatives, self.gather_distributed)

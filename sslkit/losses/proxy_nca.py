@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sslkit.losses._common import check_positive, full_precision, upcast
+from sslkit.losses._common import check_flag, check_positive, full_precision, upcast
 from sslkit.losses._workspace import Workspace
 from sslkit.losses.head import Head, check_proxy_inputs
 from sslkit.losses.margin_softmax import _scaled_unit_rows, cosine_margin_cross_entropy
@@ -73,6 +73,7 @@ def proxy_nca_loss(
             between calls on the CPU (:class:`ProxyNCAHead` keeps one); None allocates afresh.
     """
     labels = check_proxy_inputs(embeddings, labels, proxies)
+    include_positive_in_denominator = check_flag(include_positive_in_denominator, "include_positive_in_denominator")
     if not include_positive_in_denominator and proxies.shape[0] < 2:  # as the head checks num_classes
         raise ValueError(f"proxies must have at least 2 rows: Proxy-NCA's denominator sums over the other classes' "
                          f"proxies, got {proxies.shape[0]}")
@@ -139,6 +140,7 @@ class ProxyNCAHead(Head):
         include_positive_in_denominator: bool = False,
     ) -> None:
         super().__init__(embedding_dim, num_classes)
+        include_positive_in_denominator = check_flag(include_positive_in_denominator, "include_positive_in_denominator")
         if not include_positive_in_denominator and self.num_classes < 2:
             raise ValueError(
                 f"num_classes must be >= 2: Proxy-NCA's denominator sums over the other classes' "
@@ -146,7 +148,7 @@ class ProxyNCAHead(Head):
             )
         self.scale = check_positive(scale, "scale")
         self.proxy_lr_scale = check_positive(proxy_lr_scale, "proxy_lr_scale")
-        self.include_positive_in_denominator = bool(include_positive_in_denominator)
+        self.include_positive_in_denominator = include_positive_in_denominator
         self.proxies = nn.Parameter(torch.randn(self.num_classes, self.embedding_dim) / 8)  # (C, D)
         self.workspace = Workspace()  # scratch memory of the fused loss, reused between steps
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from sslkit.losses._common import (
     check_embeddings_labels,
+    check_flag,
     check_positive,
     full_precision,
     gather_labelled,
@@ -56,6 +57,8 @@ def soft_nearest_neighbors_loss(
     """
     check_embeddings_labels(embeddings, labels)
     temperature = check_positive(temperature, "temperature")
+    normalize = check_flag(normalize, "normalize")
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     inv_t = 1.0 / temperature
     with full_precision(embeddings.device):
         x = upcast(embeddings)
@@ -111,8 +114,8 @@ class SoftNearestNeighborsLoss(nn.Module):
     def __init__(self, temperature: float = 1.0, normalize: bool = False, gather_distributed: bool = True) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        self.normalize = normalize
-        self.gather_distributed = gather_distributed
+        self.normalize = check_flag(normalize, "normalize")
+        self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return soft_nearest_neighbors_loss(

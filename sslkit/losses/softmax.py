@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sslkit.losses._common import full_precision, upcast
+from sslkit.losses._common import check_flag, full_precision, upcast
 from sslkit.losses.head import Head
 
 
@@ -43,6 +43,7 @@ class SoftmaxHead(Head):
 
     def __init__(self, embedding_dim: int, num_classes: int, bias: bool = True) -> None:
         super().__init__(embedding_dim, num_classes)
+        bias = check_flag(bias, "bias")
         linear = nn.Linear(self.embedding_dim, self.num_classes, bias=bias)  # for its default init
         self.weight = linear.weight  # (C, D)
         self.bias = linear.bias  # (C,) or None

@@ -17,6 +17,7 @@ from torch.autograd.function import once_differentiable
 from sslkit import distributed
 from sslkit.losses._common import (
     check_embeddings_labels,
+    check_flag,
     check_positive,
     full_precision,
     gather_labelled,
@@ -210,6 +211,7 @@ def supcon_loss(
     temperature = check_positive(temperature, "temperature")
     if base_temperature is not None:
         base_temperature = check_positive(base_temperature, "base_temperature")
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     inv_t = 1.0 / temperature
     scale = 1.0 if base_temperature is None else temperature / base_temperature
     with full_precision(embeddings.device):
@@ -294,7 +296,7 @@ class SupConLoss(nn.Module):
         if base_temperature is not None:
             base_temperature = check_positive(base_temperature, "base_temperature")
         self.base_temperature = base_temperature
-        self.gather_distributed = gather_distributed
+        self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return supcon_loss(embeddings, labels, self.temperature, self.base_temperature, self.gather_distributed)

@@ -17,6 +17,7 @@ from torch import nn
 
 from sslkit.losses._common import (
     check_embeddings_labels,
+    check_flag,
     check_nonnegative,
     full_precision,
     gather_labelled,
@@ -84,6 +85,9 @@ def triplet_loss(
         raise ValueError(f"mining must be one of {MINING}, got {mining!r}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    squared_distance = check_flag(squared_distance, "squared_distance")
+    normalize = check_flag(normalize, "normalize")
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
     with full_precision(embeddings.device):
         x = upcast(embeddings)
         if normalize:
@@ -162,10 +166,10 @@ class TripletLoss(nn.Module):
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
         self.mining = mining
-        self.squared_distance = squared_distance
-        self.normalize = normalize
+        self.squared_distance = check_flag(squared_distance, "squared_distance")
+        self.normalize = check_flag(normalize, "normalize")
         self.reduction = reduction
-        self.gather_distributed = gather_distributed
+        self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return triplet_loss(
