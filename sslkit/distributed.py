@@ -44,8 +44,10 @@ def check_same_rows(tensor: torch.Tensor) -> None:
     The gathers below, and the rank offsets of the positives (:func:`local_offset`), assume the
     same ``n`` everywhere; with another ``n`` on one process (a last partial batch from a loader
     without ``drop_last``) gloo aborts the process and NCCL may hang. One all-gather of one
-    number per gather makes that a readable error instead, raised by all processes alike (they
-    all see the same sizes). It costs a host sync on a GPU: small next to the gather itself.
+    number makes that a readable error instead, raised by all processes alike (they all see the
+    same sizes). It is one more collective (about 1.4 ms with gloo on two CPU processes, a host
+    sync on a GPU), so a loss checks its first gather only and passes ``check=False`` to the
+    gathers of the same call whose size follows from it (the other view, the labels, counts).
     """
     count = torch.tensor([tensor.shape[0] if tensor.dim() else 1], device=tensor.device)  # a 0-d tensor is one row
     counts = [torch.empty_like(count) for _ in range(dist.get_world_size())]
@@ -74,7 +76,7 @@ class _GatherWithGrad(torch.autograd.Function):
         return stacked[dist.get_rank()]
 
 
-def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
+def gather_with_grad(tensor: torch.Tensor, check: bool = True) -> torch.Tensor:
     """Concatenate ``tensor`` from every process along dim 0, keeping the gradient.
 
     Shape:
@@ -83,16 +85,19 @@ def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
     """
     if not is_distributed():
         return tensor
-    check_same_rows(tensor)
+    if check:  # False: the caller has checked a tensor with the same rows in this call
+        check_same_rows(tensor)
     return torch.cat(_GatherWithGrad.apply(tensor), dim=0)
 
 
 @torch.no_grad()
-def gather_no_grad(tensor: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``tensor`` from every process along dim 0, detached (labels, queue keys)."""
+def gather_no_grad(tensor: torch.Tensor, check: bool = True) -> torch.Tensor:
+    """Concatenate ``tensor`` from every process along dim 0, detached (labels, queue keys).
+    ``check=False`` skips :func:`check_same_rows` (sizes already checked, or fixed: a count)."""
     if not is_distributed():
         return tensor
-    check_same_rows(tensor)
+    if check:
+        check_same_rows(tensor)
     gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, tensor.contiguous())
     return torch.cat(gathered, dim=0)

@@ -47,7 +47,7 @@ def _global_moments(mean: torch.Tensor, variance: torch.Tensor, count: int) -> t
         mean, variance: (C,) of this process; returns the global (C,), (C,) and the 0-d count n.
     """
     counts = torch.full_like(mean, count)
-    parts = distributed.gather_no_grad(torch.stack([mean, variance * counts, counts]).unsqueeze(0))  # (W, 3, C): one collective
+    parts = distributed.gather_no_grad(torch.stack([mean, variance * counts, counts]).unsqueeze(0), check=False)  # (W, 3, C): one collective, one row each
     means, sums, counts = parts[:, 0], parts[:, 1], parts[:, 2]
     total = counts.sum(0)  # (C,), every entry n
     global_mean = (counts * means).sum(0) / total

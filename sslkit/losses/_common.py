@@ -228,7 +228,7 @@ def gather_labelled(
     if gather_distributed and distributed.is_distributed():
         return (
             distributed.gather_with_grad(embeddings),
-            distributed.gather_no_grad(labels),
+            distributed.gather_no_grad(labels, check=False),  # as many rows as the embeddings
             distributed.local_offset(embeddings.shape[0]),
         )
     return embeddings, labels, 0
@@ -249,6 +249,6 @@ def mean_over_processes(local_sum: torch.Tensor, local_count: torch.Tensor, gath
     count = local_count.to(local_sum.dtype).reshape(1)
     scale = 1
     if gather_distributed and distributed.is_distributed():
-        count = distributed.gather_no_grad(count).sum()
+        count = distributed.gather_no_grad(count, check=False).sum()  # one number each
         scale = distributed.world_size()
     return (local_sum * scale / count.clamp_min(1)).reshape(())

@@ -277,7 +277,7 @@ def two_view_softmax_ce(
     """
     weight = None if positive_weight is None else positive_weight.repeat(2)  # (2n,): both anchors of image i
     if gather_distributed and distributed.is_distributed():
-        c1, c2 = distributed.gather_with_grad(z1), distributed.gather_with_grad(z2)  # (N, D) each
+        c1, c2 = distributed.gather_with_grad(z1), distributed.gather_with_grad(z2, check=False)  # (N, D) each
         offset = distributed.local_offset(z1.shape[0])
         return _TwoViewSoftmaxCE.apply(z1, z2, c1, c2, inv_t, offset, exclude_positive, weight)
     return _TwoViewSoftmaxCE.apply(z1, z2, None, None, inv_t, 0, exclude_positive, weight)

@@ -52,7 +52,7 @@ def _logits_and_positives(
         return logits, torch.zeros(n, dtype=torch.long, device=z1.device), 0
 
     if gather_distributed and distributed.is_distributed():
-        all1, all2 = distributed.gather_with_grad(z1), distributed.gather_with_grad(z2)
+        all1, all2 = distributed.gather_with_grad(z1), distributed.gather_with_grad(z2, check=False)
         offset = distributed.local_offset(n)
     else:
         all1, all2, offset = z1, z2, 0
@@ -69,7 +69,7 @@ def _estimate_log_mean_exp(logits: torch.Tensor, is_noise: torch.Tensor, gather_
     count = is_noise.sum().to(logits.dtype)
     if gather_distributed and distributed.is_distributed():
         # Exact over processes even when their K differ: pool the sums, then divide once.
-        stats = distributed.gather_no_grad(torch.stack([lse, count])).view(-1, 2)  # (W, 2)
+        stats = distributed.gather_no_grad(torch.stack([lse, count]), check=False).view(-1, 2)  # (W, 2)
         lse, count = torch.logsumexp(stats[:, 0], dim=0), stats[:, 1].sum()
     return lse - count.log()
 

@@ -223,7 +223,7 @@ def supcon_loss(
         has_positive = num_positives > 0
         count, world = has_positive.sum(), 1  # anchors with a positive, over every process
         if gather_distributed and distributed.is_distributed():
-            count, world = distributed.gather_no_grad(count.reshape(1)).sum(), distributed.world_size()
+            count, world = distributed.gather_no_grad(count.reshape(1), check=False).sum(), distributed.world_size()
         if not count:
             # Every process holds the same global count, so all of them return here together
             # (no process waits in a collective that the others skip).

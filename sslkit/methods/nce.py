@@ -93,7 +93,7 @@ class MemoryBankNCE(nn.Module):
 
     @torch.no_grad()
     def _update_bank(self, indices: torch.Tensor, embeddings: torch.Tensor) -> None:
-        indices, embeddings = distributed.gather_no_grad(indices), distributed.gather_no_grad(embeddings)
+        indices, embeddings = distributed.gather_no_grad(indices), distributed.gather_no_grad(embeddings, check=False)
         mixed = self.bank_momentum * self.bank[indices] + (1 - self.bank_momentum) * embeddings.to(self.bank.dtype)
         self.bank[indices] = F.normalize(mixed, dim=1)
 
