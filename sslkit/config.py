@@ -350,17 +350,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         raise UserError(f"{path}: not valid YAML{where}: {getattr(error, 'problem', error)}") from None
     source = str(path) + (" (with command-line overrides)" if overrides else "")
     merged = apply_overrides(raw, overrides or [])
-    first_process = os.environ.get("RANK", "0") == "0"  # notes once, not from every process of a launch
     replaced = replace_recipe_loss(raw, merged, overrides or [])
-    if replaced and first_process:
+    if replaced and os.environ.get("RANK", "0") == "0":  # once, not from every process of a launch
         Console(stderr=True).print(replaced, highlight=False, markup=False, soft_wrap=True)
-    cfg = config_from_dict(merged, source)
-    from sslkit import methods  # torch-heavy, as in validate
-
-    unused = methods.unused_options(cfg.method.name, list(merged.get("method") or {}))
-    if unused and first_process:
-        Console(stderr=True).print(unused, highlight=False, markup=False, soft_wrap=True)
-    return cfg
+    return config_from_dict(merged, source)
 
 
 def replace_recipe_loss(recipe: dict, merged: dict, overrides: list[str]) -> str:

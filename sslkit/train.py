@@ -254,7 +254,7 @@ def train(cfg: Config) -> dict:
         if on_cpu and cfg.train.mixed_precision == "fp16":
             run_notes.append("train.mixed_precision=fp16 has no effect on the CPU (Accelerate runs fp32 there); "
                              "train.mixed_precision=bf16 autocasts on CPUs that support it")
-        run_notes += methods.notes(cfg, len(train_set))
+        run_notes += [note for note in (methods.unused_options(cfg), *methods.notes(cfg, len(train_set))) if note]
         for note in run_notes:
             console.print(f"note: {note}", markup=False, highlight=False)
         console.print(f"{world} process{'es' if world > 1 else ''} on {accelerator.device} ({accelerator.distributed_type.value}), "

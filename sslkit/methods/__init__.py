@@ -10,7 +10,7 @@ evaluate and export; ``method.needs_labels`` says whether the dataset must be la
 when a recipe is loaded); ``Method.min_batch_size`` (optional, default 1) is 2 for the methods
 whose negatives are the other images of the batch (checked by :func:`check_batch_size`);
 ``Method.options`` (optional, default none) names the ``method.*`` keys it reads, so that a key
-set for another method is noted (:func:`unused_options`); ``Method.notes(cfg, num_samples)``
+set for another method is noted when training starts (:func:`unused_options`); ``Method.notes(cfg, num_samples)``
 (optional) returns notes on settings that run but defeat the method on this dataset (:func:`notes`);
 ``Method.from_config(cfg, backbone, num_classes)`` builds it from a recipe. Optional:
 ``method.after_optimizer_step(step, total_steps)``, called by the trainer after every optimizer
@@ -19,6 +19,8 @@ momentum encoder and queue.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from torch import nn
 
@@ -91,20 +93,23 @@ def check_batch_size(method_name: str, batch_size: int, source: str = "recipe") 
                         f"train.batch_size={batch_size} leaves none (the loss would be exactly 0): use train.batch_size >= {needed}")
 
 
-def unused_options(method_name: str, given: list[str]) -> str:
-    """A note when ``given`` (the ``method.*`` keys a recipe or command line sets) holds keys the method does not read.
+def unused_options(cfg) -> str:
+    """A note naming the ``method.*`` settings the chosen method does not read, "" when there are none.
 
     The method section holds every method's options (``queue_size`` is MoCo's, ``num_negatives``
-    NCE's), so a recipe for one method run as another, or a key set for the wrong method,
-    would otherwise be ignored silently. Returns "" when every key is read.
+    NCE's), so a key set for another method (or a recipe for one method run as another) would
+    otherwise be ignored silently. A saved ``config.yaml`` lists every key, so a key counts only
+    when its value differs from the default: a default has no effect under any method.
     """
-    used = set(getattr(METHODS[method_name], "options", ()))
-    unused = [key for key in given if key != "name" and key not in used]
+    defaults = type(cfg.method)()
+    used = set(getattr(METHODS[cfg.method.name], "options", ()))
+    unused = [f.name for f in dataclasses.fields(cfg.method)
+              if f.name != "name" and f.name not in used and getattr(cfg.method, f.name) != getattr(defaults, f.name)]
     if not unused:
         return ""
     owners = lambda key: " or ".join(name for name, method in METHODS.items() if key in getattr(method, "options", ())) or "no method"
-    listed = ", ".join(f"method.{key} (read by {owners(key)})" for key in unused)
-    return f"note: method '{method_name}' does not read {listed}; {'it has' if len(unused) == 1 else 'they have'} no effect on this run"
+    listed = ", ".join(f"method.{key}={getattr(cfg.method, key)} (read by {owners(key)})" for key in unused)
+    return f"method '{cfg.method.name}' does not read {listed}; {'it has' if len(unused) == 1 else 'they have'} no effect on this run"
 
 
 def notes(cfg, num_samples: int) -> list[str]:
