@@ -23,7 +23,7 @@ import os  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sslkit-evaluate" if Path(sys.argv[0]).name == "sslkit-evaluate" else "sslkit/evaluate.py", description="kNN and linear-probe accuracy of a trained encoder.")
     parser.add_argument("target", help="a run directory, a checkpoint directory, or a backbone .safetensors/.pt file")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides of the run's config, e.g. eval.knn_k=20")
+    parser.add_argument("overrides", nargs="*", default=[], help="dotted key=value overrides of the run's config, e.g. eval.knn_k=20")
     parser.add_argument("--recipe", help="the recipe to read data/model settings from (default: the run's config.yaml)")
     parser.add_argument("--out", help="where to write the JSON results (default: next to what is evaluated: <run>/eval.json "
                         "for a run directory, <checkpoint>.eval.json beside a checkpoint directory, e.g. "

@@ -27,7 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(prog="sslkit-pretrain" if Path(sys.argv[0]).name == "sslkit-pretrain" else "sslkit/pretrain.py", description="Pretrain an encoder from a YAML recipe.")
     parser.add_argument("recipe", help="a YAML recipe's path, or the name of a bundled one: " + ", ".join(bundled_recipes()))
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.epochs=5 loss.temperature=0.2")
+    parser.add_argument("overrides", nargs="*", default=[], help="dotted key=value overrides, e.g. train.epochs=5 loss.temperature=0.2")
     # Intermixed: overrides may come before or after the --options, as users type them.
     return parser.parse_intermixed_args(argv)
 

@@ -193,3 +193,14 @@ def test_tensorboard_without_its_package_is_one_line(monkeypatch):
     with pytest.raises(UserError, match="pip install tensorboard"):
         config_from_dict({"train": {"tensorboard": True}})
     config_from_dict({"train": {"tensorboard": False}})
+
+
+@pytest.mark.parametrize("module, positional", [("sslkit.pretrain", "recipe"), ("sslkit.evaluate", "target")])
+def test_a_command_without_arguments_names_only_the_one_it_needs(module, positional, capsys):
+    """The overrides are optional: argparse listed them as required too (nargs='*' without a default)."""
+    import importlib
+
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(module).parse_args([])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(f"the following arguments are required: {positional}")

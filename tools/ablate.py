@@ -353,7 +353,7 @@ def plot_metric(summary: list[dict], keys: list[str], metric: str, path: Path) -
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tools/ablate.py", description="Run a grid of pretraining runs and tabulate and plot the results.")
     parser.add_argument("recipe", type=Path, help="a YAML recipe's path or a bundled recipe's name, e.g. recipes/quickstart.yaml or quickstart")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides shared by every point, e.g. train.epochs=10")
+    parser.add_argument("overrides", nargs="*", default=[], help="dotted key=value overrides shared by every point, e.g. train.epochs=10")
     parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2", help="a key and its values; repeat for a product grid")
     parser.add_argument("--seeds", type=int, default=1, help="seeds per grid point: run.seed = s, s+1, ... from the recipe's seed (default 1)")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: <run.output_dir>/ablate-<recipe>-<swept keys>)")

@@ -30,7 +30,7 @@ from sslkit.errors import UserError  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tools/show_augmentations.py", description="Save a PNG grid of a recipe's augmented views.")
     parser.add_argument("recipe", help="a YAML recipe's path or a bundled recipe's name, e.g. recipes/quickstart.yaml or quickstart")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. augment.blur_p=1.0")
+    parser.add_argument("overrides", nargs="*", default=[], help="dotted key=value overrides, e.g. augment.blur_p=1.0")
     parser.add_argument("--out", type=Path, default=None, help="PNG to write (default: outputs/augmentations-<run name>.png)")
     parser.add_argument("--images", type=int, default=8, help="rows: how many training images (default 8)")
     parser.add_argument("--views", type=int, default=6, help="augmented views per image (default 6)")
