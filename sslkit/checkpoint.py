@@ -237,6 +237,9 @@ def init_backbone(backbone: torch.nn.Module, source: str | Path) -> list[str]:
     Missing keys (the new backbone expects weights the source lacks) or a shape that does not
     fit are the user's to fix (a different ``model.backbone`` / ``width`` / stem): one line.
     """
+    if not Path(source).exists():  # name the key and where a relative path was looked for
+        raise UserError(f"run.init_from '{source}' not found (a relative path starts from {Path.cwd()}, not from run.output_dir); "
+                        f"give an earlier run's directory, one of its checkpoints or a backbone file")
     state = load_backbone_state(source)
     own = backbone.state_dict()
     wrong_shape, missing, unused = state_differences(state, own)

@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
-def find_recipe(target: Path) -> Path | None:
+def saved_config_for(target: Path) -> Path | None:
     """The run's config.yaml for a run directory, a checkpoint in one, or a file in one."""
     for folder in (target, target.parent, target.parent.parent):
         if (folder / "config.yaml").is_file():
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             target = target.resolve()
         if not target.exists():
             raise UserError(f"'{target}' not found; give a run directory (runs/<name>), a checkpoint, or a backbone file")
-        recipe = Path(args.recipe) if args.recipe else find_recipe(target)
+        recipe = Path(args.recipe) if args.recipe else saved_config_for(target)
         if recipe is None:
             raise UserError(f"no config.yaml next to '{target}'; pass --recipe with the recipe it was trained with")
         cfg = load_config(recipe, args.overrides)

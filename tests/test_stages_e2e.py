@@ -49,7 +49,7 @@ def test_three_stage_chain_with_unseen_class_retrieval(tmp_path):
 
 def test_init_from_mistakes_are_one_line(tmp_path):
     missing = pretrain(tmp_path, "run.name=a", "run.init_from=/nonexistent/run", "train.max_steps=1", timeout=120)
-    assert_one_line_error(missing, "/nonexistent/run", "not found")
+    assert_one_line_error(missing, "run.init_from '/nonexistent/run' not found", "a relative path starts from")
     assert not (tmp_path / "a").exists()
     # linear_epochs=0: kNN only, no linear probe (and no crash at the end of training)
     source = pretrain(tmp_path, "run.name=src", "train.epochs=1", "train.max_steps=1", "eval.linear_epochs=0")
