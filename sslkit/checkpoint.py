@@ -99,6 +99,9 @@ def check_run_directory(run_dir: Path, resume: str | None, config: dict) -> list
     changed (a longer ``train.epochs`` recomputes the learning-rate schedule for the new length).
     """
     run_dir = Path(run_dir)
+    blocker = next((parent for parent in (run_dir, *run_dir.parents) if parent.exists() and not parent.is_dir()), None)
+    if blocker is not None:  # mkdir would fail with a traceback at the end of the set-up
+        raise UserError(f"the run directory {run_dir} cannot be made: {blocker} is a file; choose another run.output_dir or run.name")
     if resume is None:
         held = run_contents(run_dir)
         if held:

@@ -323,3 +323,15 @@ def test_nan_loss_stops_with_checkpoint_intact(tmp_path):
     state = load_file(checkpoints[-1] / "model.safetensors")
     assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
     assert not (tmp_path / "nan" / "backbone.safetensors").exists()
+
+
+def test_a_run_directory_under_a_file_is_one_line_before_any_work(tmp_path):
+    """mkdir under a file failed with a traceback once the data and model were built."""
+    from sslkit.checkpoint import check_run_directory
+    from sslkit.errors import UserError
+
+    (tmp_path / "afile").write_text("")
+    for resume in (None, "auto"):
+        with pytest.raises(UserError, match=r"cannot be made: .*afile is a file; choose another run.output_dir or run.name"):
+            check_run_directory(tmp_path / "afile" / "runs" / "x", resume, {})
+    assert check_run_directory(tmp_path / "fine" / "x", None, {}) == []

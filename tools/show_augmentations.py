@@ -88,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     grid = augmentation_grid(images, augment, original, args.views, info.mean, info.std, a.normalize)
 
     out = args.out or Path("outputs") / f"augmentations-{cfg.run.name}.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file where a folder of the path should be
+        print_user_error(UserError(f"--out {out}: its folder {out.parent} cannot be made, a file is in the way; choose another --out"))
+        return 2
     # A little upscaling so 16x16 crops are visible; nearest keeps the pixels honest.
     scale = max(1, 64 // a.image_size)
     if scale > 1:
