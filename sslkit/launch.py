@@ -7,7 +7,8 @@ a two-process test of gathered losses into a one-process run that proves nothing
 
 :func:`relaunch_cpu_processes` notices that case (the launcher asked for several CPU processes,
 ``MASTER_ADDR`` is set, but no ``WORLD_SIZE`` reached us) and starts the N processes itself with
-``torch.distributed.run`` (torchrun), which Accelerate then sees as a multi-CPU (gloo) run.
+``torch.distributed.run`` (torchrun, called in this process so that its failure reports do not
+follow a worker's one-line error), which Accelerate then sees as a multi-CPU (gloo) run.
 
 :func:`cpu_threads` undoes a second launcher default: on a machine without a GPU and with no
 ``--num_processes``, ``accelerate launch`` sets ``OMP_NUM_THREADS=1`` (its rule that spreads
@@ -20,7 +21,6 @@ sslkit/pretrain.py ...``: torch used one core of two.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 
@@ -67,9 +67,27 @@ def relaunch_cpu_processes() -> int | None:
     processes = _requested_processes(launcher.cmdline())
     if processes <= 1:
         return None
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-               "--master_addr", env["MASTER_ADDR"], "--master_port", env.get("MASTER_PORT", "29500"), *sys.argv]
-    return subprocess.call(command, env={**env, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")})
+    # torchrun in this process rather than as a command: its own failure report (a ChildFailedError
+    # or SignalException traceback after a worker's one-line error or a Ctrl-C) would follow every
+    # user mistake. The workers have said what went wrong; this returns the exit code of the first
+    # that failed (2 for a user's mistake, 130 for Ctrl-C) and prints nothing of its own.
+    import logging
+
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    args = torchrun.parse_args(["--nproc_per_node", str(processes), "--master_addr", env["MASTER_ADDR"],
+                                "--master_port", env.get("MASTER_PORT", "29500"), *sys.argv])
+    try:
+        torchrun.run(args)
+    except ChildFailedError as failed:
+        return next((f.exitcode for _, f in sorted(failed.failures.items()) if f.exitcode), 1)
+    except (SignalException, KeyboardInterrupt):  # Ctrl-C reached the workers too: they printed one line
+        return 130
+    return 0
 
 
 def _launcher_pinned_one_thread() -> bool:

@@ -135,6 +135,20 @@ def test_evaluate_weights_of_another_width_name_the_first_mismatch_in_one_line(t
     assert not list(tmp_path.rglob("*eval.json"))
 
 
+def test_a_mistake_in_two_processes_is_the_workers_line_and_their_exit_code(tmp_path):
+    """torchrun's ChildFailedError traceback (about 45 lines) followed the workers' one-line error."""
+    from dist_utils import _free_port
+
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--cpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", str(_free_port())]
+    result = pretrain(tmp_path, "run.name=bad", "train.bogus=1", launcher=launcher, timeout=120)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines and all("unknown key 'train.bogus'" in line for line in lines), lines  # one line per process, nothing else
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.parametrize("sync_batchnorm", [False, True])
 def test_two_processes_with_accelerate_launch(tmp_path, sync_batchnorm):
     from dist_utils import _free_port
