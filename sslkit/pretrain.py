@@ -50,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     from sslkit.config import load_config
     from sslkit.train import train
 
+    cfg = None
     try:
-        train(load_config(args.recipe, args.overrides))
+        cfg = load_config(args.recipe, args.overrides)
+        train(cfg)
     except UserError as error:
         print_user_error(error)
         return 2
@@ -59,9 +61,20 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":  # one line, not one per process
             from sslkit.console import error_console
 
-            error_console.print("interrupted: continue from the last checkpoint with run.resume=auto", highlight=False)
+            error_console.print(interrupted_message(cfg), highlight=False)
         return 130
     return 0
+
+
+def interrupted_message(cfg) -> str:
+    """What Ctrl-C leaves: a checkpoint to continue from, or (before the first one) nothing to resume."""
+    from sslkit.checkpoint import list_checkpoints
+    from sslkit.train import make_run_dir
+
+    if cfg is not None and list_checkpoints(make_run_dir(cfg)):
+        return "interrupted: continue from the last checkpoint with run.resume=auto"
+    return ("interrupted before the first checkpoint: nothing to continue from; run.resume=auto starts the run over "
+            "in the same directory (train.checkpoint_every_steps saves sooner)")
 
 
 if __name__ == "__main__":

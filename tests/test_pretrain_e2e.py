@@ -220,7 +220,7 @@ def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     process.send_signal(signal.SIGINT)
     stderr = process.communicate(timeout=60)[1]
     assert process.returncode == 130
-    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("interrupted"), stderr
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("interrupted: continue from the last"), stderr
     resumed = pretrain(tmp_path, "run.name=stopped", "run.resume=auto", "train.epochs=2", "train.checkpoint_every_steps=2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
@@ -349,3 +349,17 @@ def test_a_run_directory_under_a_file_is_one_line_before_any_work(tmp_path):
         with pytest.raises(UserError, match=r"cannot be made: .*afile is a file; choose another run.output_dir or run.name"):
             check_run_directory(tmp_path / "afile" / "runs" / "x", resume, {})
     assert check_run_directory(tmp_path / "fine" / "x", None, {}) == []
+
+
+def test_ctrl_c_before_the_first_checkpoint_does_not_promise_one(tmp_path):
+    from sslkit.checkpoint import PROGRESS_FILE
+    from sslkit.config import config_from_dict
+    from sslkit.pretrain import interrupted_message
+
+    cfg = config_from_dict({"run": {"name": "early", "output_dir": str(tmp_path)}})
+    assert interrupted_message(cfg).startswith("interrupted before the first checkpoint: nothing to continue from")
+    assert interrupted_message(None).startswith("interrupted before the first checkpoint")  # the recipe was still loading
+    step = tmp_path / "early" / "checkpoints" / "step-00000002"
+    step.mkdir(parents=True)
+    (step / PROGRESS_FILE).write_text("{}")
+    assert interrupted_message(cfg) == "interrupted: continue from the last checkpoint with run.resume=auto"
