@@ -332,6 +332,10 @@ def find_recipe(recipe: str | Path) -> Path:
     if path.is_file():
         return path
     bundled = bundled_recipes()
+    if path.is_dir():
+        example = path / "quickstart.yaml" if (path / "quickstart.yaml").is_file() else next(iter(sorted(path.glob("*.yaml"))), None)
+        raise UserError(f"recipe '{recipe}' is a folder; give a YAML file" + (f" in it, e.g. {example}" if example else "")
+                        + f", or a bundled recipe's name ({', '.join(bundled)})")
     name = path.stem if path.suffix in (".yaml", ".yml") else path.name
     if path.parent in (Path("."), Path("recipes")) and name in bundled:
         return bundled[name]
@@ -468,6 +472,10 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     # Imported here: the registries import torch-heavy modules that plain YAML parsing does not need.
     from sslkit import data, losses, methods, models, optim
 
+    name = cfg.run.name
+    if not name or name in (".", "..") or "/" in name or os.sep in name:  # it is joined to run.output_dir
+        raise UserError(f"{source}: 'run.name' must be a plain folder name (no '/', not '.' or '..'), got {name!r}; "
+                        f"choose where runs go with run.output_dir")
     _check_choice(cfg.data.name, data.DATASETS, "data.name", source)
     _check_choice(cfg.model.backbone, models.BACKBONES, "model.backbone", source)
     _check_choice(cfg.method.name, methods.METHODS, "method.name", source)

@@ -67,6 +67,8 @@ def test_exponent_without_dot_is_a_float(tmp_path):
         ("eval: {linear_epochs: -1}\n", ["'eval.linear_epochs' must be >= 0"]),
         ("train: {mixed_precision: fp8}\n", ["train.mixed_precision", "bf16"]),
         ("train: {epochs: [1\n", ["not valid YAML"]),
+        ("run: {name: ../../escape}\n", ["'run.name' must be a plain folder name", "run.output_dir"]),
+        ("run: {name: a/b}\n", ["'run.name' must be a plain folder name"]),
     ],
 )
 def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
@@ -114,6 +116,11 @@ def test_missing_recipe_lists_the_bundled_ones(tmp_path):
     for missing in (tmp_path / "nope.yaml", "nope", "recipes/nope.yaml", "elsewhere/quickstart.yaml"):
         with pytest.raises(UserError, match=r"not found: give a YAML file's path or a bundled recipe's name \(.*quickstart, simclr"):
             load_config(missing)
+
+
+def test_a_folder_given_as_the_recipe_names_a_file_in_it(tmp_path):
+    with pytest.raises(UserError, match=r"is a folder; give a YAML file in it, e.g. .*quickstart.yaml, or a bundled"):
+        load_config(Path(__file__).parents[1] / "recipes")
 
 
 @pytest.mark.parametrize("name", ["quickstart", "quickstart.yaml", "recipes/quickstart.yaml"])
