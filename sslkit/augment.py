@@ -87,7 +87,9 @@ def _check_channels(channels: int, mean: Sequence[float], std: Sequence[float], 
         raise ValueError(f"channels must be 1 (grey) or 3 (RGB), got {channels}")
     if normalize:
         if len(mean) != channels or len(std) != channels:
-            raise ValueError(f"mean and std need one value per channel ({channels}), got mean={tuple(mean)}, std={tuple(std)}")
+            raise ValueError(
+                f"mean and std need one value per channel ({channels}), got mean={tuple(mean)}, std={tuple(std)}"
+            )
         if min(std) <= 0:
             raise ValueError(f"std must be > 0 in every channel, got {tuple(std)}")
 
@@ -149,7 +151,11 @@ def adjust_hue(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     # Hue in sextants, in [-1, 5]: the channel holding the max picks the sector, red first on
     # ties, as in torchvision's RGB -> HSV. The sectors are blended with 0/1 masks because
     # torch.where measured 3.5x slower than a cast and a lerp on a CPU.
-    hue = torch.lerp(torch.add(red - green, chroma, alpha=4), torch.add(blue - red, chroma, alpha=2), (top == green).to(images.dtype))
+    hue = torch.lerp(
+        torch.add(red - green, chroma, alpha=4),
+        torch.add(blue - red, chroma, alpha=2),
+        (top == green).to(images.dtype),
+    )
     hue = torch.lerp(hue, green - blue, (top == red).to(images.dtype))
     # A grey pixel has chroma 0 and numerator 0: the clamp turns 0/0 into hue 0 (it comes out as M).
     hue = hue.div_(chroma.clamp_min(1e-12)).add_(6 * _per_sample(factor, images).view(-1, 1, 1))
@@ -182,7 +188,9 @@ class ColorJitter(nn.Module):
         images: (N, C, H, W) in [0, 1], C = 3 when saturation or hue is set; returns the same shape.
     """
 
-    def __init__(self, brightness: float = 0.0, contrast: float = 0.0, saturation: float = 0.0, hue: float = 0.0) -> None:
+    def __init__(
+        self, brightness: float = 0.0, contrast: float = 0.0, saturation: float = 0.0, hue: float = 0.0
+    ) -> None:
         super().__init__()
         self.draw = ColorJitterGenerator(brightness, contrast, saturation, hue)
         self.draw.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
@@ -250,8 +258,9 @@ def resized_crop(images: torch.Tensor, boxes: torch.Tensor, image_index: torch.T
     return roi_align(images, regions, (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
 
 
-def _upsampling_crop(images: torch.Tensor, start: torch.Tensor, extent: torch.Tensor, image_index: torch.Tensor,
-                     size: int) -> torch.Tensor:
+def _upsampling_crop(
+    images: torch.Tensor, start: torch.Tensor, extent: torch.Tensor, image_index: torch.Tensor, size: int
+) -> torch.Tensor:
     """:func:`resized_crop` by ``F.grid_sample`` for crops no larger than ``size``.
 
     Output pixel ``j`` samples the source at ``x0 + (j + 1/2) w / size - 1/2`` (roi_align's
@@ -274,7 +283,9 @@ def _upsampling_crop(images: torch.Tensor, start: torch.Tensor, extent: torch.Te
     return F.grid_sample(sources, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
-def _apply_to_some(op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, probability: torch.Tensor) -> torch.Tensor:
+def _apply_to_some(
+    op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, probability: torch.Tensor
+) -> torch.Tensor:
     """Apply ``op`` to the samples a coin with per-sample ``probability`` selects; keep the rest.
 
     The coins and indices live on the CPU and travel to ``x``'s device without a sync.
@@ -357,7 +368,9 @@ class TwoViewAugment(nn.Module):
         if rgb:
             add("grayscale", K.RandomGrayscale(p=1.0), cfg.grayscale_p)
         if cfg.blur_kernel and (cfg.blur_kernel < 3 or cfg.blur_kernel % 2 == 0):
-            raise ValueError(f"blur_kernel must be 0 (10% of image_size) or an odd integer >= 3, got {cfg.blur_kernel}")
+            raise ValueError(
+                f"blur_kernel must be 0 (10% of image_size) or an odd integer >= 3, got {cfg.blur_kernel}"
+            )
         kernel = cfg.blur_kernel or kernel_size_for(size)
         add("blur", K.RandomGaussianBlur(kernel, tuple(cfg.blur_sigma), p=1.0), cfg.blur_p, cfg.blur_p_view2)
         # thresholds=0, additions=0: a fixed threshold at 0.5 and nothing added, as in BYOL.
@@ -416,8 +429,12 @@ class TwoViewAugment(nn.Module):
         return x[:batch], x[batch:]
 
     def extra_repr(self) -> str:
-        probabilities = ", ".join(f"{name} {p1}/{p2}" for name, (p1, p2) in zip(self.step_names, self.step_probabilities))
-        return f"out_channels={self.out_channels}, hflip p={self.cfg.hflip_p}, p view 1/view 2: {probabilities or 'none'}"
+        probabilities = ", ".join(
+            f"{name} {p1}/{p2}" for name, (p1, p2) in zip(self.step_names, self.step_probabilities)
+        )
+        return (
+            f"out_channels={self.out_channels}, hflip p={self.cfg.hflip_p}, p view 1/view 2: {probabilities or 'none'}"
+        )
 
 
 class EvalTransform(nn.Module):

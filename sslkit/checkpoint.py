@@ -61,7 +61,9 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     found = list_checkpoints(path)
     if found:
         return found[-1]
-    raise UserError(f"run.resume '{resume}' is neither a checkpoint (a directory with {PROGRESS_FILE}) nor a run directory with checkpoints")
+    raise UserError(
+        f"run.resume '{resume}' is neither a checkpoint (a directory with {PROGRESS_FILE}) nor a run directory with checkpoints"
+    )
 
 
 def run_contents(run_dir: Path) -> list[str]:
@@ -84,8 +86,16 @@ def run_contents(run_dir: Path) -> list[str]:
 # Settings a resumed run must share with the run it continues: its checkpoint holds weights and
 # optimizer state of that model, method and loss, on that data. (Anything else may change: a
 # longer schedule, other evaluation settings, more logging.)
-_FIXED_ON_RESUME = ("model.", "method.", "loss.name", "data.name", "data.holdout_classes", "data.image_size",
-                    "augment.image_size", "optim.name")
+_FIXED_ON_RESUME = (
+    "model.",
+    "method.",
+    "loss.name",
+    "data.name",
+    "data.holdout_classes",
+    "data.image_size",
+    "augment.image_size",
+    "optim.name",
+)
 
 
 def check_run_directory(run_dir: Path, resume: str | None, config: dict) -> list[str]:
@@ -101,26 +111,42 @@ def check_run_directory(run_dir: Path, resume: str | None, config: dict) -> list
     run_dir = Path(run_dir)
     blocker = next((parent for parent in (run_dir, *run_dir.parents) if parent.exists() and not parent.is_dir()), None)
     if blocker is not None:  # mkdir would fail with a traceback at the end of the set-up
-        raise UserError(f"the run directory {run_dir} cannot be made: {blocker} is a file; choose another run.output_dir or run.name")
+        raise UserError(
+            f"the run directory {run_dir} cannot be made: {blocker} is a file; choose another run.output_dir or run.name"
+        )
     if resume is None:
         held = run_contents(run_dir)
         if held:
-            raise UserError(f"{run_dir} already holds a run ({', '.join(held)}); continue it with run.resume=auto, "
-                            f"or start another with run.name=<new name> (or delete {run_dir})")
+            raise UserError(
+                f"{run_dir} already holds a run ({', '.join(held)}); continue it with run.resume=auto, "
+                f"or start another with run.name=<new name> (or delete {run_dir})"
+            )
         return []
     saved_file = run_dir / "config.yaml"
     if resume != "auto" or not list_checkpoints(run_dir) or not saved_file.is_file():
         return []
     saved = flatten(yaml.safe_load(saved_file.read_text()) or {})  # the recorded recipe of the run being continued
     settings = flatten(yaml.safe_load(yaml.safe_dump(config)))  # through YAML too: tuples read back as lists
-    changed = {key: (saved.get(key), settings.get(key)) for key in sorted(saved.keys() | settings.keys())
-               if key not in ("run.resume", "run.output_dir") and saved.get(key) != settings.get(key)}  # the same place, maybe spelled otherwise
+    changed = {
+        key: (saved.get(key), settings.get(key))
+        for key in sorted(saved.keys() | settings.keys())
+        if key not in ("run.resume", "run.output_dir") and saved.get(key) != settings.get(key)
+    }  # the same place, maybe spelled otherwise
     fixed = [key for key in changed if key.startswith(_FIXED_ON_RESUME)]
     if fixed:
         key = fixed[0]
-        raise UserError(f"run.resume=auto continues {run_dir}, which was trained with {key}={changed[key][0]}, but this command "
-                        f"sets {key}={changed[key][1]}; keep {', '.join(fixed)} as they were, or start a new run with another run.name")
-    return [f"resuming with changed settings: " + ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())] if changed else []
+        raise UserError(
+            f"run.resume=auto continues {run_dir}, which was trained with {key}={changed[key][0]}, but this command "
+            f"sets {key}={changed[key][1]}; keep {', '.join(fixed)} as they were, or start a new run with another run.name"
+        )
+    return (
+        [
+            "resuming with changed settings: "
+            + ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
+        ]
+        if changed
+        else []
+    )
 
 
 def trim_metrics(run_dir: Path, step: int) -> None:
@@ -203,20 +229,28 @@ def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
             return load_file(str(path / "backbone.safetensors"))
         found = [path] if (path / PROGRESS_FILE).is_file() else list_checkpoints(path)
         if not found:
-            raise UserError(f"'{path}' holds no backbone.safetensors and no checkpoint; give a run directory, a checkpoint or an exported backbone file")
+            raise UserError(
+                f"'{path}' holds no backbone.safetensors and no checkpoint; give a run directory, a checkpoint or an exported backbone file"
+            )
         path = found[-1] / "model.safetensors"
         if not path.is_file():
-            raise UserError(f"checkpoint '{path.parent}' has no model.safetensors; it may be from an older sslkit or incomplete")
+            raise UserError(
+                f"checkpoint '{path.parent}' has no model.safetensors; it may be from an older sslkit or incomplete"
+            )
         state = load_file(str(path))
-        return {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+        return {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
     if not path.is_file():
-        raise UserError(f"'{path}' not found; give a run directory, a checkpoint directory, or a .safetensors/.pt backbone file")
+        raise UserError(
+            f"'{path}' not found; give a run directory, a checkpoint directory, or a .safetensors/.pt backbone file"
+        )
     if path.suffix == ".safetensors":
         return load_file(str(path))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unpickling refused or a corrupt file: the user's file, one line
-        raise UserError(f"'{path}' could not be loaded as a weights-only state_dict ({type(error).__name__}); export it as safetensors or a plain state_dict") from None
+        raise UserError(
+            f"'{path}' could not be loaded as a weights-only state_dict ({type(error).__name__}); export it as safetensors or a plain state_dict"
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"'{path}' is not a plain state_dict of tensors")
     return state
@@ -241,15 +275,22 @@ def init_backbone(backbone: torch.nn.Module, source: str | Path) -> list[str]:
     fit are the user's to fix (a different ``model.backbone`` / ``width`` / stem): one line.
     """
     if not Path(source).exists():  # name the key and where a relative path was looked for
-        raise UserError(f"run.init_from '{source}' not found (a relative path starts from {Path.cwd()}, not from run.output_dir); "
-                        f"give an earlier run's directory, one of its checkpoints or a backbone file")
+        raise UserError(
+            f"run.init_from '{source}' not found (a relative path starts from {Path.cwd()}, not from run.output_dir); "
+            f"give an earlier run's directory, one of its checkpoints or a backbone file"
+        )
     state = load_backbone_state(source)
     own = backbone.state_dict()
     wrong_shape, missing, unused = state_differences(state, own)
     if wrong_shape or missing:
-        detail = (f"shape mismatch at {wrong_shape[0]} ({tuple(state[wrong_shape[0]].shape)} vs {tuple(own[wrong_shape[0]].shape)})"
-                  if wrong_shape else f"{len(missing)} weights missing, e.g. {missing[0]}")
-        raise UserError(f"run.init_from '{source}' does not fit this model.backbone / model.width / model.cifar_stem: {detail}; "
-                        f"use the same model settings as the run it comes from")
+        detail = (
+            f"shape mismatch at {wrong_shape[0]} ({tuple(state[wrong_shape[0]].shape)} vs {tuple(own[wrong_shape[0]].shape)})"
+            if wrong_shape
+            else f"{len(missing)} weights missing, e.g. {missing[0]}"
+        )
+        raise UserError(
+            f"run.init_from '{source}' does not fit this model.backbone / model.width / model.cifar_stem: {detail}; "
+            f"use the same model settings as the run it comes from"
+        )
     backbone.load_state_dict({k: v for k, v in state.items() if k in own})
     return sorted(unused)

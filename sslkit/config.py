@@ -55,7 +55,9 @@ class DataConfig:
     download: bool = False  # only torchvision datasets download, and only when asked
     image_size: int | None = None  # imagefolder: resize decoded images to this square size
     num_workers: int = 0
-    holdout_classes: list[int] = field(default_factory=list)  # classes kept out of training (retrieval on unseen classes)
+    holdout_classes: list[int] = field(
+        default_factory=list
+    )  # classes kept out of training (retrieval on unseen classes)
 
 
 @dataclass
@@ -111,7 +113,9 @@ class MethodConfig:
     momentum_final: float = 1.0  # set equal to momentum for a constant one (MoCo v2: 0.999)
     queue_size: int = 65536  # moco: keys kept as negatives (MoCo v2: 65536)
     symmetric: bool = True  # moco: loss on (q1, k2) and (q2, k1); the MoCo CIFAR colab: kNN 85.3 vs 82.6 asymmetric
-    bn_splits: int = 8  # moco: BatchNorm statistics over this many sub-batches, keys shuffled (ShuffleBN in one process)
+    bn_splits: int = (
+        8  # moco: BatchNorm statistics over this many sub-batches, keys shuffled (ShuffleBN in one process)
+    )
     predictor_hidden: int = 4096  # mocov3: hidden width of the 2-layer predictor
     num_negatives: int = 4096  # nce: noise samples drawn from the memory bank per step (NPID: 4096)
 
@@ -138,7 +142,9 @@ class OptimConfig:
     exclude_bias_and_norm: bool = True  # no weight decay (and no LARS adaptation) on biases and norms
     warmup_epochs: float = 10.0
     backbone_lr_scale: float = 1.0  # the backbone's lr = scheduled lr x this (fine-tuning: often 0.1)
-    head_lr_scale: float = 1.0  # a head's lr = scheduled lr x this x what the head declares (Proxy-Anchor proxies: 100)
+    head_lr_scale: float = (
+        1.0  # a head's lr = scheduled lr x this x what the head declares (Proxy-Anchor proxies: 100)
+    )
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
 
 
@@ -249,7 +255,9 @@ def _fill(instance: Any, values: dict, prefix: str, source: str) -> None:
     for key, value in values.items():
         path = f"{prefix}{key}"
         if key not in names:
-            raise UserError(f"{source}: unknown key '{path}'; valid keys in '{prefix.rstrip('.') or 'recipe'}': {', '.join(names)}")
+            raise UserError(
+                f"{source}: unknown key '{path}'; valid keys in '{prefix.rstrip('.') or 'recipe'}': {', '.join(names)}"
+            )
         current = getattr(instance, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
@@ -304,7 +312,9 @@ def config_from_dict(raw: dict, source: str = "recipe") -> Config:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise UserError(f"{source}: a recipe must be a mapping of sections (run, data, model, ...), got {type(raw).__name__}")
+        raise UserError(
+            f"{source}: a recipe must be a mapping of sections (run, data, model, ...), got {type(raw).__name__}"
+        )
     cfg = Config()
     _fill(cfg, _split_loss_section(raw), "", source)
     validate(cfg, source)
@@ -333,13 +343,22 @@ def find_recipe(recipe: str | Path) -> Path:
         return path
     bundled = bundled_recipes()
     if path.is_dir():
-        example = path / "quickstart.yaml" if (path / "quickstart.yaml").is_file() else next(iter(sorted(path.glob("*.yaml"))), None)
-        raise UserError(f"recipe '{recipe}' is a folder; give a YAML file" + (f" in it, e.g. {example}" if example else "")
-                        + f", or a bundled recipe's name ({', '.join(bundled)})")
+        example = (
+            path / "quickstart.yaml"
+            if (path / "quickstart.yaml").is_file()
+            else next(iter(sorted(path.glob("*.yaml"))), None)
+        )
+        raise UserError(
+            f"recipe '{recipe}' is a folder; give a YAML file"
+            + (f" in it, e.g. {example}" if example else "")
+            + f", or a bundled recipe's name ({', '.join(bundled)})"
+        )
     name = path.stem if path.suffix in (".yaml", ".yml") else path.name
     if path.parent in (Path("."), Path("recipes")) and name in bundled:
         return bundled[name]
-    raise UserError(f"recipe '{recipe}' not found: give a YAML file's path or a bundled recipe's name ({', '.join(bundled)})")
+    raise UserError(
+        f"recipe '{recipe}' not found: give a YAML file's path or a bundled recipe's name ({', '.join(bundled)})"
+    )
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
@@ -416,8 +435,10 @@ def check_command_line(argv: list[str], options: typing.Iterable[str]) -> None:
         else:
             value = "..."
         meant = f"; did you mean {' or '.join(f'{key}={value}' for key in keys)}?" if keys else ""
-        raise UserError(f"unknown option '{token}': settings are key=value overrides such as train.epochs=3 "
-                        f"(options: {', '.join(sorted(known))}){meant}")
+        raise UserError(
+            f"unknown option '{token}': settings are key=value overrides such as train.epochs=3 "
+            f"(options: {', '.join(sorted(known))}){meant}"
+        )
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -463,7 +484,11 @@ def _check_choice(value: str, choices: typing.Iterable[str], key: str, source: s
 
 def _check_range(value: float, key: str, source: str, low: float | None = None, high: float | None = None) -> None:
     if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"in [{low}, {high}]" if low is not None and high is not None else (f">= {low}" if low is not None else f"<= {high}")
+        bounds = (
+            f"in [{low}, {high}]"
+            if low is not None and high is not None
+            else (f">= {low}" if low is not None else f"<= {high}")
+        )
         raise UserError(f"{source}: '{key}' must be {bounds}, got {value}")
 
 
@@ -474,35 +499,57 @@ def validate(cfg: Config, source: str = "recipe") -> None:
 
     name = cfg.run.name
     if not name or name in (".", "..") or "/" in name or os.sep in name:  # it is joined to run.output_dir
-        raise UserError(f"{source}: 'run.name' must be a plain folder name (no '/', not '.' or '..'), got {name!r}; "
-                        f"choose where runs go with run.output_dir")
+        raise UserError(
+            f"{source}: 'run.name' must be a plain folder name (no '/', not '.' or '..'), got {name!r}; "
+            f"choose where runs go with run.output_dir"
+        )
     _check_choice(cfg.data.name, data.DATASETS, "data.name", source)
     _check_choice(cfg.model.backbone, models.BACKBONES, "model.backbone", source)
     _check_choice(cfg.method.name, methods.METHODS, "method.name", source)
     _check_choice(cfg.loss.name, losses.LOSSES, "loss.name", source)
-    methods.check_loss(cfg.method.name, cfg.loss.name, source)  # before any data is read: ablate checks every point up front
+    methods.check_loss(
+        cfg.method.name, cfg.loss.name, source
+    )  # before any data is read: ablate checks every point up front
     _check_choice(cfg.optim.name, optim.OPTIMIZERS, "optim.name", source)
     _check_choice(cfg.optim.lr_scaling, ("none", "linear", "sqrt"), "optim.lr_scaling", source)
     _check_choice(cfg.train.mixed_precision, ("no", "fp16", "bf16"), "train.mixed_precision", source)
     if cfg.run.resume not in (None, "auto") and not Path(cfg.run.resume).exists():
         raise UserError(f"{source}: run.resume '{cfg.run.resume}' does not exist; use 'auto' or a checkpoint path")
-    for key, value in (("augment.hflip_p", cfg.augment.hflip_p), ("augment.jitter_p", cfg.augment.jitter_p),
-                       ("augment.grayscale_p", cfg.augment.grayscale_p), ("augment.blur_p", cfg.augment.blur_p),
-                       ("augment.solarize_p", cfg.augment.solarize_p)):
+    for key, value in (
+        ("augment.hflip_p", cfg.augment.hflip_p),
+        ("augment.jitter_p", cfg.augment.jitter_p),
+        ("augment.grayscale_p", cfg.augment.grayscale_p),
+        ("augment.blur_p", cfg.augment.blur_p),
+        ("augment.solarize_p", cfg.augment.solarize_p),
+    ):
         _check_range(value, key, source, 0.0, 1.0)
-    for key, value in (("augment.blur_p_view2", cfg.augment.blur_p_view2), ("augment.solarize_p_view2", cfg.augment.solarize_p_view2)):
+    for key, value in (
+        ("augment.blur_p_view2", cfg.augment.blur_p_view2),
+        ("augment.solarize_p_view2", cfg.augment.solarize_p_view2),
+    ):
         if value is not None:
             _check_range(value, key, source, 0.0, 1.0)
     if cfg.augment.blur_kernel and (cfg.augment.blur_kernel % 2 == 0 or cfg.augment.blur_kernel < 3):
-        raise UserError(f"{source}: 'augment.blur_kernel' must be an odd size >= 3 (or 0 for 10% of image_size), got {cfg.augment.blur_kernel}")
+        raise UserError(
+            f"{source}: 'augment.blur_kernel' must be an odd size >= 3 (or 0 for 10% of image_size), got {cfg.augment.blur_kernel}"
+        )
     if not 0 < cfg.augment.crop_ratio[0] <= cfg.augment.crop_ratio[1]:
-        raise UserError(f"{source}: 'augment.crop_ratio' must be [low, high] with 0 < low <= high, got {list(cfg.augment.crop_ratio)}")
+        raise UserError(
+            f"{source}: 'augment.crop_ratio' must be [low, high] with 0 < low <= high, got {list(cfg.augment.crop_ratio)}"
+        )
     low, high = cfg.augment.crop_scale
     if not 0 < low <= high <= 1:
-        raise UserError(f"{source}: 'augment.crop_scale' must be [low, high] with 0 < low <= high <= 1, got {[low, high]}")
-    for key, value in (("train.epochs", cfg.train.epochs), ("train.batch_size", cfg.train.batch_size),
-                       ("train.grad_accum_steps", cfg.train.grad_accum_steps), ("augment.image_size", cfg.augment.image_size),
-                       ("model.width", cfg.model.width), ("eval.knn_k", cfg.eval.knn_k)):
+        raise UserError(
+            f"{source}: 'augment.crop_scale' must be [low, high] with 0 < low <= high <= 1, got {[low, high]}"
+        )
+    for key, value in (
+        ("train.epochs", cfg.train.epochs),
+        ("train.batch_size", cfg.train.batch_size),
+        ("train.grad_accum_steps", cfg.train.grad_accum_steps),
+        ("augment.image_size", cfg.augment.image_size),
+        ("model.width", cfg.model.width),
+        ("eval.knn_k", cfg.eval.knn_k),
+    ):
         _check_range(value, key, source, 1)
     methods.check_batch_size(cfg.method.name, cfg.train.batch_size, source)
     _check_range(cfg.eval.linear_epochs, "eval.linear_epochs", source, 0)
@@ -510,16 +557,22 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         _check_range(cfg.train.threads, "train.threads", source, 1)
     if cfg.train.max_steps is not None:  # null: no limit (0 would train nothing and report it as trained)
         _check_range(cfg.train.max_steps, "train.max_steps", source, 1)
-    for key, value in (("train.freeze_backbone_epochs", cfg.train.freeze_backbone_epochs),
-                       ("train.checkpoint_every_steps", cfg.train.checkpoint_every_steps),
-                       ("train.knn_every_epochs", cfg.train.knn_every_epochs)):  # 0: off
+    for key, value in (
+        ("train.freeze_backbone_epochs", cfg.train.freeze_backbone_epochs),
+        ("train.checkpoint_every_steps", cfg.train.checkpoint_every_steps),
+        ("train.knn_every_epochs", cfg.train.knn_every_epochs),
+    ):  # 0: off
         _check_range(value, key, source, 0)
-    for key, value in (("train.keep_checkpoints", cfg.train.keep_checkpoints),
-                       ("train.checkpoint_every_epochs", cfg.train.checkpoint_every_epochs)):
+    for key, value in (
+        ("train.keep_checkpoints", cfg.train.keep_checkpoints),
+        ("train.checkpoint_every_epochs", cfg.train.checkpoint_every_epochs),
+    ):
         _check_range(value, key, source, 1)
     if cfg.train.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise UserError(f"{source}: train.tensorboard=true needs the tensorboard package, which is not installed: "
-                        f"pip install tensorboard (or leave train.tensorboard false)")
+        raise UserError(
+            f"{source}: train.tensorboard=true needs the tensorboard package, which is not installed: "
+            f"pip install tensorboard (or leave train.tensorboard false)"
+        )
     for key, value in (("optim.lr", cfg.optim.lr), ("eval.knn_temperature", cfg.eval.knn_temperature)):
         if not value > 0:
             raise UserError(f"{source}: '{key}' must be > 0, got {value}")

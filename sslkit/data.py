@@ -61,8 +61,18 @@ FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 # From the Fashion-MNIST README (zalandoresearch/fashion-mnist), in label order.
-FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                         "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+FASHION_MNIST_CLASSES = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
 # STL-10's class_names.txt, for an install that lacks the file.
 STL10_CLASSES = ["airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck"]
 # The formats torchvision.io.decode_image reads; other files in an image folder are not listed.
@@ -117,7 +127,9 @@ class ImageTensorDataset(Dataset):
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, classes: list[str], info: DatasetInfo) -> None:
         if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != info.channels:
-            raise ValueError(f"images must be uint8 (N, {info.channels}, H, W), got {images.dtype} {tuple(images.shape)}")
+            raise ValueError(
+                f"images must be uint8 (N, {info.channels}, H, W), got {images.dtype} {tuple(images.shape)}"
+            )
         if labels.dtype != torch.int64 or labels.shape != (len(images),):
             raise ValueError(f"labels must be int64 ({len(images)},), got {labels.dtype} {tuple(labels.shape)}")
         self.images = images
@@ -203,7 +215,9 @@ def decode_and_resize(path: str, image_size: int) -> torch.Tensor:
         with warnings.catch_warnings():
             # torchvision 0.29 deprecates its decoders in favour of TorchCodec, which is not a
             # dependency here; the warning would repeat once per image.
-            warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
+            warnings.filterwarnings(
+                "ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning
+            )
             image = decode_image(path, mode=ImageReadMode.RGB)
     except RuntimeError as error:
         # The C++ message starts with "decode_png, /path/to/decode_png.cpp:66, ": keep the reason.
@@ -248,7 +262,12 @@ def collate_batch(batch) -> tuple[torch.Tensor, torch.Tensor]:
     Shape:
         returns: images (B, C, H, W) uint8, labels (B,) int64.
     """
-    if isinstance(batch, tuple) and len(batch) in (2, 3) and isinstance(batch[0], torch.Tensor) and batch[0].dim() == 4:
+    if (
+        isinstance(batch, tuple)
+        and len(batch) in (2, 3)
+        and isinstance(batch[0], torch.Tensor)
+        and batch[0].dim() == 4
+    ):
         return batch
     images, labels = zip(*batch)
     return torch.stack(images), torch.stack([torch.as_tensor(label, dtype=torch.int64) for label in labels])
@@ -279,8 +298,10 @@ def _digits(split: str, root: str | None, download: bool, image_size: int | None
 # torchvision's FashionMNIST class insists on its own directory layout (root/FashionMNIST/raw)
 # and on md5-checked downloads, while the system package installs the bare .gz files.
 
-_FASHION_MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-                        "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+_FASHION_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
 
 
 def read_idx(path: str | Path) -> np.ndarray:
@@ -295,12 +316,16 @@ def read_idx(path: str | Path) -> np.ndarray:
     except (OSError, EOFError, zlib.error) as error:  # unreadable, not gzip, truncated, corrupt
         raise UserError(f"cannot read {path} ({error}); replace it with an intact copy") from None
     if len(data) < 4 or data[:2] != b"\0\0" or data[2] != 0x08:
-        raise UserError(f"{path} is not an IDX file of unsigned bytes (bad header {data[:4].hex()}); replace it with an intact copy")
+        raise UserError(
+            f"{path} is not an IDX file of unsigned bytes (bad header {data[:4].hex()}); replace it with an intact copy"
+        )
     ndim = data[3]
     header = 4 + 4 * ndim
     shape = tuple(int(d) for d in np.frombuffer(data, dtype=">i4", count=ndim, offset=4))
     if len(data) != header + int(np.prod(shape)):
-        raise UserError(f"{path} holds {len(data) - header} bytes of data but its header says {shape}; replace it with an intact copy")
+        raise UserError(
+            f"{path} holds {len(data) - header} bytes of data but its header says {shape}; replace it with an intact copy"
+        )
     # bytes are read-only; copy into a writable array that torch can own
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape).copy()
 
@@ -323,14 +348,18 @@ def _fashion_mnist(split: str, root: str | None, download: bool, image_size: int
         raise UserError(
             f"fashion_mnist: {', '.join(missing)}(.gz) not found in {root_path} or {root_path / 'FashionMNIST' / 'raw'}; "
             f"install them with 'apt-get install dataset-fashion-mnist' or set data.root to a directory holding the four IDX files"
-            + (" (sslkit does not download Fashion-MNIST)" if download else ""))
+            + (" (sslkit does not download Fashion-MNIST)" if download else "")
+        )
     images, labels = (read_idx(path) for path in paths)
     if images.ndim != 3 or labels.shape != (len(images),):
-        raise UserError(f"fashion_mnist: {paths[0]} holds images {images.shape} but {paths[1]} labels {labels.shape}; "
-                        f"they must be (N, 28, 28) and (N,)")
+        raise UserError(
+            f"fashion_mnist: {paths[0]} holds images {images.shape} but {paths[1]} labels {labels.shape}; "
+            f"they must be (N, 28, 28) and (N,)"
+        )
     info = DatasetInfo(1, images.shape[1], 10, FASHION_MNIST_MEAN, FASHION_MNIST_STD)
-    return ImageTensorDataset(torch.from_numpy(images).unsqueeze(1), torch.from_numpy(labels.astype(np.int64)),
-                              FASHION_MNIST_CLASSES, info)
+    return ImageTensorDataset(
+        torch.from_numpy(images).unsqueeze(1), torch.from_numpy(labels.astype(np.int64)), FASHION_MNIST_CLASSES, info
+    )
 
 
 # --------------------------------------------------------------------------- torchvision datasets
@@ -372,20 +401,27 @@ def _load_torchvision(dataset_class, name: str, root: str | None, download: bool
     needed += [dataset_class.meta["filename"]] if hasattr(dataset_class, "meta") else []
     missing = [file for file in needed if not (folder / file).is_file()]
     if missing and not download:
-        raise UserError(f"{name}: {', '.join(missing)} not found in {folder}; set data.download=true to download it, "
-                        f"or data.root to the directory that holds {dataset_class.base_folder}/")
+        raise UserError(
+            f"{name}: {', '.join(missing)} not found in {folder}; set data.download=true to download it, "
+            f"or data.root to the directory that holds {dataset_class.base_folder}/"
+        )
     if missing:
         try:  # the step torchvision's download() takes, called directly so its errors are told apart from reading's
-            download_and_extract_archive(dataset_class.url, str(root_path), filename=dataset_class.filename,
-                                         md5=dataset_class.tgz_md5)
+            download_and_extract_archive(
+                dataset_class.url, str(root_path), filename=dataset_class.filename, md5=dataset_class.tgz_md5
+            )
         except (OSError, RuntimeError) as error:  # URLError is an OSError; RuntimeError: the archive's md5 is wrong
-            raise UserError(f"{name}: could not download {dataset_class.url} into {root_path} ({error}); download and "
-                            f"extract it there by hand, or set data.root to where it already is") from None
+            raise UserError(
+                f"{name}: could not download {dataset_class.url} into {root_path} ({error}); download and "
+                f"extract it there by hand, or set data.root to where it already is"
+            ) from None
     try:
         return dataset_class(str(root_path), **kwargs)
     except (OSError, pickle.UnpicklingError, EOFError, ValueError, KeyError, RuntimeError) as error:
-        raise UserError(f"{name}: the files in {folder} are damaged ({type(error).__name__}: {error}); "
-                        f"delete the folder and set data.download=true") from None
+        raise UserError(
+            f"{name}: the files in {folder} are damaged ({type(error).__name__}: {error}); "
+            f"delete the folder and set data.download=true"
+        ) from None
 
 
 def _cifar(split: str, root: str | None, download: bool, image_size: int | None, hundred: bool) -> ImageTensorDataset:
@@ -412,8 +448,10 @@ def _stl10(split: str, root: str | None, download: bool, image_size: int | None)
     """STL-10 (5k train, 8k test, 100k unlabelled RGB 96x96 images, 10 classes), binary format."""
     dataset = _load_torchvision(_STL10, "stl10", root, download, split=split)
     if dataset.labels is None or len(dataset.labels) != len(dataset.data):
-        raise UserError(f"stl10: {Path(dataset.root) / dataset.base_folder} has {len(dataset.data)} images for split "
-                        f"'{split}' but a different number of labels; delete the folder and set data.download=true")
+        raise UserError(
+            f"stl10: {Path(dataset.root) / dataset.base_folder} has {len(dataset.data)} images for split "
+            f"'{split}' but a different number of labels; delete the folder and set data.download=true"
+        )
     images = torch.from_numpy(np.ascontiguousarray(dataset.data))  # torchvision's (N, 3, 96, 96) is a transposed view
     labels = torch.from_numpy(dataset.labels.astype(np.int64))
     classes = getattr(dataset, "classes", STL10_CLASSES)
@@ -431,18 +469,24 @@ def _imagefolder(split: str, root: str | None, download: bool, image_size: int |
     training classes by name, so a class missing from the test folder does not shift the labels.
     """
     if root is None:
-        raise UserError("imagefolder needs data.root: a directory laid out as root/train/<class>/<image> "
-                        "and root/test/<class>/<image>")
+        raise UserError(
+            "imagefolder needs data.root: a directory laid out as root/train/<class>/<image> "
+            "and root/test/<class>/<image>"
+        )
     if image_size is None:
-        raise UserError("imagefolder needs data.image_size: images are resized to one square size so that they batch together")
+        raise UserError(
+            "imagefolder needs data.image_size: images are resized to one square size so that they batch together"
+        )
     root_path = Path(root).expanduser()
     if not root_path.is_dir():
         raise UserError(f"imagefolder: data.root {root_path} is not a directory")
     has_splits = (root_path / "train").is_dir()
     train_dir = root_path / "train" if has_splits else root_path
     if split == "test" and not (root_path / "test").is_dir():
-        raise UserError(f"imagefolder: no test split: {root_path / 'test'} does not exist; training evaluates on one, "
-                        f"so lay the folder out as root/train/<class>/... and root/test/<class>/... (a few images a class will do)")
+        raise UserError(
+            f"imagefolder: no test split: {root_path / 'test'} does not exist; training evaluates on one, "
+            f"so lay the folder out as root/train/<class>/... and root/test/<class>/... (a few images a class will do)"
+        )
     folder = train_dir if split == "train" else root_path / "test"
     try:
         classes, class_to_idx = find_classes(train_dir)
@@ -472,8 +516,9 @@ DATASETS: tuple[str, ...] = tuple(_BUILDERS)
 _SPLITS = {name: ("train", "test") for name in DATASETS} | {"stl10": ("train", "test", "unlabeled", "train+unlabeled")}
 
 
-def build_dataset(name: str, split: str = "train", root: str | None = None, download: bool = False,
-                  image_size: int | None = None) -> ImageTensorDataset | ImageFolderDataset:
+def build_dataset(
+    name: str, split: str = "train", root: str | None = None, download: bool = False, image_size: int | None = None
+) -> ImageTensorDataset | ImageFolderDataset:
     """Load a dataset by name.
 
     Args:
@@ -493,13 +538,22 @@ def build_dataset(name: str, split: str = "train", root: str | None = None, down
     if split not in _SPLITS[name]:
         raise UserError(f"{name} has no split '{split}'; choose one of: {', '.join(_SPLITS[name])}")
     if image_size is not None and name != "imagefolder":
-        raise UserError(f"data.image_size applies to imagefolder only, not {name} (its images are used at their native size; "
-                        f"augment.image_size sets the training crop)")
+        raise UserError(
+            f"data.image_size applies to imagefolder only, not {name} (its images are used at their native size; "
+            f"augment.image_size sets the training crop)"
+        )
     return _BUILDERS[name](split, root, download, image_size)
 
 
-def build_loader(dataset: Dataset, batch_size: int, shuffle: bool, drop_last: bool, num_workers: int = 0,
-                 seed: int = 0, pin_memory: bool = False) -> DataLoader:
+def build_loader(
+    dataset: Dataset,
+    batch_size: int,
+    shuffle: bool,
+    drop_last: bool,
+    num_workers: int = 0,
+    seed: int = 0,
+    pin_memory: bool = False,
+) -> DataLoader:
     """A plain DataLoader of ``(images, labels)`` batches; Accelerate's ``prepare`` shards it later.
 
     The shuffle order comes from a generator seeded with ``seed``, so a run's batches are
@@ -509,8 +563,18 @@ def build_loader(dataset: Dataset, batch_size: int, shuffle: bool, drop_last: bo
         yields: images (B, C, H, W) uint8, labels (B,) int64.
     """
     if drop_last and batch_size > len(dataset):
-        raise UserError(f"train.batch_size {batch_size} is larger than the dataset's {len(dataset)} training images; "
-                        f"lower train.batch_size")
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
-                      collate_fn=collate_batch, generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory,
-                      persistent_workers=num_workers > 0)
+        raise UserError(
+            f"train.batch_size {batch_size} is larger than the dataset's {len(dataset)} training images; "
+            f"lower train.batch_size"
+        )
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        num_workers=num_workers,
+        collate_fn=collate_batch,
+        generator=torch.Generator().manual_seed(seed),
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )

@@ -54,9 +54,11 @@ def check_same_rows(tensor: torch.Tensor) -> None:
     dist.all_gather(counts, count)
     sizes = torch.cat(counts).tolist()
     if len(set(sizes)) > 1:
-        raise ValueError(f"batch sizes differ across processes {tuple(sizes)}: a loss that gathers embeddings needs the same "
-                         f"number of samples on every process; drop the last partial batch (DataLoader(drop_last=True)) "
-                         f"or pass gather_distributed=False")
+        raise ValueError(
+            f"batch sizes differ across processes {tuple(sizes)}: a loss that gathers embeddings needs the same "
+            f"number of samples on every process; drop the last partial batch (DataLoader(drop_last=True)) "
+            f"or pass gather_distributed=False"
+        )
 
 
 class _GatherWithGrad(torch.autograd.Function):

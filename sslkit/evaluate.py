@@ -21,14 +21,24 @@ import os  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sslkit-evaluate" if Path(sys.argv[0]).name == "sslkit-evaluate" else "sslkit/evaluate.py", description="kNN and linear-probe accuracy of a trained encoder.")
+    parser = argparse.ArgumentParser(
+        prog="sslkit-evaluate" if Path(sys.argv[0]).name == "sslkit-evaluate" else "sslkit/evaluate.py",
+        description="kNN and linear-probe accuracy of a trained encoder.",
+    )
     parser.add_argument("target", help="a run directory, a checkpoint directory, or a backbone .safetensors/.pt file")
-    parser.add_argument("overrides", nargs="*", default=[], help="dotted key=value overrides of the run's config, e.g. eval.knn_k=20")
-    parser.add_argument("--recipe", help="the recipe to read data/model settings from (default: the run's config.yaml)")
-    parser.add_argument("--out", help="where to write the JSON results (default: next to what is evaluated: <run>/eval.json "
-                        "for a run directory, <checkpoint>.eval.json beside a checkpoint directory, e.g. "
-                        "runs/x/checkpoints/step-00000420.eval.json, and <name>.eval.json beside a backbone file, "
-                        "e.g. /tmp/bb.eval.json for /tmp/bb.safetensors)")
+    parser.add_argument(
+        "overrides", nargs="*", default=[], help="dotted key=value overrides of the run's config, e.g. eval.knn_k=20"
+    )
+    parser.add_argument(
+        "--recipe", help="the recipe to read data/model settings from (default: the run's config.yaml)"
+    )
+    parser.add_argument(
+        "--out",
+        help="where to write the JSON results (default: next to what is evaluated: <run>/eval.json "
+        "for a run directory, <checkpoint>.eval.json beside a checkpoint directory, e.g. "
+        "runs/x/checkpoints/step-00000420.eval.json, and <name>.eval.json beside a backbone file, "
+        "e.g. /tmp/bb.eval.json for /tmp/bb.safetensors)",
+    )
     parser.add_argument("--no-linear", action="store_true", help="skip the linear probe")
     # Intermixed: overrides may come before or after the --options, as users type them.
     return parser.parse_intermixed_args(argv)
@@ -110,16 +120,22 @@ def main(argv: list[str] | None = None) -> int:
         if target.name in ("", ".", ".."):  # "." has no parents to climb and no name to put beside
             target = target.resolve()
         if not target.exists():
-            raise UserError(f"'{target}' not found; give a run directory (runs/<name>), a checkpoint, or a backbone file")
+            raise UserError(
+                f"'{target}' not found; give a run directory (runs/<name>), a checkpoint, or a backbone file"
+            )
         recipe = Path(args.recipe) if args.recipe else saved_config_for(target)
         if recipe is None:
             raise UserError(f"no config.yaml next to '{target}'; pass --recipe with the recipe it was trained with")
         cfg = load_config(recipe, args.overrides)
         out = Path(args.out) if args.out else default_out(target)
         if not out.parent.is_dir():  # found now, not after minutes of evaluation
-            raise UserError(f"--out '{out}': the folder '{out.parent}' does not exist; create it or give a path in an existing folder")
+            raise UserError(
+                f"--out '{out}': the folder '{out.parent}' does not exist; create it or give a path in an existing folder"
+            )
         if not os.access(out.parent, os.W_OK):
-            raise UserError(f"cannot write the results to '{out}': '{out.parent}' is not writable; pass --out with a writable path")
+            raise UserError(
+                f"cannot write the results to '{out}': '{out.parent}' is not writable; pass --out with a writable path"
+            )
         accelerator = Accelerator(mixed_precision="no")
         if accelerator.device.type == "cpu":
             cpu_threads(None)  # accelerate launch may have pinned one thread (sslkit/launch.py)
@@ -132,18 +148,29 @@ def main(argv: list[str] | None = None) -> int:
             unseen_set = test_set.select_classes(d.holdout_classes, keep=True)
             train_set = train_set.select_classes(d.holdout_classes, keep=False)
             test_set = test_set.select_classes(d.holdout_classes, keep=False)
-        preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize).to(accelerator.device)
-        backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, preprocess.out_channels)
+        preprocess = EvalTransform(
+            cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize
+        ).to(accelerator.device)
+        backbone = models.build_backbone(
+            cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, preprocess.out_channels
+        )
         state = checkpoint.load_backbone_state(target)
         model = f"model.backbone={cfg.model.backbone} width={cfg.model.width} cifar_stem={cfg.model.cifar_stem}"
         own = backbone.state_dict()
         if (problem := state_mismatch(state, own)) is not None:
             ours, theirs = own.get("conv1.weight"), state.get("conv1.weight")
-            if (ours is not None and theirs is not None and theirs.dim() == 4 and ours.shape[1] != theirs.shape[1]
-                    and (theirs.shape[0], *theirs.shape[2:]) == (ours.shape[0], *ours.shape[2:])):
+            if (
+                ours is not None
+                and theirs is not None
+                and theirs.dim() == 4
+                and ours.shape[1] != theirs.shape[1]
+                and (theirs.shape[0], *theirs.shape[2:]) == (ours.shape[0], *ours.shape[2:])
+            ):
                 # Only the input channels differ: the data, not the model settings, is what changed.
-                advice = (f"the backbone was trained on {theirs.shape[1]}-channel images, data.name={d.name} has "
-                          f"{ours.shape[1]}-channel ones; evaluate it on a dataset with {theirs.shape[1]}-channel images")
+                advice = (
+                    f"the backbone was trained on {theirs.shape[1]}-channel images, data.name={d.name} has "
+                    f"{ours.shape[1]}-channel ones; evaluate it on a dataset with {theirs.shape[1]}-channel images"
+                )
             else:
                 advice = "pass the model.* values the backbone was trained with, or --recipe with its recipe"
             raise UserError(f"the weights in '{target}' do not fit {model} ({problem}); {advice}")
@@ -153,8 +180,18 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"the weights in '{target}' do not fit {model}: {' '.join(str(error).split())}") from None
         backbone = backbone.to(accelerator.device)
         train_loader, test_loader = accelerator.prepare(*eval_loaders(cfg, train_set, test_set, cfg.eval.batch_size))
-        results = {"encoder": evaluate_backbone(backbone, cfg, preprocess, train_loader, test_loader, info.num_classes,
-                                                accelerator, linear=not args.no_linear)}
+        results = {
+            "encoder": evaluate_backbone(
+                backbone,
+                cfg,
+                preprocess,
+                train_loader,
+                test_loader,
+                info.num_classes,
+                accelerator,
+                linear=not args.no_linear,
+            )
+        }
         if unseen_set is not None:
             unseen_loader = accelerator.prepare(eval_loaders(cfg, unseen_set, unseen_set, cfg.eval.batch_size)[0])
             results["encoder"].update(evaluate_unseen(backbone, preprocess, unseen_loader, accelerator))

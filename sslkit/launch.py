@@ -59,7 +59,11 @@ def _requested_processes(parent_cmdline: list[str]) -> int:
 def relaunch_cpu_processes() -> int | None:
     """If started by ``accelerate launch --cpu --num_processes N>1`` as one process, run N and return their exit code."""
     env = os.environ
-    if env.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true") or "WORLD_SIZE" in env or "MASTER_ADDR" not in env:
+    if (
+        env.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true")
+        or "WORLD_SIZE" in env
+        or "MASTER_ADDR" not in env
+    ):
         return None
     launcher = _accelerate_launcher()
     if launcher is None:  # no parent information, or not accelerate's: behave as accelerate does
@@ -79,8 +83,17 @@ def relaunch_cpu_processes() -> int | None:
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    args = torchrun.parse_args(["--nproc_per_node", str(processes), "--master_addr", env["MASTER_ADDR"],
-                                "--master_port", env.get("MASTER_PORT", "29500"), *sys.argv])
+    args = torchrun.parse_args(
+        [
+            "--nproc_per_node",
+            str(processes),
+            "--master_addr",
+            env["MASTER_ADDR"],
+            "--master_port",
+            env.get("MASTER_PORT", "29500"),
+            *sys.argv,
+        ]
+    )
     try:
         torchrun.run(args)
     except ChildFailedError as failed:

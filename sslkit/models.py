@@ -60,7 +60,9 @@ def build_backbone(name: str, width: int = 64, cifar_stem: bool = False, in_chan
     return ScaledResNet(block, layers, width=width, in_channels=in_channels, cifar_stem=cifar_stem)
 
 
-def build_mlp(in_dim: int, hidden_dim: int, out_dim: int, num_layers: int = 2, last_batch_norm: bool = False) -> nn.Sequential:
+def build_mlp(
+    in_dim: int, hidden_dim: int, out_dim: int, num_layers: int = 2, last_batch_norm: bool = False
+) -> nn.Sequential:
     """Projection / prediction head: ``num_layers`` linear layers, BatchNorm + ReLU between them.
 
     SimCLR uses 2 layers (2048 -> 128), MoCo v3 3 layers with a BatchNorm after the last

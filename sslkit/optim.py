@@ -62,10 +62,14 @@ class LARS(torch.optim.Optimizer):
     momentum and no weight decay.
     """
 
-    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 1e-6, trust_coefficient: float = 0.001):
+    def __init__(
+        self, params, lr: float, momentum: float = 0.9, weight_decay: float = 1e-6, trust_coefficient: float = 0.001
+    ):
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, trust_coefficient=trust_coefficient, lars=True)
+        defaults = dict(
+            lr=lr, momentum=momentum, weight_decay=weight_decay, trust_coefficient=trust_coefficient, lars=True
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -82,7 +86,11 @@ class LARS(torch.optim.Optimizer):
                 if group["lars"]:
                     grad = grad.add(p, alpha=group["weight_decay"])
                     w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(grad)
-                    trust = torch.where((w_norm > 0) & (g_norm > 0), group["trust_coefficient"] * w_norm / g_norm, torch.ones_like(w_norm))
+                    trust = torch.where(
+                        (w_norm > 0) & (g_norm > 0),
+                        group["trust_coefficient"] * w_norm / g_norm,
+                        torch.ones_like(w_norm),
+                    )
                     grad = grad.mul(trust)
                 state = self.state[p]
                 if "momentum_buffer" not in state:
@@ -97,8 +105,9 @@ def _is_bias_or_norm(name: str, param: nn.Parameter) -> bool:
     return param.ndim <= 1 or name.endswith(".bias")
 
 
-def parameter_groups(module: nn.Module, weight_decay: float, exclude_bias_and_norm: bool,
-                     lr_scales: dict[str, float] | None = None) -> list[dict]:
+def parameter_groups(
+    module: nn.Module, weight_decay: float, exclude_bias_and_norm: bool, lr_scales: dict[str, float] | None = None
+) -> list[dict]:
     """Split parameters into groups by weight decay and by per-parameter learning-rate scale.
 
     ``lr_scales`` maps a parameter's name (as in ``module.named_parameters()``) to a
@@ -112,16 +121,30 @@ def parameter_groups(module: nn.Module, weight_decay: float, exclude_bias_and_no
             continue
         plain = exclude_bias_and_norm and _is_bias_or_norm(name, param)
         scale = lr_scales.get(name, 1.0)
-        group = groups.setdefault((plain, scale), {
-            "params": [], "names": [], "weight_decay": 0.0 if plain else weight_decay, "lars": not plain, "lr_scale": scale,
-        })
+        group = groups.setdefault(
+            (plain, scale),
+            {
+                "params": [],
+                "names": [],
+                "weight_decay": 0.0 if plain else weight_decay,
+                "lars": not plain,
+                "lr_scale": scale,
+            },
+        )
         group["params"].append(param)
         group["names"].append(name)
     return list(groups.values())
 
 
-def build_optimizer(name: str, groups: Iterable[dict], lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
-                    betas: tuple[float, float] = (0.9, 0.999), trust_coefficient: float = 0.001) -> torch.optim.Optimizer:
+def build_optimizer(
+    name: str,
+    groups: Iterable[dict],
+    lr: float,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    trust_coefficient: float = 0.001,
+) -> torch.optim.Optimizer:
     """An optimizer by name over prepared parameter groups (see :func:`parameter_groups`)."""
     groups = [dict(g) for g in groups]
     if name == "sgd":

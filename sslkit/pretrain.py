@@ -25,9 +25,16 @@ import os  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from sslkit.config import bundled_recipes
 
-    parser = argparse.ArgumentParser(prog="sslkit-pretrain" if Path(sys.argv[0]).name == "sslkit-pretrain" else "sslkit/pretrain.py", description="Pretrain an encoder from a YAML recipe.")
-    parser.add_argument("recipe", help="a YAML recipe's path, or the name of a bundled one: " + ", ".join(bundled_recipes()))
-    parser.add_argument("overrides", nargs="*", default=[], help="dotted key=value overrides, e.g. train.epochs=5 loss.temperature=0.2")
+    parser = argparse.ArgumentParser(
+        prog="sslkit-pretrain" if Path(sys.argv[0]).name == "sslkit-pretrain" else "sslkit/pretrain.py",
+        description="Pretrain an encoder from a YAML recipe.",
+    )
+    parser.add_argument(
+        "recipe", help="a YAML recipe's path, or the name of a bundled one: " + ", ".join(bundled_recipes())
+    )
+    parser.add_argument(
+        "overrides", nargs="*", default=[], help="dotted key=value overrides, e.g. train.epochs=5 loss.temperature=0.2"
+    )
     # Intermixed: overrides may come before or after the --options, as users type them.
     return parser.parse_intermixed_args(argv)
 
@@ -73,8 +80,10 @@ def interrupted_message(cfg) -> str:
 
     if cfg is not None and list_checkpoints(make_run_dir(cfg)):
         return "interrupted: continue from the last checkpoint with run.resume=auto"
-    return ("interrupted before the first checkpoint: nothing to continue from; run.resume=auto starts the run over "
-            "in the same directory (train.checkpoint_every_steps saves sooner)")
+    return (
+        "interrupted before the first checkpoint: nothing to continue from; run.resume=auto starts the run over "
+        "in the same directory (train.checkpoint_every_steps saves sooner)"
+    )
 
 
 if __name__ == "__main__":

@@ -87,7 +87,9 @@ def write_report(run_dir: Path) -> Path:
     """
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir):
-        raise UserError(f"'{run_dir}' is not a run directory (no config.yaml); give one that sslkit/pretrain.py wrote, e.g. runs/quickstart")
+        raise UserError(
+            f"'{run_dir}' is not a run directory (no config.yaml); give one that sslkit/pretrain.py wrote, e.g. runs/quickstart"
+        )
     records = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in records if "loss" in r]
     knn = _knn_points(records)
@@ -97,9 +99,18 @@ def write_report(run_dir: Path) -> Path:
     sections += ["## Final metrics", ""]
     if results is not None:
         names = _metric_names(results["results"])
-        sections += [_markdown_table(["encoder", *names], [[encoder, *_cells(values, names)] for encoder, values in results["results"].items()]), ""]
+        sections += [
+            _markdown_table(
+                ["encoder", *names],
+                [[encoder, *_cells(values, names)] for encoder, values in results["results"].items()],
+            ),
+            "",
+        ]
     else:
-        sections += ["No `results.json` yet: the run is still training, or it stopped before its final evaluation.", ""]
+        sections += [
+            "No `results.json` yet: the run is still training, or it stopped before its final evaluation.",
+            "",
+        ]
     if steps:
         sections += ["## Training", "", _training_summary(steps), ""]
     sections += ["## Curves", "", *_curves(run_dir, steps, knn), ""]
@@ -163,9 +174,16 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _training_summary(steps: list[dict]) -> str:
-    rows = [["steps logged", str(len(steps))], ["last step", str(steps[-1]["step"])], ["last loss", _format(steps[-1]["loss"])]]
+    rows = [
+        ["steps logged", str(len(steps))],
+        ["last step", str(steps[-1]["step"])],
+        ["last loss", _format(steps[-1]["loss"])],
+    ]
     # Medians: the first window includes start-up, and a checkpoint or kNN pass slows one window.
-    for key, label, style in (("images_per_s", "median images/s", "{:.0f}"), ("data_wait_share", "median data-wait share", "{:.1%}")):
+    for key, label, style in (
+        ("images_per_s", "median images/s", "{:.0f}"),
+        ("data_wait_share", "median data-wait share", "{:.1%}"),
+    ):
         values = [r[key] for r in steps if isinstance(r.get(key), (int, float))]
         if values:
             rows.append([label, style.format(statistics.median(values))])
@@ -194,7 +212,16 @@ def _curves(run_dir: Path, steps: list[dict], knn: list[tuple[int, int, float, b
         lines.append(_plot(run_dir / "report-loss.png", xs, [r["loss"] for r in steps], "step", "training loss"))
         lines.append(_plot(run_dir / "report-lr.png", xs, [r["lr"] for r in steps], "step", "learning rate"))
     if knn:
-        lines.append(_plot(run_dir / "report-knn_top1.png", [p[0] for p in knn], [p[2] for p in knn], "epoch", "kNN top-1", marker="o"))
+        lines.append(
+            _plot(
+                run_dir / "report-knn_top1.png",
+                [p[0] for p in knn],
+                [p[2] for p in knn],
+                "epoch",
+                "kNN top-1",
+                marker="o",
+            )
+        )
     else:
         lines.append("No kNN records yet (the first monitored epoch has not ended, or `train.knn_every_epochs` is 0).")
     return lines
@@ -216,14 +243,30 @@ def _text_curves(steps: list[dict], knn: list[tuple[int, int, float, bool]]) -> 
     lines = [f"_Plots need matplotlib: {PLOT_HINT}_", ""]
     if steps:
         sampled = _sample(steps, TEXT_TABLE_ROWS)
-        shown = f"{len(sampled)} of {len(steps)} logged steps, evenly spaced" if len(sampled) < len(steps) else "every logged step"
+        shown = (
+            f"{len(sampled)} of {len(steps)} logged steps, evenly spaced"
+            if len(sampled) < len(steps)
+            else "every logged step"
+        )
         lines += [f"Loss and learning rate ({shown}):", ""]
-        lines += [_markdown_table(["step", "epoch", "loss", "lr"],
-                                  [[str(r["step"]), str(r.get("epoch", "")), _format(r["loss"]), f"{r['lr']:.3g}"] for r in sampled]), ""]
+        lines += [
+            _markdown_table(
+                ["step", "epoch", "loss", "lr"],
+                [[str(r["step"]), str(r.get("epoch", "")), _format(r["loss"]), f"{r['lr']:.3g}"] for r in sampled],
+            ),
+            "",
+        ]
     if knn:
         lines += ["kNN top-1:", ""]
-        lines += [_markdown_table(["epoch", "step", "knn_top1"],
-                                  [[str(e) + (" (final)" if final else ""), str(s), _format(v)] for e, s, v, final in _sample(knn, TEXT_TABLE_ROWS)])]
+        lines += [
+            _markdown_table(
+                ["epoch", "step", "knn_top1"],
+                [
+                    [str(e) + (" (final)" if final else ""), str(s), _format(v)]
+                    for e, s, v, final in _sample(knn, TEXT_TABLE_ROWS)
+                ],
+            )
+        ]
     else:
         lines.append("No kNN records yet (the first monitored epoch has not ended, or `train.knn_every_epochs` is 0).")
     return lines

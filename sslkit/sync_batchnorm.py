@@ -33,7 +33,9 @@ from sslkit import distributed
 _TORCH_SYNC_DEVICES = ("cuda", "xpu", "hpu", torch._C._get_privateuse1_backend_name())
 
 
-def _global_moments(mean: torch.Tensor, variance: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _global_moments(
+    mean: torch.Tensor, variance: torch.Tensor, count: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Combine every process's per-channel mean and biased variance into the global ones (no gradient).
 
     Each process sends its count ``n_r``, mean ``mu_r`` and sum of squared deviations
@@ -47,7 +49,9 @@ def _global_moments(mean: torch.Tensor, variance: torch.Tensor, count: int) -> t
         mean, variance: (C,) of this process; returns the global (C,), (C,) and the 0-d count n.
     """
     counts = torch.full_like(mean, count)
-    parts = distributed.gather_no_grad(torch.stack([mean, variance * counts, counts]).unsqueeze(0), check=False)  # (W, 3, C): one collective, one row each
+    parts = distributed.gather_no_grad(
+        torch.stack([mean, variance * counts, counts]).unsqueeze(0), check=False
+    )  # (W, 3, C): one collective, one row each
     means, sums, counts = parts[:, 0], parts[:, 1], parts[:, 2]
     total = counts.sum(0)  # (C,), every entry n
     global_mean = (counts * means).sum(0) / total
@@ -105,8 +109,17 @@ class _GlobalBatchNormFunction(torch.autograd.Function):
         affine = weight is not None
         # One fused pass: w / sigma * dy, and the local sums of dy * xhat and dy.
         partial, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-            grad_out.contiguous(memory_format=_memory_format(x)), x, weight, mean, variance, None, None, False, ctx.eps,
-            [True, True, True])
+            grad_out.contiguous(memory_format=_memory_format(x)),
+            x,
+            weight,
+            mean,
+            variance,
+            None,
+            None,
+            False,
+            ctx.eps,
+            [True, True, True],
+        )
         grad_weight, grad_bias = (sum_dy_xhat, sum_dy) if affine else (None, None)  # local sums: DDP averages them
         sums = torch.stack([sum_dy, sum_dy_xhat])  # (2, C), a copy: the all-reduce leaves the local sums alone
         if distributed.is_distributed():
@@ -123,7 +136,11 @@ class _GlobalBatchNormFunction(torch.autograd.Function):
 
 
 def _memory_format(x: torch.Tensor) -> torch.memory_format:
-    return torch.channels_last if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    return (
+        torch.channels_last
+        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+        else torch.contiguous_format
+    )
 
 
 class GlobalBatchNorm(_BatchNorm):
@@ -163,9 +180,16 @@ class GlobalBatchNorm(_BatchNorm):
         weight = self.weight.to(x.dtype) if self.affine else None
         bias = self.bias.to(x.dtype) if self.affine else None
         running = self.track_running_stats and self.running_mean is not None
-        out = _GlobalBatchNormFunction.apply(x, weight, bias, self.running_mean if running else None,
-                                             self.running_var if running else None, self.momentum, self.eps,
-                                             self.num_batches_tracked if running else None)
+        out = _GlobalBatchNormFunction.apply(
+            x,
+            weight,
+            bias,
+            self.running_mean if running else None,
+            self.running_var if running else None,
+            self.momentum,
+            self.eps,
+            self.num_batches_tracked if running else None,
+        )
         return out.to(input.dtype)
 
 
@@ -181,7 +205,9 @@ def convert_sync_batchnorm(module: nn.Module, device_type: str) -> nn.Module:
     if device_type in _TORCH_SYNC_DEVICES:
         return nn.SyncBatchNorm.convert_sync_batchnorm(module)
     if type(module) in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
-        converted = GlobalBatchNorm(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+        converted = GlobalBatchNorm(
+            module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats
+        )
         # The same parameter and buffer objects: device, dtype, requires_grad and values carry over.
         if module.affine:
             converted.weight, converted.bias = module.weight, module.bias

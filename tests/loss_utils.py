@@ -168,7 +168,7 @@ def labelled_under_autocast(fn, x, labels, dtype, backward=False, **kwargs):
 def rank_slice(t, rank, world):
     """Rank ``rank``'s share of a batch split evenly over ``world`` processes."""
     n = t.shape[0] // world
-    return t[rank * n:(rank + 1) * n]
+    return t[rank * n : (rank + 1) * n]
 
 
 def two_view_worker(rank, world, loss_cls, cases):
@@ -230,7 +230,7 @@ def emulated_processes(monkeypatch, loss_fn, z1, z2, world):
     n = z1.shape[0] // world
     losses, grads = [], [torch.zeros_like(z1), torch.zeros_like(z2)]
     for rank in range(world):
-        leaves = [[z[s * n:(s + 1) * n].clone().requires_grad_(True) for s in range(world)] for z in (z1, z2)]
+        leaves = [[z[s * n : (s + 1) * n].clone().requires_grad_(True) for s in range(world)] for z in (z1, z2)]
 
         def gather(tensor, check=True, leaves=leaves, rank=rank):  # check: the real gather's size check, moot here
             view = leaves[0] if tensor is leaves[0][rank] else leaves[1]
@@ -246,6 +246,6 @@ def emulated_processes(monkeypatch, loss_fn, z1, z2, world):
         losses.append(loss.detach())
         for v in range(2):
             for s in range(world):
-                grads[v][s * n:(s + 1) * n] += leaves[v][s].grad
+                grads[v][s * n : (s + 1) * n] += leaves[v][s].grad
     monkeypatch.undo()
     return torch.stack(losses).mean(), grads[0] / world, grads[1] / world

@@ -33,9 +33,17 @@ from sslkit.errors import UserError  # noqa: E402
 
 QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
 TINY = [
-    "model.width=4", "model.projector_hidden=32", "model.projector_out=16", "augment.image_size=8",
-    "train.batch_size=64", "train.max_steps=2", "train.log_every_steps=1", "train.threads=1",
-    "eval.linear_epochs=2", "eval.compare_random_init=false", "optim.warmup_epochs=0",
+    "model.width=4",
+    "model.projector_hidden=32",
+    "model.projector_out=16",
+    "augment.image_size=8",
+    "train.batch_size=64",
+    "train.max_steps=2",
+    "train.log_every_steps=1",
+    "train.threads=1",
+    "eval.linear_epochs=2",
+    "eval.compare_random_init=false",
+    "optim.warmup_epochs=0",
 ]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -90,7 +98,10 @@ def test_sweep_runs_every_point_and_writes_tables_and_plots(sweep):
     points = json.loads((out / "results.json").read_text())["points"]
     assert [p["values"] for p in points] == [{"loss.temperature": 0.1}, {"loss.temperature": 0.5}]
     summary = read_csv(out / "summary.csv")
-    assert [(r["loss.temperature"], r["n_ok"], r["n_failed"]) for r in summary] == [("0.1", "1", "0"), ("0.5", "1", "0")]
+    assert [(r["loss.temperature"], r["n_ok"], r["n_failed"]) for r in summary] == [
+        ("0.1", "1", "0"),
+        ("0.5", "1", "0"),
+    ]
     assert summary[0]["knn_top1_mean"] == rows[0]["knn_top1"] and summary[0]["knn_top1_std"] == ""  # one seed: no std
     for metric in ("knn_top1", "linear_top1"):
         assert (out / f"{metric}.png").read_bytes().startswith(PNG_MAGIC)
@@ -102,13 +113,18 @@ def test_rerun_skips_finished_points_and_redoes_an_unfinished_one(sweep, tmp_pat
     shutil.copytree(sweep[0], out)
     done, unfinished = out / "runs" / "loss.temperature=0.1_seed=0", out / "runs" / "loss.temperature=0.5_seed=0"
     (unfinished / "results.json").unlink()  # as if the sweep was stopped while this point ran
-    done_mtime, unfinished_mtime = (done / "metrics.jsonl").stat().st_mtime_ns, (unfinished / "metrics.jsonl").stat().st_mtime_ns
+    done_mtime, unfinished_mtime = (
+        (done / "metrics.jsonl").stat().st_mtime_ns,
+        (unfinished / "metrics.jsonl").stat().st_mtime_ns,
+    )
     status, stdout, stderr = run_ablate("--sweep", "loss.temperature=0.1,0.5", "--out", str(out))
     assert status == 0, stdout + stderr
     assert stdout.count("done, skipped") == 1 and "loss.temperature=0.1_seed=0: done, skipped" in stdout
     assert "loss.temperature=0.5_seed=0: ok" in stdout
     assert (done / "metrics.jsonl").stat().st_mtime_ns == done_mtime
-    assert (unfinished / "metrics.jsonl").stat().st_mtime_ns > unfinished_mtime and (unfinished / "results.json").is_file()
+    assert (unfinished / "metrics.jsonl").stat().st_mtime_ns > unfinished_mtime and (
+        unfinished / "results.json"
+    ).is_file()
     rows = read_csv(out / "results.csv")
     assert [(r["status"], r["skipped"]) for r in rows] == [("ok", "True"), ("ok", "False")]
     assert float(rows[0]["wall_s"]) > 0  # the skipped point keeps the wall time of the run that made it
@@ -130,7 +146,9 @@ def test_rerun_without_matplotlib_writes_tables_and_says_how_to_get_plots(sweep,
 
 def test_rerun_with_other_settings_into_the_same_out_is_refused(sweep):
     out = sweep[0]
-    status, stdout, stderr = run_ablate("--sweep", "loss.temperature=0.1,0.5", "--out", str(out), "eval.linear_epochs=3")
+    status, stdout, stderr = run_ablate(
+        "--sweep", "loss.temperature=0.1,0.5", "--out", str(out), "eval.linear_epochs=3"
+    )
     assert status == 2
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "eval.linear_epochs=2" in lines[0] and "eval.linear_epochs=3" in lines[0], stderr
@@ -159,8 +177,20 @@ def test_a_diverging_point_is_recorded_and_the_next_one_still_runs(tmp_path, mon
 
 
 def test_bad_sweep_syntax_gives_one_line_from_the_command(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "ablate.py"), QUICKSTART, "--sweep", "loss.temperature:0.1,0.2",
-                             "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "ablate.py"),
+            QUICKSTART,
+            "--sweep",
+            "loss.temperature:0.1,0.2",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "loss.temperature:0.1,0.2" in lines[0] and "key=V1,V2" in lines[0], result.stderr
@@ -216,7 +246,9 @@ def test_parse_sweep(text, key, values):
     assert ablate.parse_sweep(text) == (key, values)
 
 
-@pytest.mark.parametrize("text", ["loss.temperature", "=0.1,0.2", "loss.temperature=", "loss.temperature=0.1,,0.2", "temperature=0.1"])
+@pytest.mark.parametrize(
+    "text", ["loss.temperature", "=0.1,0.2", "loss.temperature=", "loss.temperature=0.1,,0.2", "temperature=0.1"]
+)
 def test_parse_sweep_rejects(text):
     with pytest.raises(UserError, match="section.key=V1,V2"):
         ablate.parse_sweep(text)
@@ -225,8 +257,10 @@ def test_parse_sweep_rejects(text):
 def test_grid_is_the_product_with_seeds_innermost_and_paths_made_safe():
     points = ablate.build_grid([("loss.temperature", ["0.1", "0.2"]), ("data.root", ["/a/b"])], seeds=[3, 4])
     assert [p.name for p in points] == [
-        "loss.temperature=0.1_data.root=-a-b_seed=3", "loss.temperature=0.1_data.root=-a-b_seed=4",
-        "loss.temperature=0.2_data.root=-a-b_seed=3", "loss.temperature=0.2_data.root=-a-b_seed=4",
+        "loss.temperature=0.1_data.root=-a-b_seed=3",
+        "loss.temperature=0.1_data.root=-a-b_seed=4",
+        "loss.temperature=0.2_data.root=-a-b_seed=3",
+        "loss.temperature=0.2_data.root=-a-b_seed=4",
     ]
     assert points[1].overrides() == ["loss.temperature=0.1", "data.root=/a/b", "run.seed=4"]
     with pytest.raises(UserError, match="same run directory name"):
@@ -237,15 +271,25 @@ def test_point_command_is_the_users_command_behind_the_launcher(tmp_path):
     point = ablate.Point((("loss.temperature", "0.2"),), seed=1)
     plain = ablate.point_command(point, Path("r.yaml"), ["train.epochs=3"], tmp_path, None)
     assert plain[:3] == [sys.executable, str(ROOT / "sslkit" / "pretrain.py"), "r.yaml"]
-    assert plain[3:] == ["train.epochs=3", "loss.temperature=0.2", "run.seed=1", f"run.output_dir={tmp_path / 'runs'}",
-                         f"run.name={point.name}", "run.resume=auto"]
-    launched = ablate.point_command(point, Path("r.yaml"), ["train.epochs=3"], tmp_path, "accelerate launch --cpu --num_processes 2")
+    assert plain[3:] == [
+        "train.epochs=3",
+        "loss.temperature=0.2",
+        "run.seed=1",
+        f"run.output_dir={tmp_path / 'runs'}",
+        f"run.name={point.name}",
+        "run.resume=auto",
+    ]
+    launched = ablate.point_command(
+        point, Path("r.yaml"), ["train.epochs=3"], tmp_path, "accelerate launch --cpu --num_processes 2"
+    )
     assert launched == ["accelerate", "launch", "--cpu", "--num_processes", "2", *plain[1:]]
 
 
 def test_error_line_prefers_sslkits_own_line_over_a_launchers_traceback():
-    stderr = ("error: loss became nan at step 3\nTraceback (most recent call last):\n  File \"x\"\n"
-              "subprocess.CalledProcessError: Command '...' returned non-zero exit status 2.\n")
+    stderr = (
+        'error: loss became nan at step 3\nTraceback (most recent call last):\n  File "x"\n'
+        "subprocess.CalledProcessError: Command '...' returned non-zero exit status 2.\n"
+    )
     assert ablate.error_line(stderr, 1) == "loss became nan at step 3"
     assert ablate.error_line("Traceback ...\nRuntimeError: boom\n\n", 1) == "RuntimeError: boom"
     assert ablate.error_line("", -9) == "killed by SIGKILL"
@@ -257,16 +301,33 @@ def test_error_line_prefers_sslkits_own_line_over_a_launchers_traceback():
 def record(temperature: str, lr: str, seed: int, knn: float | None, linear: float | None = None) -> dict:
     failed = knn is None
     metrics = {} if failed else {"knn_top1": knn, "linear_top1": linear if linear is not None else knn / 2}
-    return {"name": f"t{temperature}-lr{lr}-s{seed}", "values": {}, "values_text": {"loss.temperature": temperature, "optim.lr": lr},
-            "seed": seed, "status": "failed" if failed else "ok", "skipped": False, "error": "boom" if failed else None,
-            "wall_s": 1.0, "metrics": metrics, "run_dir": "x"}
+    return {
+        "name": f"t{temperature}-lr{lr}-s{seed}",
+        "values": {},
+        "values_text": {"loss.temperature": temperature, "optim.lr": lr},
+        "seed": seed,
+        "status": "failed" if failed else "ok",
+        "skipped": False,
+        "error": "boom" if failed else None,
+        "wall_s": 1.0,
+        "metrics": metrics,
+        "run_dir": "x",
+    }
 
 
 RECORDS = [
-    record("0.02", "0.1", 0, 0.60), record("0.02", "0.1", 1, 0.70), record("0.02", "0.1", 2, 0.80),
-    record("0.5", "0.1", 0, 0.50), record("0.5", "0.1", 1, None), record("0.5", "0.1", 2, 0.52),
-    record("0.02", "1.0", 0, 0.30), record("0.02", "1.0", 1, 0.32), record("0.02", "1.0", 2, None),
-    record("0.5", "1.0", 0, None), record("0.5", "1.0", 1, None), record("0.5", "1.0", 2, None),
+    record("0.02", "0.1", 0, 0.60),
+    record("0.02", "0.1", 1, 0.70),
+    record("0.02", "0.1", 2, 0.80),
+    record("0.5", "0.1", 0, 0.50),
+    record("0.5", "0.1", 1, None),
+    record("0.5", "0.1", 2, 0.52),
+    record("0.02", "1.0", 0, 0.30),
+    record("0.02", "1.0", 1, 0.32),
+    record("0.02", "1.0", 2, None),
+    record("0.5", "1.0", 0, None),
+    record("0.5", "1.0", 1, None),
+    record("0.5", "1.0", 2, None),
 ]
 KEYS = ["loss.temperature", "optim.lr"]
 
@@ -276,10 +337,15 @@ def test_summary_is_mean_and_sample_std_over_the_seeds_that_succeeded():
     first = rows[("0.02", "0.1")]
     assert (first["n_ok"], first["n_failed"]) == (3, 0)
     assert first["knn_top1_mean"] == pytest.approx(0.70) and first["knn_top1_std"] == pytest.approx(0.10)  # n - 1
-    assert first["linear_top1_mean"] == pytest.approx(0.35) and first["values"] == {"loss.temperature": 0.02, "optim.lr": 0.1}
+    assert first["linear_top1_mean"] == pytest.approx(0.35) and first["values"] == {
+        "loss.temperature": 0.02,
+        "optim.lr": 0.1,
+    }
     partly = rows[("0.5", "0.1")]
     assert (partly["n_ok"], partly["n_failed"]) == (2, 1)
-    assert partly["knn_top1_mean"] == pytest.approx(0.51) and partly["knn_top1_std"] == pytest.approx(statistics.stdev([0.50, 0.52]))
+    assert partly["knn_top1_mean"] == pytest.approx(0.51) and partly["knn_top1_std"] == pytest.approx(
+        statistics.stdev([0.50, 0.52])
+    )
     assert rows[("0.02", "1.0")]["knn_top1_std"] == pytest.approx(statistics.stdev([0.30, 0.32]))
     none = rows[("0.5", "1.0")]
     assert (none["n_ok"], none["knn_top1_mean"], none["knn_top1_std"]) == (0, None, None)
@@ -301,10 +367,14 @@ def test_tables_and_plots_from_records(tmp_path):
     assert list(data_line.get_xdata()) == [0.02, 0.5] and list(data_line.get_ydata()) == pytest.approx([0.70, 0.51])
 
     decade = [record("0.05", "0.1", 0, 0.5), record("0.5", "0.1", 0, 0.6)]  # the usual temperature sweep: exactly 10x
-    figure = ablate.plot_metric(ablate.summarize(decade, ["loss.temperature"]), ["loss.temperature"], "knn_top1", tmp_path / "d.png")
+    figure = ablate.plot_metric(
+        ablate.summarize(decade, ["loss.temperature"]), ["loss.temperature"], "knn_top1", tmp_path / "d.png"
+    )
     assert figure.axes[0].get_xscale() == "log"
     narrow = [record("0.1", "0.1", 0, 0.5), record("0.2", "0.1", 0, 0.6)]
-    figure = ablate.plot_metric(ablate.summarize(narrow, ["loss.temperature"]), ["loss.temperature"], "knn_top1", tmp_path / "n.png")
+    figure = ablate.plot_metric(
+        ablate.summarize(narrow, ["loss.temperature"]), ["loss.temperature"], "knn_top1", tmp_path / "n.png"
+    )
     assert figure.axes[0].get_xscale() == "linear" and figure.axes[0].get_legend() is None
 
 
@@ -312,7 +382,9 @@ def test_non_numeric_values_are_categories(tmp_path):
     records = [record("0.1", "0.1", 0, 0.5), record("0.1", "0.1", 1, 0.7)]
     for r, name in zip(records, ("digits", "fashion_mnist")):
         r["values_text"] = {"data.name": name}
-    figure = ablate.plot_metric(ablate.summarize(records, ["data.name"]), ["data.name"], "knn_top1", tmp_path / "c.png")
+    figure = ablate.plot_metric(
+        ablate.summarize(records, ["data.name"]), ["data.name"], "knn_top1", tmp_path / "c.png"
+    )
     axes = figure.axes[0]
     assert [t.get_text() for t in axes.get_xticklabels()] == ["digits", "fashion_mnist"]
     assert list(axes.containers[0][0].get_xdata()) == [0, 1]

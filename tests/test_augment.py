@@ -2,7 +2,6 @@
 probability is 0, the hand-written pieces (crop, colour jitter) against torchvision, asymmetric
 views, devices, and the show_augmentations tool on a real recipe."""
 
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -29,11 +28,20 @@ from sslkit.config import AugmentConfig
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import show_augmentations  # noqa: E402
+
 RGB_STATS = ((0.4, 0.5, 0.6), (0.2, 0.25, 0.3))
 GREY_STATS = ((0.3,), (0.35,))
 
 # Every random op off and the crop the whole image: what is left is resize and normalise.
-NOTHING_RANDOM = dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), hflip_p=0.0, jitter_p=0.0, grayscale_p=0.0, blur_p=0.0, solarize_p=0.0)
+NOTHING_RANDOM = dict(
+    crop_scale=(1.0, 1.0),
+    crop_ratio=(1.0, 1.0),
+    hflip_p=0.0,
+    jitter_p=0.0,
+    grayscale_p=0.0,
+    blur_p=0.0,
+    solarize_p=0.0,
+)
 
 
 def random_images(batch, channels, size, seed=0):
@@ -123,7 +131,11 @@ def test_flip_coin_is_per_sample():
 
 
 def test_flip_folded_into_the_crop_is_the_flipped_crop():
-    cfg = AugmentConfig(**{**NOTHING_RANDOM, "crop_scale": (0.2, 0.7), "crop_ratio": (0.5, 2.0), "hflip_p": 0.5}, image_size=16, normalize=False)
+    cfg = AugmentConfig(
+        **{**NOTHING_RANDOM, "crop_scale": (0.2, 0.7), "crop_ratio": (0.5, 2.0), "hflip_p": 0.5},
+        image_size=16,
+        normalize=False,
+    )
     augment = TwoViewAugment(cfg, 3, *RGB_STATS)
     images = random_images(6, 3, 24)
     torch.manual_seed(3)
@@ -132,7 +144,9 @@ def test_flip_folded_into_the_crop_is_the_flipped_crop():
     torch.manual_seed(3)
     corners = augment.crop_boxes((12, 3, 24, 24))["src"]
     flip = torch.rand(12) < 0.5
-    crops = resized_crop(images.float() / 255, torch.cat([corners[:, 0], corners[:, 2]], dim=1), torch.arange(6).repeat(2), 16)
+    crops = resized_crop(
+        images.float() / 255, torch.cat([corners[:, 0], corners[:, 2]], dim=1), torch.arange(6).repeat(2), 16
+    )
     expected = torch.where(flip[:, None, None, None], crops.flip(-1), crops)
     assert 0 < int(flip.sum()) < 12
     torch.testing.assert_close(torch.cat([view1, view2]), expected, atol=1e-5, rtol=0)
@@ -170,7 +184,9 @@ def test_constant_image_normalises_to_its_standard_score():
 
 def test_dataset_statistics_give_zero_mean_unit_std():
     g = torch.Generator().manual_seed(3)
-    images = (torch.rand(64, 3, 16, 16, generator=g) * torch.tensor([0.5, 0.8, 1.0]).view(1, 3, 1, 1) * 255).to(torch.uint8)
+    images = (torch.rand(64, 3, 16, 16, generator=g) * torch.tensor([0.5, 0.8, 1.0]).view(1, 3, 1, 1) * 255).to(
+        torch.uint8
+    )
     unit = images.float() / 255
     mean = tuple(unit.mean(dim=(0, 2, 3)).tolist())
     std = tuple(unit.std(dim=(0, 2, 3)).tolist())
@@ -242,7 +258,9 @@ def test_resized_crop_samples_the_box_and_resizes_its_inside_like_torchvision():
     piece = images[0:1, :, y0 : y1 + 1, x0 : x1 + 1]
     expected = F.interpolate(piece, size=(24, 24), mode="bilinear", align_corners=False)[0]
     torch.testing.assert_close(out[3, :, 2:-2, 2:-2], expected[:, 2:-2, 2:-2], atol=1e-5, rtol=0)
-    torch.testing.assert_close(out[0], F.interpolate(images[0:1], size=(24, 24), mode="bilinear", align_corners=False)[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        out[0], F.interpolate(images[0:1], size=(24, 24), mode="bilinear", align_corners=False)[0], atol=1e-5, rtol=0
+    )
 
 
 def test_resized_crop_paths_agree_where_both_apply():
@@ -267,12 +285,15 @@ def test_resized_crop_does_not_alias_when_shrinking():
     torch.testing.assert_close(out, torch.full_like(out, 0.5), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("ours,theirs,channels", [
-    (adjust_brightness, TF.adjust_brightness, 3),
-    (adjust_contrast, TF.adjust_contrast, 3),
-    (adjust_contrast, TF.adjust_contrast, 1),
-    (adjust_saturation, TF.adjust_saturation, 3),
-])
+@pytest.mark.parametrize(
+    "ours,theirs,channels",
+    [
+        (adjust_brightness, TF.adjust_brightness, 3),
+        (adjust_contrast, TF.adjust_contrast, 3),
+        (adjust_contrast, TF.adjust_contrast, 1),
+        (adjust_saturation, TF.adjust_saturation, 3),
+    ],
+)
 def test_colour_steps_match_torchvision(ours, theirs, channels):
     g = torch.Generator().manual_seed(5)
     images = torch.rand(6, channels, 9, 11, generator=g)
@@ -300,8 +321,12 @@ def test_color_jitter_is_torchvision_in_the_drawn_order():
     out = jitter(images)
     torch.manual_seed(8)
     params = jitter.draw(images.shape)  # the same draw again
-    steps = [("brightness_factor", TF.adjust_brightness), ("contrast_factor", TF.adjust_contrast),
-             ("saturation_factor", TF.adjust_saturation), ("hue_factor", TF.adjust_hue)]
+    steps = [
+        ("brightness_factor", TF.adjust_brightness),
+        ("contrast_factor", TF.adjust_contrast),
+        ("saturation_factor", TF.adjust_saturation),
+        ("hue_factor", TF.adjust_hue),
+    ]
     for i, image in enumerate(images):
         for step in params["order"].tolist():
             key, adjust = steps[step]
@@ -354,9 +379,22 @@ def test_show_augmentations_writes_the_png(tmp_path):
     )
     out = tmp_path / "grid.png"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "show_augmentations.py"), str(recipe), "augment.blur_p=1.0",
-         "--out", str(out), "--images", "3", "--views", "4"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        [
+            sys.executable,
+            str(ROOT / "tools" / "show_augmentations.py"),
+            str(recipe),
+            "augment.blur_p=1.0",
+            "--out",
+            str(out),
+            "--images",
+            "3",
+            "--views",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     assert str(out.name) in result.stdout

@@ -39,7 +39,10 @@ def test_quick_run_writes_every_section(tmp_path):
     out = tmp_path / "losses.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools/bench/losses.py"), "--quick", "--threads", "1", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "(a) batch losses" in proc.stdout
@@ -90,7 +93,7 @@ def test_every_candidate_is_timed_each_repeat_in_a_varying_order(bench):
     times, values, errors = bench.median_times(steps, repeats=20)
     timed = calls[3:]  # after one warm-up call each
     assert len(timed) == 60 and all(len(times.samples[n]) == 20 for n in steps)
-    orders = {tuple(timed[i:i + 3]) for i in range(0, 60, 3)}
+    orders = {tuple(timed[i : i + 3]) for i in range(0, 60, 3)}
     assert len(orders) > 1 and all(sorted(o) == sorted(steps) for o in orders)
     assert values == {"matmul3": 0.0, "sslkit": 0.0, "peer": 0.0} and errors == {}
 
@@ -103,6 +106,7 @@ def test_a_block_times_consecutive_calls_and_records_the_time_per_call(bench):
             calls.append(name)
             time.sleep(seconds)
             return 0.0
+
         return run
 
     steps = {"short": step("short", 0.002), "long": step("long", 0.03)}
@@ -118,8 +122,22 @@ def test_head_floor_quick_run_reports_every_head_against_both_baselines(tmp_path
     """tools/bench/head_floor.py --quick: every candidate against the matmuls, each margin head
     against the aten floor, in every round, and the same figures in its JSON."""
     out = tmp_path / "head_floor.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "tools/bench/head_floor.py"), "--quick", "--rounds", "2",
-                           "--threads", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools/bench/head_floor.py"),
+            "--quick",
+            "--rounds",
+            "2",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "aten floor" in proc.stdout
     report = json.loads(out.read_text())

@@ -34,8 +34,13 @@ def _positive(x) -> bool:
 
 
 def test_runner_quick_train_writes_report_and_summary(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--quick", "--only", "train", "--out", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "run.py"), "--quick", "--only", "train", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "headline figures" in proc.stdout
 
@@ -65,7 +70,11 @@ def test_runner_quick_train_writes_report_and_summary(tmp_path):
 
 def test_runner_records_a_failed_benchmark_and_goes_on(tmp_path):
     run = load("run")
-    failing = [sys.executable, "-c", "import sys; print('partial output'); print('boom: no data', file=sys.stderr); sys.exit(3)"]
+    failing = [
+        sys.executable,
+        "-c",
+        "import sys; print('partial output'); print('boom: no data', file=sys.stderr); sys.exit(3)",
+    ]
     record = run.run_benchmark("knn", failing, run.Console(file=open(tmp_path / "log.txt", "w")), timeout=60)
     assert record["status"] == "error" and record["returncode"] == 3
     assert "exit code 3" in record["error"] and "boom: no data" in record["error"]
@@ -79,10 +88,27 @@ def test_runner_records_a_failed_benchmark_and_goes_on(tmp_path):
 
 def test_headlines_read_each_benchmark_layout(tmp_path):
     run = load("run")
-    losses = {"batch_losses": [{"loss": "ntxent", "peer": "lightly NTXentLoss", "available": True,
-                                "sslkit_over_matmul3": 1.4, "sslkit_over_peer": 0.5},
-                               {"loss": "dcl", "peer": "lightly DCLLoss", "available": False, "note": "not available (ImportError)"}],
-              "heads": [{"loss": "arcface", "peer": "pml ArcFaceLoss", "available": True, "sslkit_over_matmul3": 1.2, "sslkit_over_peer": 0.9}]}
+    losses = {
+        "batch_losses": [
+            {
+                "loss": "ntxent",
+                "peer": "lightly NTXentLoss",
+                "available": True,
+                "sslkit_over_matmul3": 1.4,
+                "sslkit_over_peer": 0.5,
+            },
+            {"loss": "dcl", "peer": "lightly DCLLoss", "available": False, "note": "not available (ImportError)"},
+        ],
+        "heads": [
+            {
+                "loss": "arcface",
+                "peer": "pml ArcFaceLoss",
+                "available": True,
+                "sslkit_over_matmul3": 1.2,
+                "sslkit_over_peer": 0.9,
+            }
+        ],
+    }
     rows = {r.figure: r for r in run.losses_headlines(losses)}
     assert rows["ntxent fwd+bwd / 3 matmuls"].passed is True
     assert rows["arcface fwd+bwd / 3 matmuls"].passed is False  # 1.2 > 1.15
@@ -90,7 +116,12 @@ def test_headlines_read_each_benchmark_layout(tmp_path):
     assert rows["dcl fwd+bwd / 3 matmuls"].passed is None and "not available" in rows["dcl fwd+bwd / 3 matmuls"].note
     assert rows["supcon fwd+bwd / 3 matmuls"].value is None  # absent from the report: shown, not dropped
 
-    augment = {"pipelines": {"torchvision-per-image": {"sslkit_speedup_wall": 12.0}, "kornia-sequential": {"sslkit_speedup_wall": 0.8}}}
+    augment = {
+        "pipelines": {
+            "torchvision-per-image": {"sslkit_speedup_wall": 12.0},
+            "kornia-sequential": {"sslkit_speedup_wall": 0.8},
+        }
+    }
     assert [r.passed for r in run.augment_headlines(augment)] == [True, False]
     assert [r.passed for r in run.knn_headlines({"sklearn_over_sslkit": 3.0})] == [True]
 
@@ -108,8 +139,16 @@ def test_race_reads_per_step_metrics_across_epochs(tmp_path):
         for k in range(3):
             step = epoch * 3 + k + 1
             seconds = 0.5 if k == 0 else 0.1  # the first step of an epoch also starts the epoch's iterator
-            records.append({"step": step, "epoch": epoch, "loss": 4.0, "lr": 1e-3, "images_per_s": batch / seconds,
-                            "data_wait_share": 0.2 if k == 0 else 0.01})
+            records.append(
+                {
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": 4.0,
+                    "lr": 1e-3,
+                    "images_per_s": batch / seconds,
+                    "data_wait_share": 0.2 if k == 0 else 0.01,
+                }
+            )
     records.append({"step": 6, "epoch": 2, "final_knn_top1": 0.5})
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -160,8 +199,11 @@ def test_train_bench_builds_with_the_trainers_builders_and_times_npid():
     """The training benchmark builds its pieces with sslkit.train's own builders (so a recipe's
     global BatchNorm reaches it), and passes sample indices to a method that needs them."""
     bench = load("train")
-    cfg, *_ = bench.resolve_config(None, ["method.name=nce", "loss.name=nce", "model.sync_batchnorm=true",
-                                          "train.batch_size=16", "model.width=4"], quick=True)
+    cfg, *_ = bench.resolve_config(
+        None,
+        ["method.name=nce", "loss.name=nce", "model.sync_batchnorm=true", "train.batch_size=16", "model.width=4"],
+        quick=True,
+    )
     pieces = bench.build_pieces(cfg, total_steps=4)
     assert any(type(m).__name__ == "GlobalBatchNorm" for m in pieces.method.modules())
     full, floor, order = bench.measure(pieces, steps=1, warmup=1, num_workers=0)

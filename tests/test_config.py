@@ -5,7 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from sslkit.config import BUNDLED_RECIPES, bundled_recipes, config_from_dict, find_recipe, load_config, save_config, to_dict
+from sslkit.config import (
+    BUNDLED_RECIPES,
+    bundled_recipes,
+    config_from_dict,
+    find_recipe,
+    load_config,
+    save_config,
+    to_dict,
+)
 from sslkit.errors import UserError
 
 
@@ -24,7 +32,9 @@ def test_every_recipe_loads():
 
 def test_overrides_are_typed_and_dotted(tmp_path):
     path = write(tmp_path, "train: {epochs: 3}\nloss: {name: ntxent, temperature: 0.5}\n")
-    cfg = load_config(path, ["train.epochs=5", "loss.temperature=0.2", "augment.crop_scale=[0.2, 1.0]", "run.resume=auto"])
+    cfg = load_config(
+        path, ["train.epochs=5", "loss.temperature=0.2", "augment.crop_scale=[0.2, 1.0]", "run.resume=auto"]
+    )
     assert cfg.train.epochs == 5
     assert cfg.loss.kwargs == {"temperature": 0.2}
     assert cfg.augment.crop_scale == (0.2, 1.0)
@@ -93,7 +103,9 @@ def test_a_batch_of_one_is_refused_where_the_batch_holds_the_negatives(tmp_path,
 @pytest.mark.parametrize("method, loss", [("moco", "ntxent"), ("nce", "nce"), ("supervised", "arcface")])
 def test_a_batch_of_one_is_fine_where_the_negatives_come_from_elsewhere(tmp_path, method, loss):
     """MoCo's queue, NCE's memory bank and a head's class weights need no other image in the batch."""
-    cfg = load_config(write(tmp_path, f"method: {{name: {method}}}\nloss: {{name: {loss}}}\ntrain: {{batch_size: 1}}\n"))
+    cfg = load_config(
+        write(tmp_path, f"method: {{name: {method}}}\nloss: {{name: {loss}}}\ntrain: {{batch_size: 1}}\n")
+    )
     assert cfg.train.batch_size == 1
 
 
@@ -103,8 +115,10 @@ def test_a_method_key_the_method_does_not_read_is_noted(tmp_path, capsys):
     from sslkit.methods import unused_options
 
     cfg = load_config(write(tmp_path, "method: {name: simclr, queue_size: 1024}\n"), ["method.num_negatives=64"])
-    assert unused_options(cfg) == ("method 'simclr' does not read method.queue_size=1024 (read by moco), "
-                                   "method.num_negatives=64 (read by nce); they have no effect on this run")
+    assert unused_options(cfg) == (
+        "method 'simclr' does not read method.queue_size=1024 (read by moco), "
+        "method.num_negatives=64 (read by nce); they have no effect on this run"
+    )
     assert unused_options(load_config(write(tmp_path, "method: {name: moco, queue_size: 1024, bn_splits: 4}\n"))) == ""
     saved = tmp_path / "config.yaml"
     save_config(load_config(write(tmp_path, "method: {name: simclr}\n")), saved)
@@ -114,7 +128,9 @@ def test_a_method_key_the_method_does_not_read_is_noted(tmp_path, capsys):
 
 def test_missing_recipe_lists_the_bundled_ones(tmp_path):
     for missing in (tmp_path / "nope.yaml", "nope", "recipes/nope.yaml", "elsewhere/quickstart.yaml"):
-        with pytest.raises(UserError, match=r"not found: give a YAML file's path or a bundled recipe's name \(.*quickstart, simclr"):
+        with pytest.raises(
+            UserError, match=r"not found: give a YAML file's path or a bundled recipe's name \(.*quickstart, simclr"
+        ):
             load_config(missing)
 
 
@@ -196,7 +212,9 @@ def test_tensorboard_without_its_package_is_one_line(monkeypatch):
     from sslkit.errors import UserError
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a)
+    )
     with pytest.raises(UserError, match="pip install tensorboard"):
         config_from_dict({"train": {"tensorboard": True}})
     config_from_dict({"train": {"tensorboard": False}})

@@ -13,8 +13,19 @@ import pytest
 import torch
 from PIL import Image
 
-from sslkit.data import (DATASETS, FASHION_MNIST_CLASSES, FASHION_MNIST_MEAN, FASHION_MNIST_ROOT, FASHION_MNIST_STD,
-                         DatasetInfo, ImageFolderDataset, ImageTensorDataset, build_dataset, build_loader, collate_batch)
+from sslkit.data import (
+    DATASETS,
+    FASHION_MNIST_CLASSES,
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_ROOT,
+    FASHION_MNIST_STD,
+    DatasetInfo,
+    ImageFolderDataset,
+    ImageTensorDataset,
+    build_dataset,
+    build_loader,
+    collate_batch,
+)
 from sslkit.errors import UserError
 
 
@@ -35,16 +46,23 @@ def test_digits_splits_shapes_and_determinism():
     assert train.info.channels == 1 and train.info.image_size == 8 and train.info.num_classes == 10
     assert train.info == test.info  # both splits normalise alike
     pixels = train.images.double() / 255
-    assert train.info.mean[0] == pytest.approx(pixels.mean().item()) and train.info.std[0] == pytest.approx(pixels.std().item())
+    assert train.info.mean[0] == pytest.approx(pixels.mean().item()) and train.info.std[0] == pytest.approx(
+        pixels.std().item()
+    )
 
     again = build_dataset("digits", "train")
     assert torch.equal(again.images, train.images) and torch.equal(again.labels, train.labels)
 
     # The two splits partition sklearn's digits, scaled from 0..16 to 0..255.
     x, y = load_digits(return_X_y=True)
-    expected = collections.Counter((int(label), np.round(row * 255 / 16).astype(np.uint8).tobytes()) for row, label in zip(x, y))
-    ours = collections.Counter((int(label), image.numpy().tobytes())
-                               for split in (train, test) for image, label in zip(split.images, split.labels))
+    expected = collections.Counter(
+        (int(label), np.round(row * 255 / 16).astype(np.uint8).tobytes()) for row, label in zip(x, y)
+    )
+    ours = collections.Counter(
+        (int(label), image.numpy().tobytes())
+        for split in (train, test)
+        for image, label in zip(split.images, split.labels)
+    )
     assert ours == expected
     # Stratified: every class is split about 80/20.
     for digit in range(10):
@@ -64,7 +82,11 @@ def test_getitem_returns_one_image_and_a_scalar_label():
 
 def write_idx(path, array, gz):
     """MNIST's IDX format: 0, 0, type 0x08 (unsigned byte), ndim, big-endian int32 dims, then the bytes."""
-    payload = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}i", *array.shape) + array.astype(np.uint8).tobytes()
+    payload = (
+        bytes([0, 0, 0x08, array.ndim])
+        + struct.pack(f">{array.ndim}i", *array.shape)
+        + array.astype(np.uint8).tobytes()
+    )
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     if gz:
         with gzip.open(f"{path}.gz", "wb") as f:
@@ -118,7 +140,9 @@ def test_fashion_mnist_damaged_file_names_it(tmp_path, damage):
         build_dataset("fashion_mnist", root=str(tmp_path))
 
 
-@pytest.mark.skipif(not (FASHION_MNIST_ROOT / "train-images-idx3-ubyte.gz").is_file(), reason="Fashion-MNIST is not installed")
+@pytest.mark.skipif(
+    not (FASHION_MNIST_ROOT / "train-images-idx3-ubyte.gz").is_file(), reason="Fashion-MNIST is not installed"
+)
 def test_fashion_mnist_real_files():
     train, test = build_dataset("fashion_mnist", "train"), build_dataset("fashion_mnist", "test")
     assert train.images.shape == (60000, 1, 28, 28) and test.images.shape == (10000, 1, 28, 28)
@@ -141,8 +165,12 @@ def write_cifar10(root, per_batch=3):
     for seed, name in enumerate(names):
         images = _images(per_batch, 3, 32, 32, seed)
         labels = [(seed + i) % 10 for i in range(per_batch)]
-        batch = {"batch_label": f"{name} of 6", "labels": labels, "data": images.reshape(per_batch, 3072),
-                 "filenames": [f"img_{seed}_{i}.png" for i in range(per_batch)]}
+        batch = {
+            "batch_label": f"{name} of 6",
+            "labels": labels,
+            "data": images.reshape(per_batch, 3072),
+            "filenames": [f"img_{seed}_{i}.png" for i in range(per_batch)],
+        }
         (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
         split = "test" if name == "test_batch" else "train"
         written[split][0].append(images)
@@ -161,12 +189,19 @@ def write_cifar100(root, n_train=7, n_test=4):
     for seed, (name, n) in enumerate((("train", n_train), ("test", n_test))):
         images = _images(n, 3, 32, 32, 10 + seed)
         fine = [(7 * i + seed) % 100 for i in range(n)]
-        batch = {"filenames": [f"{i}.png" for i in range(n)], "batch_label": name, "fine_labels": fine,
-                 "coarse_labels": [f // 5 for f in fine], "data": images.reshape(n, 3072)}
+        batch = {
+            "filenames": [f"{i}.png" for i in range(n)],
+            "batch_label": name,
+            "fine_labels": fine,
+            "coarse_labels": [f // 5 for f in fine],
+            "data": images.reshape(n, 3072),
+        }
         (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
         written[name] = images, fine
     classes = [f"class_{i:02d}" for i in range(100)]
-    (folder / "meta").write_bytes(pickle.dumps({"fine_label_names": classes, "coarse_label_names": [f"super_{i}" for i in range(20)]}))
+    (folder / "meta").write_bytes(
+        pickle.dumps({"fine_label_names": classes, "coarse_label_names": [f"super_{i}" for i in range(20)]})
+    )
     return written, classes
 
 
@@ -265,8 +300,12 @@ def write_image_folder(root):
     """root/train/{cat,dog}/ and root/test/cat/, PNG and JPEG, of different sizes, plus a non-image file."""
     rng = np.random.default_rng(0)
     cat = rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
-    for path, size, mode in (("train/cat/a.png", 16, "RGB"), ("train/cat/b.jpg", 20, "RGB"),
-                             ("train/dog/c.png", 9, "L"), ("test/cat/d.jpeg", 30, "RGB")):
+    for path, size, mode in (
+        ("train/cat/a.png", 16, "RGB"),
+        ("train/cat/b.jpg", 20, "RGB"),
+        ("train/dog/c.png", 9, "L"),
+        ("test/cat/d.jpeg", 30, "RGB"),
+    ):
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         pixels = cat if path.endswith("a.png") else rng.integers(0, 256, size=(size, size + 3, 3), dtype=np.uint8)
         Image.fromarray(pixels).convert(mode).save(root / path)
@@ -360,8 +399,10 @@ def test_loader_fetches_whole_batches_and_is_seeded():
     images, labels = batches[0]
     assert images.shape == (100, 1, 8, 8) and images.dtype == torch.uint8 and labels.shape == (100,)
     # Each (image, label) pair is a real sample of the dataset, none repeated within the epoch.
-    seen = collections.Counter((int(l), i.numpy().tobytes()) for i, l in zip(torch.cat([b[0] for b in batches]),
-                                                                             torch.cat([b[1] for b in batches])))
+    seen = collections.Counter(
+        (int(l), i.numpy().tobytes())
+        for i, l in zip(torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches]))
+    )
     everything = collections.Counter((int(l), i.numpy().tobytes()) for i, l in zip(digits.images, digits.labels))
     assert len(seen) == 1400 and not seen - everything
     # The same seed gives the same order, another seed another.
@@ -411,7 +452,9 @@ def test_select_classes_partitions_and_keeps_labels():
 
 def test_select_classes_with_unlabelled_samples():
     info = DatasetInfo(channels=3, image_size=2, num_classes=2, mean=(0.5,) * 3, std=(0.2,) * 3)
-    dataset = ImageTensorDataset(torch.zeros(4, 3, 2, 2, dtype=torch.uint8), torch.tensor([0, 1, -1, 1]), ["a", "b"], info)
+    dataset = ImageTensorDataset(
+        torch.zeros(4, 3, 2, 2, dtype=torch.uint8), torch.tensor([0, 1, -1, 1]), ["a", "b"], info
+    )
     assert dataset.select_classes([1]).labels.tolist() == [1, 1]
     assert dataset.select_classes([1], keep=False).labels.tolist() == [0, -1]
 

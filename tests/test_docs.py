@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_loss_table_is_up_to_date():
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "loss_table.py"), "--check"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "loss_table.py"), "--check"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -40,7 +42,9 @@ def test_docstring_examples_run(module_name):
     for test in finder.find(module, module_name):
         runner.run(test)
     results = runner.summarize(verbose=False)
-    assert results.failed == 0, f"{results.failed} of {results.attempted} examples in {module_name} failed (output above)"
+    assert results.failed == 0, (
+        f"{results.failed} of {results.attempted} examples in {module_name} failed (output above)"
+    )
 
 
 def test_every_registered_loss_has_an_example():

@@ -66,7 +66,9 @@ def test_long_loader_with_progress_bar_sees_every_batch():
 def test_shuffling_distributed_sampler_in_one_process_comes_back_in_dataset_order():
     sampler = DistributedSampler(IndexImages(13), num_replicas=1, rank=0, shuffle=True, seed=0)
     assert list(sampler) != list(range(13))
-    features, labels = extract_features(index_encoder(), DataLoader(IndexImages(13), batch_size=4, sampler=sampler), to_float)
+    features, labels = extract_features(
+        index_encoder(), DataLoader(IndexImages(13), batch_size=4, sampler=sampler), to_float
+    )
     torch.testing.assert_close(labels, torch.arange(13))
     torch.testing.assert_close(features[:, 0], torch.arange(13.0))
 
@@ -125,7 +127,11 @@ def test_two_processes_count_every_sample_exactly_once(tmp_path):
     script = tmp_path / "extract.py"
     script.write_text(LAUNCHED_SCRIPT)
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
     # `--multi_gpu` only picks accelerate's torchrun launcher; the script's Accelerator(cpu=True)
     # keeps both processes on the CPU with gloo. `--cpu` would start ONE process (accelerate's
     # simple launcher spawns several CPU processes only through mpirun).

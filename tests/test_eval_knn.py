@@ -62,7 +62,9 @@ def test_matches_sklearn_with_the_instdisc_weight(k, temperature):
 
 def test_k1_matches_sklearn_nearest_neighbour():
     train, train_labels, test, _ = random_problem(300, 100, 8, 4, seed=1)
-    sklearn_knn = KNeighborsClassifier(n_neighbors=1, metric="cosine", algorithm="brute").fit(train.numpy(), train_labels.numpy())
+    sklearn_knn = KNeighborsClassifier(n_neighbors=1, metric="cosine", algorithm="brute").fit(
+        train.numpy(), train_labels.numpy()
+    )
     ours = weighted_knn_predict(train, train_labels, test, num_classes=4, k=1)
     torch.testing.assert_close(ours, torch.from_numpy(sklearn_knn.predict(test.numpy())))
 
@@ -83,7 +85,9 @@ def test_chunk_size_does_not_change_predictions():
     train, train_labels, test, _ = random_problem(500, 97, 16, 7, seed=3)
     full = weighted_knn_predict(train, train_labels, test, 7, k=30, chunk_size=1024)
     for chunk_size in (1, 10, 96, 97):
-        torch.testing.assert_close(weighted_knn_predict(train, train_labels, test, 7, k=30, chunk_size=chunk_size), full)
+        torch.testing.assert_close(
+            weighted_knn_predict(train, train_labels, test, 7, k=30, chunk_size=chunk_size), full
+        )
 
 
 def test_k_beyond_train_set_is_clipped_to_it():

@@ -96,8 +96,18 @@ def test_cosine_lr_goes_from_base_to_zero():
         ({"test_labels": torch.tensor([0, 1, 5])}, "test_labels"),
         ({"train_labels": torch.tensor([0, 1])}, "train_labels"),
         ({"test_features": torch.randn(3, 2)}, "test_features"),
-        ({"train_labels": torch.tensor([0.0, 1.7, 2.0, 0.0])}, "train_labels must be integer"),  # not truncated silently
-        ({"train_features": torch.tensor([[0.0, 1.0, 2.0], [float('nan'), 0.0, 1.0], [1.0, 1.0, 1.0], [0.0, 2.0, 1.0]])}, "train_features has NaN"),
+        (
+            {"train_labels": torch.tensor([0.0, 1.7, 2.0, 0.0])},
+            "train_labels must be integer",
+        ),  # not truncated silently
+        (
+            {
+                "train_features": torch.tensor(
+                    [[0.0, 1.0, 2.0], [float("nan"), 0.0, 1.0], [1.0, 1.0, 1.0], [0.0, 2.0, 1.0]]
+                )
+            },
+            "train_features has NaN",
+        ),
     ],
 )
 def test_invalid_arguments_name_the_argument(kwargs, argument):

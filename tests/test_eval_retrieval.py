@@ -48,7 +48,9 @@ def test_perfect_embedding_scores_one_everywhere():
     labels = torch.arange(6).repeat_interleave(5)
     features = torch.eye(6)[labels] * 10 + 0.1 * torch.randn(30, 6, generator=g)
     metrics = retrieval_metrics(features, labels)
-    assert metrics == pytest.approx({"recall@1": 1.0, "recall@2": 1.0, "recall@4": 1.0, "recall@8": 1.0, "map@r": 1.0, "nmi": 1.0})
+    assert metrics == pytest.approx(
+        {"recall@1": 1.0, "recall@2": 1.0, "recall@4": 1.0, "recall@8": 1.0, "map@r": 1.0, "nmi": 1.0}
+    )
 
 
 def clustered(n, d, num_classes, seed, noise=1.0):
@@ -66,7 +68,9 @@ def pml_accuracy(query, query_labels, reference=None, reference_labels=None):
 
     assert pml.__version__
     calculator = AccuracyCalculator(
-        include=("precision_at_1", "mean_average_precision_at_r"), k="max_bin_count", knn_func=CustomKNN(CosineSimilarity())
+        include=("precision_at_1", "mean_average_precision_at_r"),
+        k="max_bin_count",
+        knn_func=CustomKNN(CosineSimilarity()),
     )
     return calculator.get_accuracy(query, query_labels, reference, reference_labels)
 
@@ -117,13 +121,22 @@ def test_nmi_is_low_for_features_unrelated_to_labels_and_ignores_label_names():
         ({"ks": (0, 1)}, "ks"),
         ({"chunk_size": 0}, "chunk_size"),
         ({"gallery_features": torch.randn(4, 3)}, "gallery_features and gallery_labels"),
-        ({"gallery_features": torch.randn(4, 5), "gallery_labels": torch.zeros(4, dtype=torch.long)}, "gallery_features"),
-        ({"gallery_features": torch.randn(4, 3), "gallery_labels": torch.zeros(3, dtype=torch.long)}, "gallery_labels"),
+        (
+            {"gallery_features": torch.randn(4, 5), "gallery_labels": torch.zeros(4, dtype=torch.long)},
+            "gallery_features",
+        ),
+        (
+            {"gallery_features": torch.randn(4, 3), "gallery_labels": torch.zeros(3, dtype=torch.long)},
+            "gallery_labels",
+        ),
         ({"query_labels": torch.zeros(5, dtype=torch.long)}, "query_labels"),
         ({"query_features": torch.randn(1, 3), "query_labels": torch.zeros(1, dtype=torch.long)}, "leave-one-out"),
         ({"ks": 4}, "ks must be a list"),
         ({"query_labels": torch.tensor([0.0, 1, 2, 0, 1, 2])}, "query_labels must be integer"),
-        ({"query_features": torch.tensor([[0.0, 1, 2]] * 5 + [[float("inf"), 0, 0]])}, "query_features has NaN or inf"),
+        (
+            {"query_features": torch.tensor([[0.0, 1, 2]] * 5 + [[float("inf"), 0, 0]])},
+            "query_features has NaN or inf",
+        ),
         ({"query_features": torch.randn(6, 3).numpy()}, "torch.from_numpy"),
     ],
 )

@@ -28,8 +28,12 @@ ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 
 
 def test_option_given_forms():
-    assert _option_given(["accelerate", "launch", "--num_cpu_threads_per_process", "1", "x.py"], "--num_cpu_threads_per_process")
-    assert _option_given(["accelerate", "launch", "--num_cpu_threads_per_process=1", "x.py"], "--num_cpu_threads_per_process")
+    assert _option_given(
+        ["accelerate", "launch", "--num_cpu_threads_per_process", "1", "x.py"], "--num_cpu_threads_per_process"
+    )
+    assert _option_given(
+        ["accelerate", "launch", "--num_cpu_threads_per_process=1", "x.py"], "--num_cpu_threads_per_process"
+    )
     assert not _option_given(["accelerate", "launch", "--cpu", "x.py"], "--num_cpu_threads_per_process")
 
 
@@ -44,22 +48,32 @@ def test_requested_threads_win():
 
 def _threads_under_accelerate(tmp_path: Path, *launcher_args: str, omp: str | None = None) -> tuple[int, str]:
     script = tmp_path / "threads.py"
-    script.write_text(f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-                      "from sslkit.launch import cpu_threads\n"
-                      "n, why = cpu_threads(None)\n"
-                      "print(f'THREADS {n} {why}')\n")
+    script.write_text(
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from sslkit.launch import cpu_threads\n"
+        "n, why = cpu_threads(None)\n"
+        "print(f'THREADS {n} {why}')\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     if omp is not None:
         env["OMP_NUM_THREADS"] = omp
-    result = subprocess.run([*ACCELERATE, "--cpu", *launcher_args, str(script)], capture_output=True, text=True,
-                            timeout=120, env=env, cwd=tmp_path)
+    result = subprocess.run(
+        [*ACCELERATE, "--cpu", *launcher_args, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("THREADS"))
     _, count, why = line.split(" ", 2)
     return int(count), why
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU accelerate counts one process and spreads the cores itself")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="with a GPU accelerate counts one process and spreads the cores itself"
+)
 def test_accelerate_launch_gets_the_cores_back(tmp_path):
     count, why = _threads_under_accelerate(tmp_path)
     assert count == len(os.sched_getaffinity(0)), why

@@ -6,15 +6,20 @@ import math
 
 import pytest
 import torch
-
 from loss_utils import head_and_reference, random_class_batch
+
 from sslkit.losses.adacos import AdaCosHead, adacos_fixed_scale
 from sslkit.losses.adacos_dynamic import AdaCosDynamicHead
 
 
 def cosines(x, weight):
-    return [[(x[i] @ weight[j]) / (torch.sqrt(x[i] @ x[i]) * torch.sqrt(weight[j] @ weight[j]))
-             for j in range(len(weight))] for i in range(len(x))]
+    return [
+        [
+            (x[i] @ weight[j]) / (torch.sqrt(x[i] @ x[i]) * torch.sqrt(weight[j] @ weight[j]))
+            for j in range(len(weight))
+        ]
+        for i in range(len(x))
+    ]
 
 
 def scaled_softmax_reference(x, weight, labels, s):
@@ -28,8 +33,10 @@ def dynamic_scale_reference(x, weight, labels, s_old):
     """Eq. 15: s = log(B_avg) / cos(min(pi/4, theta_med)), B_avg = mean_i sum_{j != y_i} e^{s_old cos_ij}."""
     with torch.no_grad():
         cos = cosines(x, weight)
-        b = [sum(math.exp(s_old * float(cos[i][j])) for j in range(len(weight)) if j != labels[i])
-             for i in range(len(x))]
+        b = [
+            sum(math.exp(s_old * float(cos[i][j])) for j in range(len(weight)) if j != labels[i])
+            for i in range(len(x))
+        ]
         b_avg = sum(b) / len(b)
         angles = sorted(math.acos(float(cos[i][labels[i]])) for i in range(len(x)))
         theta_med = angles[(len(angles) - 1) // 2]  # torch.median: the lower middle value

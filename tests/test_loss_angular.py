@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from dist_utils import run_in_processes
 from loss_utils import (
     LABEL_LAYOUTS,
@@ -15,9 +14,10 @@ from loss_utils import (
     labelled_under_autocast,
     labelled_worker,
     random_labelled_batch,
+    seeded_torch_rng,  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
     value_and_grads,
 )
-from loss_utils import seeded_torch_rng  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
+
 from sslkit.losses.angular import AngularLoss, angular_loss
 
 
@@ -104,6 +104,7 @@ def test_matches_pytorch_metric_learning(alpha_degrees):
     theirs = value_and_grads(pml_losses.AngularLoss(alpha=alpha_degrees), x, labels)
     assert ours[0] > 0
     torch.testing.assert_close(ours[0], theirs[0], rtol=1e-8, atol=1e-10)
+
     # Their negatives' gradient keeps a radial part (no normalisation to differentiate through);
     # along the sphere, the gradients agree.
     def tangential(grad):

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from loss_utils import head_and_pml, head_and_reference
+
 from sslkit.losses.arcface import ArcFaceHead, arcface_target_logit
 
 
@@ -16,8 +16,10 @@ def arcface_reference(x, weight, labels, s, m, easy_margin=False):
     """theta = acos(cos); target s cos(theta + m) (or s (cos - m sin m) past pi - m); mean CE."""
     losses = []
     for i in range(len(x)):
-        cos = [(x[i] @ weight[j]) / (torch.sqrt(x[i] @ x[i]) * torch.sqrt(weight[j] @ weight[j]))
-               for j in range(len(weight))]
+        cos = [
+            (x[i] @ weight[j]) / (torch.sqrt(x[i] @ x[i]) * torch.sqrt(weight[j] @ weight[j]))
+            for j in range(len(weight))
+        ]
         theta = torch.acos(cos[labels[i]])
         if easy_margin:
             target = torch.cos(theta + m) if cos[labels[i]] > 0 else cos[labels[i]]

@@ -4,7 +4,6 @@ pytorch-metric-learning, across two real processes, and under fp16/bf16 autocast
 import pytest
 import torch
 import torch.nn.functional as F
-
 from dist_utils import run_in_processes
 from loss_utils import (
     assert_processes_match_one_process,
@@ -14,6 +13,7 @@ from loss_utils import (
     random_labelled_batch,
     value_and_grads,
 )
+
 from sslkit.losses.circle import CircleLoss, circle_loss
 
 

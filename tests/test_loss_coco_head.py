@@ -3,8 +3,8 @@
 
 import pytest
 import torch
-
 from loss_utils import head_and_reference
+
 from sslkit.losses.coco import CoCoHead
 
 

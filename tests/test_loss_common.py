@@ -3,9 +3,9 @@ and the input checks every labelled loss of the registry shares."""
 
 import pytest
 import torch
-
 from dist_utils import run_in_processes
 from loss_utils import value_and_grads
+
 from sslkit.losses import KIND, _common, build
 from sslkit.losses.dcl import dcl_loss
 from sslkit.losses.ntxent import ntxent_loss
@@ -151,14 +151,23 @@ def _public_loss_functions():
     for info in pkgutil.iter_modules(sslkit.losses.__path__):
         module = importlib.import_module(f"sslkit.losses.{info.name}")
         for name, fn in vars(module).items():
-            if name.endswith("_loss") and not name.startswith("_") and inspect.isfunction(fn) and fn.__module__ == module.__name__:
+            if (
+                name.endswith("_loss")
+                and not name.startswith("_")
+                and inspect.isfunction(fn)
+                and fn.__module__ == module.__name__
+            ):
                 yield name, fn, inspect.signature(fn).parameters.values()
 
 
 def _functional_losses():
     """Every public ``*_loss`` function of the loss modules, with the numbers it takes."""
-    return [pytest.param(fn, p.name, id=f"{name}-{p.name}") for name, fn, parameters in _public_loss_functions()
-            for p in parameters if isinstance(p.default, float) and not isinstance(p.default, bool)]
+    return [
+        pytest.param(fn, p.name, id=f"{name}-{p.name}")
+        for name, fn, parameters in _public_loss_functions()
+        for p in parameters
+        if isinstance(p.default, float) and not isinstance(p.default, bool)
+    ]
 
 
 def _functional_inputs(fn):
@@ -188,8 +197,12 @@ def _switches():
     """(registry name, argument) for every True/False argument a loss's constructor takes."""
     from sslkit.losses import loss_arguments
 
-    return [pytest.param(name, argument, id=f"{name}-{argument}") for name in sorted(KIND)
-            for argument, parameter in loss_arguments(name).items() if isinstance(parameter.default, bool)]
+    return [
+        pytest.param(name, argument, id=f"{name}-{argument}")
+        for name in sorted(KIND)
+        for argument, parameter in loss_arguments(name).items()
+        if isinstance(parameter.default, bool)
+    ]
 
 
 @pytest.mark.parametrize("name,argument", _switches())
@@ -205,8 +218,12 @@ def test_every_switch_refuses_a_word_and_takes_true_and_false(name, argument):
 
 
 def _functional_switches():
-    return [pytest.param(fn, p.name, id=f"{name}-{p.name}") for name, fn, parameters in _public_loss_functions()
-            for p in parameters if isinstance(p.default, bool)]
+    return [
+        pytest.param(fn, p.name, id=f"{name}-{p.name}")
+        for name, fn, parameters in _public_loss_functions()
+        for p in parameters
+        if isinstance(p.default, bool)
+    ]
 
 
 @pytest.mark.parametrize("fn,argument", _functional_switches())
@@ -228,8 +245,9 @@ def test_public_helpers_with_a_switch_check_it():
         "easy_margin": lambda v: arcface_target_logit(torch.rand(4), 0.5, easy_margin=v),
         "gather_distributed": lambda v: vmf_weights(x, x + 0.1, gather_distributed=v),
         "private_grad": lambda v: cosine_logits(x, w, private_grad=v),
-        "target_in_denominator": lambda v: cosine_margin_cross_entropy(x, w, labels, lambda c: c, 1.0, 10.0,
-                                                                       target_in_denominator=v),
+        "target_in_denominator": lambda v: cosine_margin_cross_entropy(
+            x, w, labels, lambda c: c, 1.0, 10.0, target_in_denominator=v
+        ),
     }
     for argument, call in calls.items():
         with pytest.raises(ValueError, match=f"^{argument} must be True or False, got 'no'$"):
@@ -240,11 +258,32 @@ def test_public_helpers_with_a_switch_check_it():
 def test_check_flag_takes_true_false_and_their_unambiguous_spellings_only():
     import numpy as np
 
-    for value, expected in [(True, True), (False, False), (1, True), (0, False), (np.bool_(True), True),
-                            (np.array(False), False), (torch.tensor(True), True), (torch.tensor(False), False)]:
+    for value, expected in [
+        (True, True),
+        (False, False),
+        (1, True),
+        (0, False),
+        (np.bool_(True), True),
+        (np.array(False), False),
+        (torch.tensor(True), True),
+        (torch.tensor(False), False),
+    ]:
         assert _common.check_flag(value, "x") is expected
-    for value in ["no", "false", "True", "", None, 0.0, 1.0, 2, -1, [True], np.int64(1), torch.tensor([True]),
-                  torch.tensor(1)]:
+    for value in [
+        "no",
+        "false",
+        "True",
+        "",
+        None,
+        0.0,
+        1.0,
+        2,
+        -1,
+        [True],
+        np.int64(1),
+        torch.tensor([True]),
+        torch.tensor(1),
+    ]:
         with pytest.raises(ValueError, match="^x must be True or False, got "):
             _common.check_flag(value, "x")
 
@@ -329,7 +368,9 @@ def test_every_loss_gives_the_same_value_and_gradients_for_non_contiguous_embedd
             value = loss(x, labels)
         value.backward()
         logits = loss.logits(x).detach() if KIND[name] == "head" else None
-        params = [p.grad.clone() for p in loss.parameters() if p.grad is not None] if hasattr(loss, "parameters") else []
+        params = (
+            [p.grad.clone() for p in loss.parameters() if p.grad is not None] if hasattr(loss, "parameters") else []
+        )
         results.append((value.detach(), source.grad, logits, params))
     (v0, g0, l0, p0), (v1, g1, l1, p1) = results
     torch.testing.assert_close(v1, v0)
@@ -389,7 +430,9 @@ def test_every_labelled_loss_called_without_labels_says_they_are_required(name):
 @pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind != "two_view"))
 def test_embeddings_of_the_wrong_rank_or_dtype_get_their_own_message(name):
     loss, labels = _build(name), torch.tensor([0, 1, 0, 1])
-    with pytest.raises(ValueError, match=r"^embeddings must be 2-D \(N, D\), got shape \(4, 8, 1\); for \(batch, views, D\)"):
+    with pytest.raises(
+        ValueError, match=r"^embeddings must be 2-D \(N, D\), got shape \(4, 8, 1\); for \(batch, views, D\)"
+    ):
         loss(torch.randn(4, 8, 1), labels)
     with pytest.raises(ValueError, match=r"^embeddings must be 2-D \(N, D\), got shape \(32,\)$"):
         loss(torch.randn(32), labels)
@@ -409,8 +452,11 @@ def test_supcon_on_batch_views_dim_embeddings_gives_the_reshape_hint_and_the_hin
     features = torch.randn(batch, views, dim, generator=g, dtype=torch.float64)
     labels = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
     loss = build("supcon")
-    with pytest.raises(ValueError, match=r"embeddings must be 2-D \(N, D\), got shape \(8, 2, 16\); for \(batch, views, D\) "
-                                         r"as in SupContrast, pass embeddings.reshape\(-1, D\) with labels.repeat_interleave\(views\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"embeddings must be 2-D \(N, D\), got shape \(8, 2, 16\); for \(batch, views, D\) "
+        r"as in SupContrast, pass embeddings.reshape\(-1, D\) with labels.repeat_interleave\(views\)$",
+    ):
         loss(features, labels)
     supcontrast = loss(torch.cat(features.unbind(1)), labels.repeat(views))
     torch.testing.assert_close(loss(features.reshape(-1, dim), labels.repeat_interleave(views)), supcontrast)
@@ -441,5 +487,8 @@ def test_uneven_batches_across_two_processes_are_one_error_on_both_not_an_abort(
     by_rank = run_in_processes(_uneven_batches)
     assert by_rank[0] == by_rank[1]
     for name, (uneven, even) in by_rank[0].items():
-        assert uneven.startswith("batch sizes differ across processes (4, 3)") and "drop_last=True" in uneven, (name, uneven)
+        assert uneven.startswith("batch sizes differ across processes (4, 3)") and "drop_last=True" in uneven, (
+            name,
+            uneven,
+        )
         assert even == "ok", (name, even)

@@ -3,16 +3,16 @@ pytorch-metric-learning, across two real processes, and under fp16/bf16 autocast
 
 import pytest
 import torch
-
 from dist_utils import run_in_processes
 from loss_utils import (
     LABEL_LAYOUTS,
     assert_processes_match_one_process,
     labelled_under_autocast,
     labelled_worker,
+    seeded_torch_rng,  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
     value_and_grads,
 )
-from loss_utils import seeded_torch_rng  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
+
 from sslkit.losses.contrastive import ContrastiveLoss, contrastive_loss
 
 

@@ -3,8 +3,8 @@ and against pytorch-metric-learning's CosFaceLoss with the same weights and hype
 
 import pytest
 import torch
-
 from loss_utils import head_and_pml, head_and_reference, random_class_batch
+
 from sslkit.losses.cosface import CosFaceHead
 
 
@@ -12,8 +12,10 @@ def cosface_reference(x, weight, labels, s, m):
     """mean_i -log( e^{s(cos_y - m)} / (e^{s(cos_y - m)} + sum_{j != y} e^{s cos_j}) ), loops, float64."""
     losses = []
     for i in range(len(x)):
-        cos = [(x[i] @ weight[j]) / (torch.sqrt(x[i] @ x[i]) * torch.sqrt(weight[j] @ weight[j]))
-               for j in range(len(weight))]
+        cos = [
+            (x[i] @ weight[j]) / (torch.sqrt(x[i] @ x[i]) * torch.sqrt(weight[j] @ weight[j]))
+            for j in range(len(weight))
+        ]
         target = torch.exp(s * (cos[labels[i]] - m))
         others = sum(torch.exp(s * cos[j]) for j in range(len(weight)) if j != labels[i])
         losses.append(-torch.log(target / (target + others)))

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from dist_utils import run_in_processes
 from loss_utils import (
     HALF_RTOL,
@@ -15,6 +14,7 @@ from loss_utils import (
     two_views_under_autocast,
     value_and_grads,
 )
+
 from sslkit.losses.dcl import dcl_loss
 from sslkit.losses.dclw import DCLWLoss, dclw_loss, vmf_weights
 

@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-
 from dist_utils import run_in_processes
 from loss_utils import (
     LABEL_LAYOUTS,
@@ -13,9 +12,10 @@ from loss_utils import (
     labelled_under_autocast,
     labelled_worker,
     random_labelled_batch,
+    seeded_torch_rng,  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
     value_and_grads,
 )
-from loss_utils import seeded_torch_rng  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
+
 from sslkit.losses.lifted import LiftedStructureLoss, lifted_structure_loss
 
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from loss_utils import head_and_pml, head_and_reference, random_class_batch
+
 from sslkit.losses.lsoftmax import LSoftmaxHead, large_margin_psi, margin_lambda
 from sslkit.losses.softmax import SoftmaxHead
 

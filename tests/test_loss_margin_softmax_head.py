@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sslkit.losses._workspace import Workspace
 from sslkit.losses.adacos import AdaCosHead
 from sslkit.losses.adacos_dynamic import AdaCosDynamicHead
 from sslkit.losses.arcface import ArcFaceHead, arcface_target_logit
 from sslkit.losses.coco import CoCoHead
 from sslkit.losses.cosface import CosFaceHead
 from sslkit.losses.lsoftmax import LSoftmaxHead
-from sslkit.losses._workspace import Workspace
 from sslkit.losses.margin_softmax import (
     _scaled_unit_rows,
     cosine_logits,
@@ -205,8 +205,16 @@ def test_cosine_logits_match_f_normalize(n, c, d):
     torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("dtype,scale", [(torch.float64, 1.0), (torch.float64, 30.0), (torch.float64, 900.0),
-                                         (torch.float32, 20.0), (torch.float32, 200.0)])
+@pytest.mark.parametrize(
+    "dtype,scale",
+    [
+        (torch.float64, 1.0),
+        (torch.float64, 30.0),
+        (torch.float64, 900.0),
+        (torch.float32, 20.0),
+        (torch.float32, 200.0),
+    ],
+)
 @pytest.mark.parametrize("per_row_radius,radius_grad", [(False, False), (True, True), (False, True)])
 def test_fused_cosine_margin_ce_matches_the_two_step_path(dtype, scale, per_row_radius, radius_grad):
     """Value and gradients (features, weight, radius) of the fused function equal cosine_logits +
@@ -215,8 +223,14 @@ def test_fused_cosine_margin_ce_matches_the_two_step_path(dtype, scale, per_row_
     g = torch.Generator().manual_seed(int(scale) + per_row_radius)
     n, c, d = 7, 9, 5
     unit = F.normalize(torch.randn(n, d, dtype=torch.float64, generator=g), dim=1)
-    radius = (torch.rand(n, dtype=torch.float64, generator=g) + 0.5) * scale if per_row_radius else torch.tensor(scale, dtype=torch.float64)
-    weight = torch.randn(c, d, dtype=torch.float64, generator=g) * torch.rand(c, 1, dtype=torch.float64, generator=g) * 3
+    radius = (
+        (torch.rand(n, dtype=torch.float64, generator=g) + 0.5) * scale
+        if per_row_radius
+        else torch.tensor(scale, dtype=torch.float64)
+    )
+    weight = (
+        torch.randn(c, d, dtype=torch.float64, generator=g) * torch.rand(c, 1, dtype=torch.float64, generator=g) * 3
+    )
     weight[4] = 0  # a class weight of length 0: cosine 0, no radial gradient
     labels = torch.tensor([0, 8, 3, 3, 4, 1, 0])
 
@@ -258,7 +272,12 @@ def test_fused_cosine_margin_ce_refuses_a_second_backward():
 def test_cosine_margin_heads_give_inference_logits_without_margin():
     torch.manual_seed(2)
     x = torch.randn(4, 8, dtype=torch.float64)
-    cosine_heads = (ArcFaceHead(8, 5), CosFaceHead(8, 5), NormSoftmaxHead(8, 5, temperature=0.1), CoCoHead(8, 5, alpha=3.0))
+    cosine_heads = (
+        ArcFaceHead(8, 5),
+        CosFaceHead(8, 5),
+        NormSoftmaxHead(8, 5, temperature=0.1),
+        CoCoHead(8, 5, alpha=3.0),
+    )
     for head in cosine_heads:
         head = head.double()
         cos = F.normalize(x, dim=1) @ F.normalize(head.weight, dim=1).T
@@ -328,7 +347,9 @@ def test_fp32_head_with_weight_norms_far_apart_matches_fp64(scale, largest_norm)
     head = ArcFaceHead(d, c, scale=scale).double()
     with torch.no_grad():
         head.weight.copy_(weight)
-    expected = [t.clone() for t in _value_and_grads(lambda v: _naive_arcface(v, head.weight, labels, scale=scale), x, head)]
+    expected = [
+        t.clone() for t in _value_and_grads(lambda v: _naive_arcface(v, head.weight, labels, scale=scale), x, head)
+    ]
     head = head.float()
     value, grad_x, grad_w = _value_and_grads(lambda v: head(v, labels), x.float(), head)
     assert torch.isfinite(value) and torch.isfinite(grad_x).all() and torch.isfinite(grad_w).all()
@@ -368,7 +389,9 @@ def test_head_reuses_its_workspace_and_stays_exact_when_calls_overlap():
     weight_grad = head.weight.grad.clone()
     head.zero_grad(set_to_none=True)
     (_naive_arcface(a_ref, head.weight, y1) + _naive_arcface(b_ref, head.weight, y2)).backward()
-    torch.testing.assert_close((a.grad, b.grad, weight_grad), (a_ref.grad, b_ref.grad, head.weight.grad), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(
+        (a.grad, b.grad, weight_grad), (a_ref.grad, b_ref.grad, head.weight.grad), rtol=1e-9, atol=1e-12
+    )
 
     head(x1.clone().requires_grad_(True), y1)  # graph dropped, never differentiated
     with torch.no_grad():

@@ -1,12 +1,10 @@
 """NCE: value and gradient against a loop written from NPID eq. 5-8 (no peer library implements it),
 NPID's frozen normaliser, two real processes, and fp16/bf16 autocast."""
 
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from dist_utils import run_in_processes
 from loss_utils import (
     HALF_RTOL,
@@ -15,6 +13,7 @@ from loss_utils import (
     two_views_under_autocast,
     value_and_grads,
 )
+
 from sslkit.losses.nce import NCELoss, nce_loss
 
 

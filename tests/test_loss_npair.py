@@ -4,17 +4,16 @@ pytorch-metric-learning's NPairsLoss, across two real processes, and under fp16/
 import pytest
 import torch
 import torch.nn.functional as F
-
 from dist_utils import run_in_processes
 from loss_utils import (
     assert_processes_match_one_process,
     labelled_under_autocast,
     labelled_worker,
+    seeded_torch_rng,  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
     value_and_grads,
 )
-from loss_utils import seeded_torch_rng  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
-from sslkit.losses.npair import NPairLoss, first_pair_per_class, npair_loss
 
+from sslkit.losses.npair import NPairLoss, first_pair_per_class, npair_loss
 
 LABELS = {
     "pairs": [0, 0, 1, 1, 2, 2],

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from dist_utils import run_in_processes
 from loss_utils import (
     assert_processes_match_one_process,
@@ -15,6 +14,7 @@ from loss_utils import (
     two_views_under_autocast,
     value_and_grads,
 )
+
 from sslkit.losses.ntxent import NTXentLoss, ntxent_loss
 
 
@@ -163,8 +163,9 @@ def test_low_temperature_float32_matches_float64(temperature, negatives):
     z1[1] = z1[0] + 1e-3 * z2[0]
     bank = bank if negatives else None
     expected = value_and_grads(ntxent_loss, z1, z2, temperature=temperature, negatives=bank)
-    got = value_and_grads(ntxent_loss, z1.float(), z2.float(), temperature=temperature,
-                           negatives=None if bank is None else bank.float())
+    got = value_and_grads(
+        ntxent_loss, z1.float(), z2.float(), temperature=temperature, negatives=None if bank is None else bank.float()
+    )
     for a, b in zip(got, expected):
         assert torch.isfinite(a).all()
         # fp32 logits carry ~1e-7 * 1/T absolute error: scale the tolerance with 1/T

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from loss_utils import labelled_under_autocast, pml_proxy_value_and_grads, value_and_grads
+
 from sslkit.losses.proxy_anchor import ProxyAnchorHead, proxy_anchor_loss
 
 # name -> (num_classes, labels): a class present once, classes absent from the batch,
@@ -232,8 +232,12 @@ def test_head_stays_exact_when_calls_overlap_and_refuses_a_second_backward():
         loss_of(a, b).backward()
         return a.grad, b.grad, head.proxies.grad
 
-    ref = grads(lambda a, b: proxy_anchor_reference(a, y1, head.proxies, 32.0, 0.1)
-                + proxy_anchor_reference(b, y2, head.proxies, 32.0, 0.1))
+    ref = grads(
+        lambda a, b: (
+            proxy_anchor_reference(a, y1, head.proxies, 32.0, 0.1)
+            + proxy_anchor_reference(b, y2, head.proxies, 32.0, 0.1)
+        )
+    )
     head(x1.clone().requires_grad_(True), y1)  # graph dropped, never differentiated
     with torch.no_grad():
         head(x2, y2)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from loss_utils import labelled_under_autocast, pml_proxy_value_and_grads, value_and_grads
+
 from sslkit.losses.proxy_nca import ProxyNCAHead, proxy_nca_loss
 
 # name -> (num_classes, labels): a class present once, classes absent from the batch,
@@ -48,7 +48,9 @@ def test_matches_reference_value_and_gradient(case, d, scale, include_positive):
     proxies = torch.randn(num_classes, d, generator=g, dtype=torch.float64)
     ours = value_and_grads(
         lambda a, y, p: proxy_nca_loss(a, y, p, scale, include_positive_in_denominator=include_positive),
-        x, labels, proxies,
+        x,
+        labels,
+        proxies,
     )
     ref = value_and_grads(lambda a, y, p: proxy_nca_reference(a, y, p, scale, include_positive), x, labels, proxies)
     for a, b in zip(ours, ref):
@@ -187,7 +189,9 @@ def test_float32_at_a_scale_that_needs_the_row_shift(include_positive):
 
     ours = value_and_grads(
         lambda a, y, p: proxy_nca_loss(a, y, p, 50.0, include_positive_in_denominator=include_positive),
-        x.float(), labels, proxies.float(),
+        x.float(),
+        labels,
+        proxies.float(),
     )
     ref = value_and_grads(stable_reference, x, labels, proxies)
     assert all(torch.isfinite(t).all() for t in ours)

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from dist_utils import run_in_processes
 from loss_utils import (
     assert_processes_match_one_process,
@@ -16,6 +15,7 @@ from loss_utils import (
     random_labelled_batch,
     value_and_grads,
 )
+
 from sslkit.losses.soft_nn import SoftNearestNeighborsLoss, soft_nearest_neighbors_loss
 
 

@@ -4,8 +4,8 @@ formula, and against torch's own linear + cross-entropy."""
 import pytest
 import torch
 import torch.nn.functional as F
-
 from loss_utils import random_class_batch
+
 from sslkit.losses.softmax import SoftmaxHead
 
 

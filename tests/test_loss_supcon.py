@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from dist_utils import run_in_processes
 from loss_utils import (
     assert_processes_match_one_process,
@@ -16,6 +15,7 @@ from loss_utils import (
     random_labelled_batch,
     value_and_grads,
 )
+
 from sslkit.losses.ntxent import ntxent_loss
 from sslkit.losses.supcon import SupConLoss, _SupConWeightedSum, supcon_loss
 
@@ -172,7 +172,7 @@ def test_anchors_without_positive_give_no_nan():
     assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
     # ... and the loss is the mean over the two anchors that have one
     z = F.normalize(x.detach(), dim=1)
-    others = [torch.cat([z[i] @ z[:i].T, z[i] @ z[i + 1:].T]) for i in (0, 1)]  # s_ia, a != i
+    others = [torch.cat([z[i] @ z[:i].T, z[i] @ z[i + 1 :].T]) for i in (0, 1)]  # s_ia, a != i
     per_anchor = [torch.logsumexp(s / 0.1, 0) - z[0] @ z[1] / 0.1 for s in others]
     torch.testing.assert_close(loss.detach(), torch.stack(per_anchor).mean())
 
@@ -226,7 +226,9 @@ def test_two_processes_match_one_process_on_whole_batch():
     assert_processes_match_one_process([r[0] for r in results], expected)
     # gather_distributed=False: each process sees only its own half
     for rank, r in enumerate(results):
-        torch.testing.assert_close(r[1][0], supcon_loss(x[rank * 5:(rank + 1) * 5], labels[rank * 5:(rank + 1) * 5], 0.2))
+        torch.testing.assert_close(
+            r[1][0], supcon_loss(x[rank * 5 : (rank + 1) * 5], labels[rank * 5 : (rank + 1) * 5], 0.2)
+        )
 
 
 @pytest.mark.parametrize("temperature", [0.1, 0.01])  # 0.01: past the no-shift bound, the general backward

@@ -4,7 +4,6 @@ under fp16/bf16 autocast."""
 
 import pytest
 import torch
-
 from dist_utils import run_in_processes
 from loss_utils import (
     LABEL_LAYOUTS,
@@ -12,11 +11,11 @@ from loss_utils import (
     labelled_under_autocast,
     labelled_worker,
     random_labelled_batch,
+    seeded_torch_rng,  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
     value_and_grads,
 )
-from loss_utils import seeded_torch_rng  # noqa: F401  (autouse: every test starts from torch.manual_seed(0))
-from sslkit.losses.triplet import TripletLoss, triplet_loss
 
+from sslkit.losses.triplet import TripletLoss, triplet_loss
 
 MINING = ["all", "hard", "semihard"]
 

@@ -19,7 +19,10 @@ CASES = {
     "supcon": {"method": {"name": "supcon"}, "loss": {"name": "supcon", "temperature": 0.2}},
     "supcon-triplet": {"method": {"name": "supcon"}, "loss": {"name": "triplet", "mining": "hard"}},
     "supervised-proxy-anchor": {"method": {"name": "supervised"}, "loss": {"name": "proxy_anchor"}},
-    "supervised-arcface": {"method": {"name": "supervised"}, "loss": {"name": "arcface", "scale": 16.0, "margin": 0.2}},
+    "supervised-arcface": {
+        "method": {"name": "supervised"},
+        "loss": {"name": "arcface", "scale": 16.0, "margin": 0.2},
+    },
     "supervised-sphereface": {"method": {"name": "supervised"}, "loss": {"name": "sphereface"}},
 }
 
@@ -96,8 +99,11 @@ def test_frozen_backbone_gets_no_gradient_and_keeps_batchnorm_statistics():
 def test_wrong_loss_kind_for_a_method_is_one_line():
     from sslkit.errors import UserError
 
-    for method_name, loss_name, words in [("simclr", "supcon", "two-view"), ("supcon", "ntxent", "label loss"),
-                                          ("supervised", "triplet", "needs a head")]:
+    for method_name, loss_name, words in [
+        ("simclr", "supcon", "two-view"),
+        ("supcon", "ntxent", "label loss"),
+        ("supervised", "triplet", "needs a head"),
+    ]:
         with pytest.raises(UserError, match=words):  # config validation already refuses the pair
             config_from_dict({"method": {"name": method_name}, "loss": {"name": loss_name}, "model": TINY_MODEL})
         accepted = methods.METHODS[method_name].loss_names[0]
@@ -113,9 +119,11 @@ def test_recipe_with_a_loss_its_method_cannot_train_is_refused_when_loaded():
     from sslkit.errors import UserError
 
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
-    for overrides, words in [(["method.name=supervised", "loss.name=supcon"], ["needs a head", "method.name=supcon"]),
-                             (["method.name=moco", "loss.name=dcl"], ["ntxent or infonce", "method.name=simclr"]),
-                             (["method.name=nce", "loss.name=ntxent"], ["loss.name nce", "simclr or moco or mocov3"])]:
+    for overrides, words in [
+        (["method.name=supervised", "loss.name=supcon"], ["needs a head", "method.name=supcon"]),
+        (["method.name=moco", "loss.name=dcl"], ["ntxent or infonce", "method.name=simclr"]),
+        (["method.name=nce", "loss.name=ntxent"], ["loss.name nce", "simclr or moco or mocov3"]),
+    ]:
         with pytest.raises(UserError) as caught:
             load_config(recipe, overrides)
         for word in words:
@@ -126,7 +134,9 @@ def test_recipe_with_a_loss_its_method_cannot_train_is_refused_when_loaded():
 def test_head_class_count_must_match_the_dataset():
     from sslkit.errors import UserError
 
-    cfg = config_from_dict({"method": {"name": "supervised"}, "loss": {"name": "proxy_anchor", "num_classes": 100}, "model": TINY_MODEL})
+    cfg = config_from_dict(
+        {"method": {"name": "supervised"}, "loss": {"name": "proxy_anchor", "num_classes": 100}, "model": TINY_MODEL}
+    )
     with pytest.raises(UserError, match="loss.num_classes is 100 but dataset 'digits' has 10"):
         methods.build_method(cfg, models.build_backbone("resnet18", 4, True, 1), 10)
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from dist_utils import run_in_processes
 from safetensors.torch import load_file, save_file
 from sklearn.datasets import load_digits
 
-from dist_utils import run_in_processes
 from sslkit import distributed, methods, optim
 from sslkit.config import config_from_dict
 from sslkit.errors import UserError
@@ -46,8 +46,10 @@ def fixed_views(n: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
     pixels, _ = load_digits(return_X_y=True)
     images = torch.tensor(pixels[:n], dtype=torch.float32).view(n, 1, 8, 8) / 16
     noise = torch.Generator().manual_seed(1)
-    return (images + 0.05 * torch.randn(images.shape, generator=noise),
-            images.flip(3) + 0.05 * torch.randn(images.shape, generator=noise))
+    return (
+        images + 0.05 * torch.randn(images.shape, generator=noise),
+        images.flip(3) + 0.05 * torch.randn(images.shape, generator=noise),
+    )
 
 
 def build(name: str, seed: int = 0, num_samples: int = 50_000, **method_options):
@@ -55,9 +57,14 @@ def build(name: str, seed: int = 0, num_samples: int = 50_000, **method_options)
     the batch's own entries (with a small bank and a fixed batch, the batch becomes its own noise)."""
     torch.manual_seed(seed)
     options = {"queue_size": 64, "predictor_hidden": 32, "num_negatives": 64, "bn_splits": 4, **method_options}
-    cfg = config_from_dict({"method": {"name": name, **options},
-                            "model": {"width": 4, "projector_hidden": 32, "projector_out": 16},
-                            "loss": {"name": LOSS[name], "temperature": 0.2}, "train": {"batch_size": BATCH}})
+    cfg = config_from_dict(
+        {
+            "method": {"name": name, **options},
+            "model": {"width": 4, "projector_hidden": 32, "projector_out": 16},
+            "loss": {"name": LOSS[name], "temperature": 0.2},
+            "train": {"batch_size": BATCH},
+        }
+    )
     extra = {"num_samples": num_samples} if name == "nce" else {}
     return methods.METHODS[name].from_config(cfg, build_backbone("resnet18", 4, True, 1), 10, **extra)
 
@@ -70,7 +77,9 @@ def call(method, view1, view2):
 
 def fill_queue(method: MoCo, count: int = 32) -> None:
     """Random unit keys, so the loss has negatives from the first call."""
-    method.queue.enqueue(F.normalize(torch.randn(count, method.queue.dim, generator=torch.Generator().manual_seed(2)), dim=1))
+    method.queue.enqueue(
+        F.normalize(torch.randn(count, method.queue.dim, generator=torch.Generator().manual_seed(2)), dim=1)
+    )
 
 
 # --------------------------------------------------------------------------- BatchNorm in one process
@@ -209,7 +218,10 @@ def test_mocov3_loss_is_two_cross_entropies_by_loop():
         k = F.normalize(method.momentum_projector(method.momentum_backbone(torch.cat([view1, view2]))), dim=1)
 
     def ctr(queries, keys):
-        terms = [-torch.log(torch.exp(qi @ keys[i] / 0.2) / torch.exp(keys @ qi / 0.2).sum()) for i, qi in enumerate(queries)]
+        terms = [
+            -torch.log(torch.exp(qi @ keys[i] / 0.2) / torch.exp(keys @ qi / 0.2).sum())
+            for i, qi in enumerate(queries)
+        ]
         return 2 * 0.2 * torch.stack(terms).mean()
 
     torch.testing.assert_close(loss, ctr(q[:BATCH], k[BATCH:]) + ctr(q[BATCH:], k[:BATCH]))
@@ -225,8 +237,8 @@ def test_nce_bank_moves_halfway_towards_the_new_embeddings():
     with torch.no_grad():
         z = F.normalize(method.projector(method.backbone(torch.cat([view1, view2]))), dim=1)
     new = F.normalize(z[:BATCH] + z[BATCH:], dim=1)
-    torch.testing.assert_close(method.bank[3:3 + BATCH], F.normalize(0.5 * before[3:3 + BATCH] + 0.5 * new, dim=1))
-    assert torch.equal(method.bank[:3], before[:3]) and torch.equal(method.bank[3 + BATCH:], before[3 + BATCH:])
+    torch.testing.assert_close(method.bank[3 : 3 + BATCH], F.normalize(0.5 * before[3 : 3 + BATCH] + 0.5 * new, dim=1))
+    assert torch.equal(method.bank[:3], before[:3]) and torch.equal(method.bank[3 + BATCH :], before[3 + BATCH :])
     torch.testing.assert_close(method.bank.norm(dim=1), torch.ones(40))
 
 
@@ -260,8 +272,8 @@ def queries_and_keys() -> tuple[torch.Tensor, torch.Tensor]:
 def _two_process_checks(rank: int, world: int) -> dict:
     # MoCo v3's loss on this process's half of a batch of 8.
     q_all, k_all = queries_and_keys()
-    q = q_all[4 * rank:4 * rank + 4].clone().requires_grad_(True)
-    loss = moco_v3_loss(q, k_all[4 * rank:4 * rank + 4], temperature=0.3)
+    q = q_all[4 * rank : 4 * rank + 4].clone().requires_grad_(True)
+    loss = moco_v3_loss(q, k_all[4 * rank : 4 * rank + 4], temperature=0.3)
     loss.backward()
     # NPID's bank: each process updates different rows; both must end with the same bank.
     method = build("nce", num_samples=64)
@@ -312,8 +324,12 @@ def _ddp_steps(rank: int, world: int, name: str) -> dict:
         batch_norm.num_batches_tracked.fill_(100)
     with torch.no_grad():
         ddp(view1[half], view2[half], None, torch.arange(BATCH)) if name == "nce" else ddp(view1[half], view2[half])
-    return {"skipped": skipped, "state": state, "marker_rows": int((replicated == 7.0).all(dim=1).sum()),
-            "batches_tracked": int(batch_norm.num_batches_tracked)}
+    return {
+        "skipped": skipped,
+        "state": state,
+        "marker_rows": int((replicated == 7.0).all(dim=1).sum()),
+        "batches_tracked": int(batch_norm.num_batches_tracked),
+    }
 
 
 def _ddp_steps_of_both(rank: int, world: int) -> dict:
@@ -365,15 +381,26 @@ def test_recipe_mistakes_are_one_line_user_errors():
     with pytest.raises(UserError, match="bn_splits 5"):
         build("moco", bn_splits=5)
     # The suggestion divides what each pass encodes: 2 images (a batch of one, both views) take 2, not 8.
-    one = config_from_dict({"method": {"name": "moco", "bn_splits": 8}, "loss": {"name": "ntxent"}, "train": {"batch_size": 1}})
+    one = config_from_dict(
+        {"method": {"name": "moco", "bn_splits": 8}, "loss": {"name": "ntxent"}, "train": {"batch_size": 1}}
+    )
     with pytest.raises(UserError, match=r"divide the 2 images .* try method.bn_splits=2 or 1$"):
         MoCo.from_config(one, build_backbone("resnet18", 4), 10)
-    odd = config_from_dict({"method": {"name": "moco", "bn_splits": 2, "symmetric": False}, "loss": {"name": "ntxent"},
-                            "train": {"batch_size": 1}})
+    odd = config_from_dict(
+        {
+            "method": {"name": "moco", "bn_splits": 2, "symmetric": False},
+            "loss": {"name": "ntxent"},
+            "train": {"batch_size": 1},
+        }
+    )
     with pytest.raises(UserError, match=r"try method.bn_splits=1$"):
         MoCo.from_config(odd, build_backbone("resnet18", 4), 10)
     with pytest.raises(UserError, match="loss.name"):
-        MoCoV3.from_config(config_from_dict({"method": {"name": "mocov3"}, "loss": {"name": "dcl"}}), build_backbone("resnet18", 4), 10)
+        MoCoV3.from_config(
+            config_from_dict({"method": {"name": "mocov3"}, "loss": {"name": "dcl"}}),
+            build_backbone("resnet18", 4),
+            10,
+        )
     nce = config_from_dict({"method": {"name": "nce"}, "loss": {"name": "nce"}})
     with pytest.raises(UserError, match="training set's size"):
         MemoryBankNCE.from_config(nce, build_backbone("resnet18", 4), 10)
@@ -386,18 +413,50 @@ def test_moco_through_accelerate_launch_with_two_processes(tmp_path):
     with socket.socket() as s:  # a free port: accelerate's default 29500 may be taken by another run on this machine
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
-               "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "sslkit" / "pretrain.py"),
-               str(ROOT / "recipes" / "quickstart.yaml"), f"run.output_dir={tmp_path}", "run.name=moco", "method.name=moco",
-               "method.queue_size=200", "model.width=4", "model.projector_hidden=32", "model.projector_out=16",
-               "augment.image_size=8", "train.batch_size=64", "train.epochs=1", "train.max_steps=4", "train.threads=1",
-               "train.log_every_steps=1", "eval.linear_epochs=3", "eval.compare_random_init=false", "optim.warmup_epochs=0"]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        str(port),
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(ROOT / "sslkit" / "pretrain.py"),
+        str(ROOT / "recipes" / "quickstart.yaml"),
+        f"run.output_dir={tmp_path}",
+        "run.name=moco",
+        "method.name=moco",
+        "method.queue_size=200",
+        "model.width=4",
+        "model.projector_hidden=32",
+        "model.projector_out=16",
+        "augment.image_size=8",
+        "train.batch_size=64",
+        "train.epochs=1",
+        "train.max_steps=4",
+        "train.threads=1",
+        "train.log_every_steps=1",
+        "eval.linear_epochs=3",
+        "eval.compare_random_init=false",
+        "optim.warmup_epochs=0",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "moco"
-    losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
-    assert len(losses) == 4 and abs(losses[0]) < 1e-6  # step 1: the queue was empty, the positive is the only candidate
+    losses = [
+        json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line
+    ]
+    assert (
+        len(losses) == 4 and abs(losses[0]) < 1e-6
+    )  # step 1: the queue was empty, the positive is the only candidate
     assert all(loss > 1 for loss in losses[1:]), losses  # then 128, then 200 negatives
     # 64 images x 2 views = 128 keys a step, gathered from both processes
     state = load_file(sorted((run / "checkpoints").glob("step-*"))[-1] / "model.safetensors")

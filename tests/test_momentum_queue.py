@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dist_utils import run_in_processes
 from torch import nn
 
-from dist_utils import run_in_processes
 from sslkit.methods.momentum import freeze, update_momentum
 from sslkit.methods.queue import KeyQueue
 

@@ -1,12 +1,19 @@
 """Schedules are pure functions of the step; LARS follows its update rule; groups split correctly."""
 
-import math
 
 import pytest
 import torch
 from torch import nn
 
-from sslkit.optim import LARS, build_optimizer, cosine_lr, cosine_momentum, parameter_groups, scaled_lr, set_learning_rate
+from sslkit.optim import (
+    LARS,
+    build_optimizer,
+    cosine_lr,
+    cosine_momentum,
+    parameter_groups,
+    scaled_lr,
+    set_learning_rate,
+)
 
 
 def test_cosine_lr_warms_up_then_decays():

@@ -26,9 +26,17 @@ PRETRAIN = ROOT / "sslkit" / "pretrain.py"
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 
 TINY = [
-    "model.width=4", "model.projector_hidden=32", "model.projector_out=16", "augment.image_size=8",
-    "train.batch_size=64", "train.log_every_steps=1", "train.threads=1", "train.knn_every_epochs=1",
-    "eval.linear_epochs=3", "eval.compare_random_init=false", "optim.warmup_epochs=0",
+    "model.width=4",
+    "model.projector_hidden=32",
+    "model.projector_out=16",
+    "augment.image_size=8",
+    "train.batch_size=64",
+    "train.log_every_steps=1",
+    "train.threads=1",
+    "train.knn_every_epochs=1",
+    "eval.linear_epochs=3",
+    "eval.compare_random_init=false",
+    "optim.warmup_epochs=0",
 ]
 
 
@@ -38,9 +46,17 @@ def env() -> dict:
     return e
 
 
-def pretrain(tmp_path: Path, *overrides: str, recipe: Path = QUICKSTART, launcher: list[str] | None = None,
-             timeout: float = 240) -> subprocess.CompletedProcess:
-    command = [*(launcher or [sys.executable]), str(PRETRAIN), str(recipe), f"run.output_dir={tmp_path}", *TINY, *overrides]
+def pretrain(
+    tmp_path: Path, *overrides: str, recipe: Path = QUICKSTART, launcher: list[str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    command = [
+        *(launcher or [sys.executable]),
+        str(PRETRAIN),
+        str(recipe),
+        f"run.output_dir={tmp_path}",
+        *TINY,
+        *overrides,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env(), cwd=tmp_path)
 
 
@@ -68,14 +84,19 @@ def test_one_process_run_writes_everything(tmp_path):
 
     final = json.loads((run / "results.json").read_text())["checkpoint"]
     assert {k: read_progress(Path(final))[k] for k in ("step", "epoch", "batch_in_epoch")} == {
-        "step": 2 * (1437 // 64), "epoch": 2, "batch_in_epoch": 0}
+        "step": 2 * (1437 // 64),
+        "epoch": 2,
+        "batch_in_epoch": 0,
+    }
     results = json.loads((run / "results.json").read_text())["results"]["trained"]
     assert 0.0 <= results["knn_top1"] <= 1.0 and "linear_top1" in results
     assert "knn_top1" in result.stdout and "linear_top1" in result.stdout
     # the exported backbone loads into a freshly built model with torchvision's keys
     from sslkit.models import build_backbone
 
-    build_backbone("resnet18", width=4, cifar_stem=True, in_channels=1).load_state_dict(load_file(run / "backbone.safetensors"))
+    build_backbone("resnet18", width=4, cifar_stem=True, in_channels=1).load_state_dict(
+        load_file(run / "backbone.safetensors")
+    )
 
 
 def test_evaluate_a_run_next_to_raw_pixels(tmp_path):
@@ -83,16 +104,25 @@ def test_evaluate_a_run_next_to_raw_pixels(tmp_path):
     trained = pretrain(tmp_path, "run.name=ev", "train.epochs=1", "train.max_steps=2", "eval.linear_epochs=0")
     assert trained.returncode == 0, trained.stderr[-3000:]
     out = tmp_path / "ev.json"
-    command = [sys.executable, str(ROOT / "sslkit" / "evaluate.py"), str(tmp_path / "ev"), "eval.knn_k=5",
-               "--no-linear", "--out", str(out), "eval.compare_raw_pixels=true"]
+    command = [
+        sys.executable,
+        str(ROOT / "sslkit" / "evaluate.py"),
+        str(tmp_path / "ev"),
+        "eval.knn_k=5",
+        "--no-linear",
+        "--out",
+        str(out),
+        "eval.compare_raw_pixels=true",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env(), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert set(report["results"]) == {"knn_top1"} and set(report["raw_pixels"]) == {"knn_top1"}
     assert 0.1 < report["raw_pixels"]["knn_top1"] <= 1.0  # digits: raw-pixel kNN is far above chance
     assert "raw pixels" in result.stdout
-    missing = subprocess.run([*command[:2], str(tmp_path / "nope")], capture_output=True, text=True, timeout=240,
-                             env=env(), cwd=tmp_path)
+    missing = subprocess.run(
+        [*command[:2], str(tmp_path / "nope")], capture_output=True, text=True, timeout=240, env=env(), cwd=tmp_path
+    )
     assert_one_line_error(missing, "nope", "not found")
 
 
@@ -102,7 +132,9 @@ def _tiny_backbone_file(tmp_path: Path) -> tuple[Path, Path]:
     from sslkit.checkpoint import export_backbone
     from sslkit.models import build_backbone
 
-    backbone = export_backbone(build_backbone("resnet18", width=4, cifar_stem=True, in_channels=1), tmp_path / "bb.safetensors")
+    backbone = export_backbone(
+        build_backbone("resnet18", width=4, cifar_stem=True, in_channels=1), tmp_path / "bb.safetensors"
+    )
     recipe = tmp_path / "recipes" / "quickstart.yaml"
     recipe.parent.mkdir()
     shutil.copy(QUICKSTART, recipe)
@@ -116,8 +148,17 @@ def evaluate(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_evaluate_a_backbone_file_writes_next_to_it_not_next_to_the_recipe(tmp_path):
     backbone, recipe = _tiny_backbone_file(tmp_path)
-    result = evaluate(tmp_path, str(backbone), "--recipe", str(recipe), "model.width=4", "augment.image_size=8",
-                      "eval.knn_k=5", "eval.compare_raw_pixels=false", "--no-linear")
+    result = evaluate(
+        tmp_path,
+        str(backbone),
+        "--recipe",
+        str(recipe),
+        "model.width=4",
+        "augment.image_size=8",
+        "eval.knn_k=5",
+        "eval.compare_raw_pixels=false",
+        "--no-linear",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "bb.eval.json"
     assert f"resultswrittento{out}" in "".join(result.stdout.split())  # rich wraps long lines
@@ -128,9 +169,12 @@ def test_evaluate_a_backbone_file_writes_next_to_it_not_next_to_the_recipe(tmp_p
 def test_evaluate_weights_of_another_width_name_the_first_mismatch_in_one_line(tmp_path):
     backbone, recipe = _tiny_backbone_file(tmp_path)
     result = evaluate(tmp_path, str(backbone), "--recipe", str(recipe), "model.width=8", "augment.image_size=8")
-    assert_one_line_error(result, f"the weights in '{backbone}' do not fit model.backbone=resnet18 width=8 cifar_stem=True",
-                          "(conv1.weight is [4, 1, 3, 3] in the file, [8, 1, 3, 3] in the model, and ",
-                          "; pass the model.* values the backbone was trained with, or --recipe with its recipe")
+    assert_one_line_error(
+        result,
+        f"the weights in '{backbone}' do not fit model.backbone=resnet18 width=8 cifar_stem=True",
+        "(conv1.weight is [4, 1, 3, 3] in the file, [8, 1, 3, 3] in the model, and ",
+        "; pass the model.* values the backbone was trained with, or --recipe with its recipe",
+    )
     assert result.stderr.strip().endswith("--recipe with its recipe"), result.stderr
     assert not list(tmp_path.rglob("*eval.json"))
 
@@ -139,13 +183,29 @@ def test_a_mistake_in_two_processes_is_the_workers_line_and_their_exit_code(tmp_
     """torchrun's ChildFailedError traceback (about 45 lines) followed the workers' one-line error."""
     from dist_utils import _free_port
 
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--cpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(_free_port())]
+    launcher = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--quiet",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+    ]
     result = pretrain(tmp_path, "run.name=bad", "train.bogus=1", launcher=launcher, timeout=120)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines and all("unknown key 'train.bogus'" in line for line in lines), lines  # one line per process, nothing else
+    assert lines and all("unknown key 'train.bogus'" in line for line in lines), (
+        lines
+    )  # one line per process, nothing else
     assert not (tmp_path / "bad").exists()
 
 
@@ -153,19 +213,42 @@ def test_a_mistake_in_two_processes_is_the_workers_line_and_their_exit_code(tmp_
 def test_two_processes_with_accelerate_launch(tmp_path, sync_batchnorm):
     from dist_utils import _free_port
 
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(_free_port())]  # not 29500: another run may hold it
+    launcher = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+    ]  # not 29500: another run may hold it
     compare = ["eval.compare_random_init=true", "eval.linear_epochs=0"] if not sync_batchnorm else []
-    result = pretrain(tmp_path, "run.name=two", "train.epochs=1", "train.max_steps=4",
-                      f"model.sync_batchnorm={str(sync_batchnorm).lower()}", *compare, launcher=launcher)
+    result = pretrain(
+        tmp_path,
+        "run.name=two",
+        "train.epochs=1",
+        "train.max_steps=4",
+        f"model.sync_batchnorm={str(sync_batchnorm).lower()}",
+        *compare,
+        launcher=launcher,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     if compare:
         # The "random init" row scores the starting network every process trained from: the one a
         # single process builds from the same seed, not a different network on each process's share.
         one = pretrain(tmp_path, "run.name=one", "train.epochs=1", "train.max_steps=1", *compare)
         assert one.returncode == 0, one.stderr[-3000:]
-        start = [json.loads((tmp_path / name / "results.json").read_text())["results"]["random init"] for name in ("two", "one")]
+        start = [
+            json.loads((tmp_path / name / "results.json").read_text())["results"]["random init"]
+            for name in ("two", "one")
+        ]
         assert start[0] == start[1]
     assert ("BatchNorm over the global batch" in result.stdout) == sync_batchnorm
     run = tmp_path / "two"
@@ -191,8 +274,18 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     reference = pretrain(tmp_path, "run.name=straight", *common)
     assert reference.returncode == 0, reference.stderr[-3000:]
 
-    command = [sys.executable, str(PRETRAIN), str(QUICKSTART), f"run.output_dir={tmp_path}", *TINY, "run.name=killed", *common]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(), cwd=tmp_path)
+    command = [
+        sys.executable,
+        str(PRETRAIN),
+        str(QUICKSTART),
+        f"run.output_dir={tmp_path}",
+        *TINY,
+        "run.name=killed",
+        *common,
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(), cwd=tmp_path
+    )
     # 22 batches an epoch: step 3 is early in epoch 0, so the kill lands mid-epoch
     _wait_for(tmp_path / "killed" / "checkpoints", "step-00000003", process)
     process.send_signal(signal.SIGKILL)
@@ -203,7 +296,11 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     # the steps the killed run logged after its last checkpoint are logged once, by the resumed run
-    logged = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    logged = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+        if '"loss"' in line
+    ]
     assert logged == sorted(set(logged)), logged
     straight = load_file(tmp_path / "straight" / "backbone.safetensors")
     again = load_file(tmp_path / "killed" / "backbone.safetensors")
@@ -213,15 +310,29 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
 
 
 def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
-    command = [sys.executable, str(PRETRAIN), str(QUICKSTART), f"run.output_dir={tmp_path}", *TINY, "run.name=stopped",
-               "train.epochs=2", "train.checkpoint_every_steps=2"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(), cwd=tmp_path)
+    command = [
+        sys.executable,
+        str(PRETRAIN),
+        str(QUICKSTART),
+        f"run.output_dir={tmp_path}",
+        *TINY,
+        "run.name=stopped",
+        "train.epochs=2",
+        "train.checkpoint_every_steps=2",
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(), cwd=tmp_path
+    )
     _wait_for(tmp_path / "stopped" / "checkpoints", "step-00000002", process)
     process.send_signal(signal.SIGINT)
     stderr = process.communicate(timeout=60)[1]
     assert process.returncode == 130
-    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("interrupted: continue from the last"), stderr
-    resumed = pretrain(tmp_path, "run.name=stopped", "run.resume=auto", "train.epochs=2", "train.checkpoint_every_steps=2")
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith(
+        "interrupted: continue from the last"
+    ), stderr
+    resumed = pretrain(
+        tmp_path, "run.name=stopped", "run.resume=auto", "train.epochs=2", "train.checkpoint_every_steps=2"
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
 
@@ -238,8 +349,14 @@ def _one_run_per_directory(tmp_path: Path, run: Path) -> None:
 
 def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
     """A half-written checkpoint (.tmp-*) is ignored by resume and cleaned by the next save."""
-    first = pretrain(tmp_path, "run.name=crash", "train.epochs=1", "train.max_steps=2", "train.checkpoint_every_steps=1",
-                     "train.mixed_precision=fp16")
+    first = pretrain(
+        tmp_path,
+        "run.name=crash",
+        "train.epochs=1",
+        "train.max_steps=2",
+        "train.checkpoint_every_steps=1",
+        "train.mixed_precision=fp16",
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     assert "fp16 has no effect on the CPU" in first.stdout  # not silently fp32
     _one_run_per_directory(tmp_path, tmp_path / "crash")
@@ -248,8 +365,15 @@ def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
     shutil.copytree(checkpoints / "step-00000002", half)
     (half / "progress.json").unlink()
     (half / "model.safetensors").write_bytes(b"\0" * 10)  # torn write
-    resumed = pretrain(tmp_path, "run.name=crash", "run.resume=auto", "train.epochs=1", "train.max_steps=3",
-                       "train.checkpoint_every_steps=1", "train.mixed_precision=fp16")
+    resumed = pretrain(
+        tmp_path,
+        "run.name=crash",
+        "run.resume=auto",
+        "train.epochs=1",
+        "train.max_steps=3",
+        "train.checkpoint_every_steps=1",
+        "train.mixed_precision=fp16",
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "step 2" in resumed.stdout
     assert "train.max_steps 2 -> 3" in resumed.stdout  # what changed since the run began is said
@@ -260,7 +384,10 @@ def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
     "overrides, words",
     [
         (["train.epoch=3"], ["unknown key 'train.epoch'", "epochs"]),
-        (["data.name=fashion_mnist", "data.root=/nonexistent/fmnist"], ["/nonexistent/fmnist", "dataset-fashion-mnist"]),
+        (
+            ["data.name=fashion_mnist", "data.root=/nonexistent/fmnist"],
+            ["/nonexistent/fmnist", "dataset-fashion-mnist"],
+        ),
         (["train.batch_size=4096"], ["train.batch_size", "1437"]),
         (["data.holdout_classes=[0,1,2,3,4,5,6,7,8,9]"], ["holds out all 10 classes", "digits"]),
     ],
@@ -302,10 +429,22 @@ def test_recipe_mistakes_are_one_line_before_any_work(tmp_path, capsys, override
 def test_logged_loss_averages_the_batches_a_short_accumulation_window_had(tmp_path):
     """22 batches an epoch and grad_accum_steps=50: one step of 22 batches. Its logged loss is their
     mean (about the loss at init, as in a plain run's first step), not their sum over 50."""
+
     def first_loss(name: str, *overrides: str) -> float:
-        result = pretrain(tmp_path, f"run.name={name}", "train.epochs=1", "train.knn_every_epochs=0", "eval.linear_epochs=0", *overrides)
+        result = pretrain(
+            tmp_path,
+            f"run.name={name}",
+            "train.epochs=1",
+            "train.knn_every_epochs=0",
+            "eval.linear_epochs=0",
+            *overrides,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
-        return next(json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines() if '"loss"' in line)["loss"]
+        return next(
+            json.loads(line)
+            for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in line
+        )["loss"]
 
     accumulated = first_loss("accumulated", "train.grad_accum_steps=50")
     plain = first_loss("plain", "train.max_steps=1")
@@ -322,15 +461,30 @@ def test_corrupt_image_in_folder_names_the_file(tmp_path):
             for i in range(40 if split == "train" else 4):
                 Image.new("RGB", (12, 12), (i * 6, 100, 200 if cls == "cats" else 0)).save(folder / f"{i}.png")
     (tmp_path / "images" / "train" / "dogs" / "broken.png").write_bytes(b"this is not a png")
-    result = pretrain(tmp_path, "run.name=folder", "data.name=imagefolder", f"data.root={tmp_path / 'images'}",
-                      "data.image_size=12", "train.batch_size=16", "augment.saturation=0.4", timeout=120)
+    result = pretrain(
+        tmp_path,
+        "run.name=folder",
+        "data.name=imagefolder",
+        f"data.root={tmp_path / 'images'}",
+        "data.image_size=12",
+        "train.batch_size=16",
+        "augment.saturation=0.4",
+        timeout=120,
+    )
     assert_one_line_error(result, "broken.png")
     assert not list((tmp_path / "folder").glob("checkpoints/step-*"))
 
 
 def test_nan_loss_stops_with_checkpoint_intact(tmp_path):
-    result = pretrain(tmp_path, "run.name=nan", "train.epochs=1", "optim.name=sgd", "optim.lr=1e30",
-                      "train.checkpoint_every_steps=1", "optim.exclude_bias_and_norm=false")
+    result = pretrain(
+        tmp_path,
+        "run.name=nan",
+        "train.epochs=1",
+        "optim.name=sgd",
+        "optim.lr=1e30",
+        "train.checkpoint_every_steps=1",
+        "optim.exclude_bias_and_norm=false",
+    )
     assert_one_line_error(result, "loss became", "optim.lr")
     checkpoints = sorted((tmp_path / "nan" / "checkpoints").glob("step-*"))
     assert checkpoints, "the last good checkpoint should remain"
@@ -346,7 +500,9 @@ def test_a_run_directory_under_a_file_is_one_line_before_any_work(tmp_path):
 
     (tmp_path / "afile").write_text("")
     for resume in (None, "auto"):
-        with pytest.raises(UserError, match=r"cannot be made: .*afile is a file; choose another run.output_dir or run.name"):
+        with pytest.raises(
+            UserError, match=r"cannot be made: .*afile is a file; choose another run.output_dir or run.name"
+        ):
             check_run_directory(tmp_path / "afile" / "runs" / "x", resume, {})
     assert check_run_directory(tmp_path / "fine" / "x", None, {}) == []
 
@@ -358,7 +514,9 @@ def test_ctrl_c_before_the_first_checkpoint_does_not_promise_one(tmp_path):
 
     cfg = config_from_dict({"run": {"name": "early", "output_dir": str(tmp_path)}})
     assert interrupted_message(cfg).startswith("interrupted before the first checkpoint: nothing to continue from")
-    assert interrupted_message(None).startswith("interrupted before the first checkpoint")  # the recipe was still loading
+    assert interrupted_message(None).startswith(
+        "interrupted before the first checkpoint"
+    )  # the recipe was still loading
     step = tmp_path / "early" / "checkpoints" / "step-00000002"
     step.mkdir(parents=True)
     (step / PROGRESS_FILE).write_text("{}")

@@ -33,17 +33,34 @@ def write_run(run_dir: Path, epochs: int = 3, finished: bool = True, torn_last_l
     for epoch in range(epochs):
         for i in range(STEPS_PER_EPOCH):
             step = epoch * STEPS_PER_EPOCH + i + 1
-            lines.append({"step": step, "epoch": epoch, "loss": 6.0 - 0.05 * step, "lr": 0.3 * (1 - step / 40),
-                          "images_per_s": 1000.0 + step, "data_wait_share": 0.02})
+            lines.append(
+                {
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": 6.0 - 0.05 * step,
+                    "lr": 0.3 * (1 - step / 40),
+                    "images_per_s": 1000.0 + step,
+                    "data_wait_share": 0.02,
+                }
+            )
         if epoch + 1 < epochs:  # the trainer's monitor skips the last epoch: the final evaluation covers it
             lines.append({"step": (epoch + 1) * STEPS_PER_EPOCH, "epoch": epoch + 1, "knn_top1": 0.5 + 0.1 * epoch})
     if finished:
         final = {"knn_top1": 0.8125, "linear_top1": 0.84375, "linear_top5": 0.99, "linear_train_top1": 0.9}
-        lines.append({"step": epochs * STEPS_PER_EPOCH, "epoch": epochs, **{f"final_{k}": v for k, v in final.items()}})
-        (run_dir / "results.json").write_text(json.dumps({
-            "results": {"trained": final, "random init": {"knn_top1": 0.25, "linear_top1": 0.3}},
-            "step": epochs * STEPS_PER_EPOCH, "checkpoint": str(run_dir / "checkpoints" / "step-00000030"),
-            "backbone": str(run_dir / "backbone.safetensors")}, indent=2))
+        lines.append(
+            {"step": epochs * STEPS_PER_EPOCH, "epoch": epochs, **{f"final_{k}": v for k, v in final.items()}}
+        )
+        (run_dir / "results.json").write_text(
+            json.dumps(
+                {
+                    "results": {"trained": final, "random init": {"knn_top1": 0.25, "linear_top1": 0.3}},
+                    "step": epochs * STEPS_PER_EPOCH,
+                    "checkpoint": str(run_dir / "checkpoints" / "step-00000030"),
+                    "backbone": str(run_dir / "backbone.safetensors"),
+                },
+                indent=2,
+            )
+        )
     text = "".join(json.dumps(r) + "\n" for r in lines)
     if torn_last_line:
         text += '{"step": 31, "epoch": 3, "lo'  # the trainer is writing this line right now
@@ -82,7 +99,9 @@ def test_finished_run_without_matplotlib_has_text_tables(tmp_path, monkeypatch):
     assert not list(run.glob("*.png")) and ".png" not in text
     assert "`pip install sslkit[plot]` adds the plots" in text
     assert "| trained | 0.8125 | 0.8438 |" in text
-    loss_rows = [line for line in text.splitlines() if line.startswith("| ") and line.count("|") == 5 and line[2].isdigit()]
+    loss_rows = [
+        line for line in text.splitlines() if line.startswith("| ") and line.count("|") == 5 and line[2].isdigit()
+    ]
     assert len(loss_rows) == 20 and "20 of 30 logged steps" in text  # sampled, evenly spaced
     assert loss_rows[0].startswith("| 1 | 0 | 5.9500 |") and loss_rows[-1].startswith("| 30 | 2 | 4.5000 |")
     # the kNN curve: the epoch monitor, then the final evaluation as its last point
@@ -122,11 +141,15 @@ def test_not_a_run_directory(tmp_path):
 
 def test_command_renders_runs_and_gives_one_line_for_a_non_run(tmp_path):
     good = write_run(tmp_path / "runs" / "a")
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "report.py"), str(good)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "report.py"), str(good)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert f"report: {good / 'report.md'}" in result.stdout and (good / "report.md").is_file()
 
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "report.py"), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "report.py"), str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "not a run directory" in lines[0] and "runs/*" in lines[0], result.stderr
@@ -135,8 +158,10 @@ def test_command_renders_runs_and_gives_one_line_for_a_non_run(tmp_path):
 def test_command_without_matplotlib_installed(tmp_path):
     """A fresh interpreter where ``import matplotlib`` fails, as on an install without the plot extra."""
     run = write_run(tmp_path / "a")
-    block = ("import runpy, sys; sys.modules['matplotlib'] = None; "
-             f"sys.argv = ['tools/report.py', {str(run)!r}]; runpy.run_path({str(ROOT / 'tools' / 'report.py')!r}, run_name='__main__')")
+    block = (
+        "import runpy, sys; sys.modules['matplotlib'] = None; "
+        f"sys.argv = ['tools/report.py', {str(run)!r}]; runpy.run_path({str(ROOT / 'tools' / 'report.py')!r}, run_name='__main__')"
+    )
     result = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "pip install sslkit[plot]" in result.stdout

@@ -14,7 +14,6 @@ HOLDOUT = "data.holdout_classes=[5, 6, 7, 8, 9]"
 def stage_recipe(tmp_path, name: str, method: dict, loss: dict):
     """The quickstart recipe with another method and loss section, as a user writes a stage recipe."""
     import yaml
-
     from test_pretrain_e2e import QUICKSTART
 
     recipe = yaml.safe_load(QUICKSTART.read_text())
@@ -32,12 +31,21 @@ def test_three_stage_chain_with_unseen_class_retrieval(tmp_path):
     first = pretrain(tmp_path, "run.name=ssl", HOLDOUT, "train.epochs=1", "train.batch_size=64")
     assert first.returncode == 0, first.stderr[-3000:]
     supcon = stage_recipe(tmp_path, "supcon", {"name": "supcon"}, {"name": "supcon", "temperature": 0.1})
-    second = pretrain(tmp_path, "run.name=supcon", HOLDOUT, "train.epochs=1", f"run.init_from={tmp_path / 'ssl'}", recipe=supcon)
+    second = pretrain(
+        tmp_path, "run.name=supcon", HOLDOUT, "train.epochs=1", f"run.init_from={tmp_path / 'ssl'}", recipe=supcon
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     assert "backbone initialised from" in second.stdout
     head = stage_recipe(tmp_path, "head", {"name": "supervised"}, {"name": "proxy_anchor"})
-    third = pretrain(tmp_path, "run.name=head", HOLDOUT, "train.epochs=2", f"run.init_from={tmp_path / 'supcon'}",
-                     "train.freeze_backbone_epochs=1", recipe=head)
+    third = pretrain(
+        tmp_path,
+        "run.name=head",
+        HOLDOUT,
+        "train.epochs=2",
+        f"run.init_from={tmp_path / 'supcon'}",
+        "train.freeze_backbone_epochs=1",
+        recipe=head,
+    )
     assert third.returncode == 0, third.stderr[-3000:]
     for name in ("ssl", "supcon", "head"):
         metrics = results(tmp_path / name)
@@ -55,7 +63,9 @@ def test_init_from_mistakes_are_one_line(tmp_path):
     source = pretrain(tmp_path, "run.name=src", "train.epochs=1", "train.max_steps=1", "eval.linear_epochs=0")
     assert source.returncode == 0, source.stderr[-3000:]
     assert "knn_top1" in results(tmp_path / "src") and "linear_top1" not in results(tmp_path / "src")
-    wider = pretrain(tmp_path, "run.name=b", f"run.init_from={tmp_path / 'src'}", "model.width=8", "train.max_steps=1", timeout=120)
+    wider = pretrain(
+        tmp_path, "run.name=b", f"run.init_from={tmp_path / 'src'}", "model.width=8", "train.max_steps=1", timeout=120
+    )
     assert_one_line_error(wider, "does not fit", "shape mismatch")
     assert not (tmp_path / "b").exists()
 
@@ -74,8 +84,15 @@ def test_label_method_on_unlabelled_split_is_one_line(tmp_path):
 
     write_stl10(tmp_path / "stl", n_train=70, n_test=10, n_unlabeled=70)
     supcon = stage_recipe(tmp_path, "supcon", {"name": "supcon"}, {"name": "supcon"})
-    result = pretrain(tmp_path, "run.name=e", "data.name=stl10", f"data.root={tmp_path / 'stl'}", "data.train_split=unlabeled",
-                      recipe=supcon, timeout=120)
+    result = pretrain(
+        tmp_path,
+        "run.name=e",
+        "data.name=stl10",
+        f"data.root={tmp_path / 'stl'}",
+        "data.train_split=unlabeled",
+        recipe=supcon,
+        timeout=120,
+    )
     assert_one_line_error(result, "needs labels", "unlabeled")
     assert not (tmp_path / "e").exists()
 
@@ -95,10 +112,21 @@ def test_init_from_reaches_the_momentum_encoder(tmp_path):
 
     source = pretrain(tmp_path, "run.name=src", "train.epochs=1", "train.max_steps=1", "eval.linear_epochs=1")
     assert source.returncode == 0, source.stderr[-3000:]
-    recipe = stage_recipe(tmp_path, "moco", {"name": "moco", "queue_size": 256, "momentum": 1.0, "momentum_final": 1.0},
-                          {"name": "ntxent", "temperature": 0.2})
-    run = pretrain(tmp_path, "run.name=moco", f"run.init_from={tmp_path / 'src'}", "train.epochs=1", "train.max_steps=1",
-                   "optim.lr=1e-12", recipe=recipe)
+    recipe = stage_recipe(
+        tmp_path,
+        "moco",
+        {"name": "moco", "queue_size": 256, "momentum": 1.0, "momentum_final": 1.0},
+        {"name": "ntxent", "temperature": 0.2},
+    )
+    run = pretrain(
+        tmp_path,
+        "run.name=moco",
+        f"run.init_from={tmp_path / 'src'}",
+        "train.epochs=1",
+        "train.max_steps=1",
+        "optim.lr=1e-12",
+        recipe=recipe,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     state = load_file(sorted((tmp_path / "moco" / "checkpoints").glob("step-*"))[-1] / "model.safetensors")
     exported = load_file(tmp_path / "src" / "backbone.safetensors")

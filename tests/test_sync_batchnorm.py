@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dist_utils import run_in_processes
 from torch import nn
 
-from dist_utils import run_in_processes
 from sslkit.config import config_from_dict
 from sslkit.errors import UserError
 from sslkit.methods import build_method
@@ -24,8 +24,17 @@ BATCH = 8  # global; each of two processes gets 4
 def small_net() -> nn.Module:
     """Conv -> BatchNorm2d -> Linear -> BatchNorm1d (affine and not), float64, fixed weights."""
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 5, 3), nn.BatchNorm2d(5), nn.ReLU(), nn.Flatten(), nn.Linear(5 * 4 * 4, 6),
-                        nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 4), nn.BatchNorm1d(4, affine=False))
+    net = nn.Sequential(
+        nn.Conv2d(3, 5, 3),
+        nn.BatchNorm2d(5),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(5 * 4 * 4, 6),
+        nn.BatchNorm1d(6),
+        nn.ReLU(),
+        nn.Linear(6, 4),
+        nn.BatchNorm1d(4, affine=False),
+    )
     with torch.no_grad():  # non-trivial affine parameters and running statistics
         for bn in (net[1], net[5]):
             bn.weight.uniform_(0.5, 1.5)
@@ -55,8 +64,13 @@ def _train_and_record(net: nn.Module, rows: slice, train_steps: int) -> dict:
     out = net(x)
     local_loss(out, targets[rows]).backward()
     net.eval()
-    return {"out": out.detach(), "grad": x.grad, "params": {n: p.grad for n, p in net.named_parameters()},
-            "buffers": {n: b.clone() for n, b in net.named_buffers()}, "eval_out": net(images).detach()}
+    return {
+        "out": out.detach(),
+        "grad": x.grad,
+        "params": {n: p.grad for n, p in net.named_parameters()},
+        "buffers": {n: b.clone() for n, b in net.named_buffers()},
+        "eval_out": net(images).detach(),
+    }
 
 
 def _steps(rank: int, world: int, train_steps: int) -> dict:
@@ -134,19 +148,27 @@ def test_conversion_keeps_state_and_leaves_other_layers():
     assert set(net.state_dict()) == set(state)  # checkpoints load either way
     for key, value in net.state_dict().items():
         assert torch.equal(value, state[key]), key
-    assert sum(type(m) is GlobalBatchNorm for m in convert_sync_batchnorm(build_backbone("resnet18", 4), "cpu").modules()) == 20
+    assert (
+        sum(type(m) is GlobalBatchNorm for m in convert_sync_batchnorm(build_backbone("resnet18", 4), "cpu").modules())
+        == 20
+    )
     # Where torch's kernels run, torch's own class (converting needs no GPU; running it would).
     on_gpu = convert_sync_batchnorm(small_net(), "cuda")
     assert type(on_gpu[1]) is nn.SyncBatchNorm and type(on_gpu[5]) is nn.SyncBatchNorm
 
 
 def test_every_batchnorm_of_a_method_is_converted_and_moco_split_batchnorm_is_refused():
-    cfg = config_from_dict({"method": {"name": "simclr"}, "model": {"width": 4, "projector_hidden": 16, "projector_out": 8,
-                                                                   "sync_batchnorm": True}})
+    cfg = config_from_dict(
+        {
+            "method": {"name": "simclr"},
+            "model": {"width": 4, "projector_hidden": 16, "projector_out": 8, "sync_batchnorm": True},
+        }
+    )
     method = convert_sync_batchnorm(build_method(cfg, build_backbone("resnet18", 4), 10, 100), "cpu")
     norms = [m for m in method.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     assert len(norms) == 21 and all(type(m) is GlobalBatchNorm for m in norms)  # backbone 20, projector 1
-    moco = config_from_dict({"method": {"name": "moco", "bn_splits": 8}, "model": {"sync_batchnorm": True},
-                             "train": {"batch_size": 16}})
+    moco = config_from_dict(
+        {"method": {"name": "moco", "bn_splits": 8}, "model": {"sync_batchnorm": True}, "train": {"batch_size": 16}}
+    )
     with pytest.raises(UserError, match="bn_splits=1"):
         build_method(moco, build_backbone("resnet18", 4), 10, 100)

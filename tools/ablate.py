@@ -112,8 +112,15 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
     key, sep, raw = text.partition("=")
     key = key.strip()
     values = split_values(raw) if sep else []
-    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+", key) or not values or "" in values:
-        raise UserError(f"--sweep '{text}' must look like section.key=V1,V2,... e.g. --sweep loss.temperature=0.05,0.1,0.2")
+    if (
+        not sep
+        or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+", key)
+        or not values
+        or "" in values
+    ):
+        raise UserError(
+            f"--sweep '{text}' must look like section.key=V1,V2,... e.g. --sweep loss.temperature=0.05,0.1,0.2"
+        )
     if key in (*RESERVED_KEYS, "run.seed"):
         hint = "use --seeds N for seeds" if key == "run.seed" else "use --out DIR to choose where the runs go"
         raise UserError(f"--sweep '{key}': ablate sets {key} for every point; {hint}")
@@ -131,14 +138,22 @@ def build_grid(sweeps: list[tuple[str, list[str]]], seeds: list[int]) -> list[Po
     points = [Point(tuple(zip(keys, combo)), seed) for combo in combos for seed in seeds]
     names = [p.name for p in points]
     if len(set(names)) < len(names):
-        raise UserError("--sweep: two values give the same run directory name once '/' and the like are replaced; write them differently")
+        raise UserError(
+            "--sweep: two values give the same run directory name once '/' and the like are replaced; write them differently"
+        )
     return points
 
 
 def point_overrides(point: Point, overrides: list[str], out: Path) -> list[str]:
     """Everything a point's run is given after the recipe: the user's overrides, then the point's own."""
     # resume=auto: a point stopped midway (Ctrl-C, a crash) continues from its last checkpoint on the rerun.
-    return [*overrides, *point.overrides(), f"run.output_dir={out / 'runs'}", f"run.name={point.name}", "run.resume=auto"]
+    return [
+        *overrides,
+        *point.overrides(),
+        f"run.output_dir={out / 'runs'}",
+        f"run.name={point.name}",
+        "run.resume=auto",
+    ]
 
 
 def point_command(point: Point, recipe: Path, overrides: list[str], out: Path, launcher: str | None) -> list[str]:
@@ -168,8 +183,10 @@ def check_points(recipe: Path, overrides: list[str], points: list[Point], out: P
             if differ:
                 key = differ[0]
                 more = f" (and {len(differ) - 1} more keys)" if len(differ) > 1 else ""
-                raise UserError(f"{saved_path.parent} was run with {key}={saved[key]}, this sweep asks for {key}={wanted[key]}{more}; "
-                                f"use another --out, or delete that run directory to redo it")
+                raise UserError(
+                    f"{saved_path.parent} was run with {key}={saved[key]}, this sweep asks for {key}={wanted[key]}{more}; "
+                    f"use another --out, or delete that run directory to redo it"
+                )
 
 
 # --------------------------------------------------------------------------- running
@@ -186,7 +203,9 @@ def run_point(command: list[str], log_dir: Path, name: str) -> tuple[int, str | 
     start = time.perf_counter()
     with open(log_dir / f"{name}.out", "w") as out_file, open(err_path, "w") as err_file:
         # Unbuffered: a point's log is readable while it runs.
-        status = subprocess.run(command, stdout=out_file, stderr=err_file, env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
+        status = subprocess.run(
+            command, stdout=out_file, stderr=err_file, env=dict(os.environ, PYTHONUNBUFFERED="1")
+        ).returncode
     wall = time.perf_counter() - start
     return status, (None if status == 0 else error_line(err_path.read_text(errors="replace"), status)), wall
 
@@ -232,7 +251,9 @@ def parse_value(text: str) -> Any:
 
 def metric_names(records: list[dict]) -> list[str]:
     names = {m for r in records for m in r["metrics"]}
-    return sorted(names, key=lambda m: (m not in PLOTTED_METRICS, PLOTTED_METRICS.index(m) if m in PLOTTED_METRICS else 0, m))
+    return sorted(
+        names, key=lambda m: (m not in PLOTTED_METRICS, PLOTTED_METRICS.index(m) if m in PLOTTED_METRICS else 0, m)
+    )
 
 
 def summarize(records: list[dict], keys: list[str]) -> list[dict]:
@@ -247,8 +268,12 @@ def summarize(records: list[dict], keys: list[str]) -> list[dict]:
     rows = []
     for texts, members in groups.items():
         ok = [r for r in members if r["status"] == "ok"]
-        row = {"values": {k: parse_value(t) for k, t in zip(keys, texts)}, "values_text": dict(zip(keys, texts)),
-               "n_ok": len(ok), "n_failed": len(members) - len(ok)}
+        row = {
+            "values": {k: parse_value(t) for k, t in zip(keys, texts)},
+            "values_text": dict(zip(keys, texts)),
+            "n_ok": len(ok),
+            "n_failed": len(members) - len(ok),
+        }
         for metric in metrics:
             values = [r["metrics"][metric] for r in ok if metric in r["metrics"]]
             row[f"{metric}_mean"] = statistics.fmean(values) if values else None
@@ -264,16 +289,32 @@ def write_tables(out: Path, records: list[dict], keys: list[str], header: dict) 
         writer = csv.writer(f)
         writer.writerow(["name", *keys, "seed", "status", "skipped", "error", "wall_s", *metrics])
         for r in records:
-            writer.writerow([r["name"], *(r["values_text"][k] for k in keys), r["seed"], r["status"], r["skipped"], r["error"] or "",
-                             "" if r["wall_s"] is None else f"{r['wall_s']:.1f}", *(_csv(r["metrics"].get(m)) for m in metrics)])
+            writer.writerow(
+                [
+                    r["name"],
+                    *(r["values_text"][k] for k in keys),
+                    r["seed"],
+                    r["status"],
+                    r["skipped"],
+                    r["error"] or "",
+                    "" if r["wall_s"] is None else f"{r['wall_s']:.1f}",
+                    *(_csv(r["metrics"].get(m)) for m in metrics),
+                ]
+            )
     (out / "results.json").write_text(json.dumps({**header, "points": records}, indent=2))
     summary = summarize(records, keys)
     with open(out / "summary.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow([*keys, "n_ok", "n_failed", *(f"{m}_{s}" for m in metrics for s in ("mean", "std"))])
         for row in summary:
-            writer.writerow([*(row["values_text"][k] for k in keys), row["n_ok"], row["n_failed"],
-                             *(_csv(row[f"{m}_{s}"]) for m in metrics for s in ("mean", "std"))])
+            writer.writerow(
+                [
+                    *(row["values_text"][k] for k in keys),
+                    row["n_ok"],
+                    row["n_failed"],
+                    *(_csv(row[f"{m}_{s}"]) for m in metrics for s in ("mean", "std")),
+                ]
+            )
     return summary
 
 
@@ -295,7 +336,9 @@ def summary_table(summary: list[dict], keys: list[str], metrics: list[str]) -> T
             mean, std = row[f"{metric}_mean"], row[f"{metric}_std"]
             cells.append("-" if mean is None else f"{mean:.4f}" + ("" if std is None else f" ± {std:.4f}"))
         seeds = f"{row['n_ok']}/{row['n_ok'] + row['n_failed']}"
-        table.add_row(*(escape(row["values_text"][k]) for k in keys), seeds if not row["n_failed"] else f"[red]{seeds}", *cells)
+        table.add_row(
+            *(escape(row["values_text"][k]) for k in keys), seeds if not row["n_failed"] else f"[red]{seeds}", *cells
+        )
     return table
 
 
@@ -351,13 +394,44 @@ def plot_metric(summary: list[dict], keys: list[str], metric: str, path: Path) -
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="tools/ablate.py", description="Run a grid of pretraining runs and tabulate and plot the results.")
-    parser.add_argument("recipe", type=Path, help="a YAML recipe's path or a bundled recipe's name, e.g. recipes/quickstart.yaml or quickstart")
-    parser.add_argument("overrides", nargs="*", default=[], help="dotted key=value overrides shared by every point, e.g. train.epochs=10")
-    parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2", help="a key and its values; repeat for a product grid")
-    parser.add_argument("--seeds", type=int, default=1, help="seeds per grid point: run.seed = s, s+1, ... from the recipe's seed (default 1)")
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default: <run.output_dir>/ablate-<recipe>-<swept keys>)")
-    parser.add_argument("--launcher", default=None, help='a prefix for multi-process points, e.g. "accelerate launch --cpu --num_processes 2"')
+    parser = argparse.ArgumentParser(
+        prog="tools/ablate.py", description="Run a grid of pretraining runs and tabulate and plot the results."
+    )
+    parser.add_argument(
+        "recipe",
+        type=Path,
+        help="a YAML recipe's path or a bundled recipe's name, e.g. recipes/quickstart.yaml or quickstart",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        default=[],
+        help="dotted key=value overrides shared by every point, e.g. train.epochs=10",
+    )
+    parser.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="a key and its values; repeat for a product grid",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="seeds per grid point: run.seed = s, s+1, ... from the recipe's seed (default 1)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default: <run.output_dir>/ablate-<recipe>-<swept keys>)",
+    )
+    parser.add_argument(
+        "--launcher",
+        default=None,
+        help='a prefix for multi-process points, e.g. "accelerate launch --cpu --num_processes 2"',
+    )
     # Intermixed: overrides may come before or after the --options, as users type them.
     return parser.parse_intermixed_args(argv)
 
@@ -372,8 +446,10 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("nothing to sweep: give --sweep KEY=V1,V2,... and/or --seeds N (N > 1)")
         for text in args.overrides:
             if text.partition("=")[0].strip() in RESERVED_KEYS:
-                raise UserError(f"override '{text}': ablate sets run.name, run.output_dir and run.resume for every point; "
-                                f"use --out DIR to choose where the runs go")
+                raise UserError(
+                    f"override '{text}': ablate sets run.name, run.output_dir and run.resume for every point; "
+                    f"use --out DIR to choose where the runs go"
+                )
         args.recipe = find_recipe(args.recipe)  # a bundled recipe's name becomes its file: the runs get a path
         base = load_config(args.recipe, args.overrides)
         keys = [key for key, _ in sweeps]
@@ -384,12 +460,25 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print_user_error(error)
         return 2
-    header = {"recipe": str(args.recipe), "overrides": args.overrides, "sweeps": dict(sweeps), "seeds": seeds, "launcher": args.launcher}
+    header = {
+        "recipe": str(args.recipe),
+        "overrides": args.overrides,
+        "sweeps": dict(sweeps),
+        "seeds": seeds,
+        "launcher": args.launcher,
+    }
     return run_sweep(args.recipe.resolve(), args.overrides, args.launcher, keys, points, out.resolve(), header)
 
 
-def run_sweep(recipe: Path, overrides: list[str], launcher: str | None, keys: list[str], points: list[Point], out: Path,
-              header: dict) -> int:
+def run_sweep(
+    recipe: Path,
+    overrides: list[str],
+    launcher: str | None,
+    keys: list[str],
+    points: list[Point],
+    out: Path,
+    header: dict,
+) -> int:
     """Run (or skip) every point, writing the tables after each.
 
     Returns:
@@ -398,11 +487,21 @@ def run_sweep(recipe: Path, overrides: list[str], launcher: str | None, keys: li
     out.mkdir(parents=True, exist_ok=True)
     previous = _previous_wall_times(out / "results.json")
     seeds = len(header["seeds"])
-    console.print(f"ablation: {len(points)} runs ({len(points) // seeds} grid points x {seeds} seed{'s' if seeds > 1 else ''}) -> {out}",
-                  markup=False, highlight=False, soft_wrap=True)
+    console.print(
+        f"ablation: {len(points)} runs ({len(points) // seeds} grid points x {seeds} seed{'s' if seeds > 1 else ''}) -> {out}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     records: list[dict] = []
-    progress = Progress(TextColumn("[bold]points"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[current]}"),
-                        TimeElapsedColumn(), console=console)
+    progress = Progress(
+        TextColumn("[bold]points"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[current]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
     try:
         with progress:
             task = progress.add_task("points", total=len(points), current="")
@@ -413,41 +512,80 @@ def run_sweep(recipe: Path, overrides: list[str], launcher: str | None, keys: li
                 if record["skipped"]:
                     progress.console.print(f"{tag}: done, skipped", highlight=False, soft_wrap=True)
                 elif record["status"] == "failed":
-                    progress.console.print(f"{tag}: [red]failed[/] after {record['wall_s']:.0f} s: {escape(record['error'])}",
-                                           highlight=False, soft_wrap=True)
+                    progress.console.print(
+                        f"{tag}: [red]failed[/] after {record['wall_s']:.0f} s: {escape(record['error'])}",
+                        highlight=False,
+                        soft_wrap=True,
+                    )
                 else:
-                    shown = ", ".join(f"{m} {record['metrics'][m]:.4f}" for m in PLOTTED_METRICS if m in record["metrics"])
-                    progress.console.print(f"{tag}: ok in {record['wall_s']:.0f} s: {shown}", highlight=False, soft_wrap=True)
+                    shown = ", ".join(
+                        f"{m} {record['metrics'][m]:.4f}" for m in PLOTTED_METRICS if m in record["metrics"]
+                    )
+                    progress.console.print(
+                        f"{tag}: ok in {record['wall_s']:.0f} s: {shown}", highlight=False, soft_wrap=True
+                    )
                 records.append(record)
                 write_tables(out, records, keys, header)
                 progress.advance(task)
     except KeyboardInterrupt:
-        console.print(f"interrupted: the same command continues the sweep (finished points are skipped, the stopped one "
-                      f"resumes from its last checkpoint); results so far in {out}", markup=False, highlight=False, soft_wrap=True)
+        console.print(
+            f"interrupted: the same command continues the sweep (finished points are skipped, the stopped one "
+            f"resumes from its last checkpoint); results so far in {out}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         return 130
 
     summary = write_tables(out, records, keys, header)
     metrics = metric_names(records)
     # The headline metrics on the terminal; results.csv and summary.csv have them all.
     console.print(summary_table(summary, keys, [m for m in metrics if m in PLOTTED_METRICS] or metrics))
-    plotted = [m for m in PLOTTED_METRICS if m in metrics and plot_metric(summary, keys, m, out / f"{m}.png") is not None]
-    console.print(f"results: {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.json'}"
-                  + (f"; plots: {', '.join(str(out / f'{m}.png') for m in plotted)}" if plotted
-                     else f"; no plots ({PLOT_HINT})" if keys and metrics else ""), markup=False, highlight=False, soft_wrap=True)
+    plotted = [
+        m for m in PLOTTED_METRICS if m in metrics and plot_metric(summary, keys, m, out / f"{m}.png") is not None
+    ]
+    console.print(
+        f"results: {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.json'}"
+        + (
+            f"; plots: {', '.join(str(out / f'{m}.png') for m in plotted)}"
+            if plotted
+            else f"; no plots ({PLOT_HINT})"
+            if keys and metrics
+            else ""
+        ),
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     failed = [r for r in records if r["status"] == "failed"]
     if failed:
-        console.print(f"[red]{len(failed)} of {len(records)} points failed[/]; rerunning the same command retries them "
-                      f"(logs in {escape(str(out / 'logs'))})", highlight=False, soft_wrap=True)
+        console.print(
+            f"[red]{len(failed)} of {len(records)} points failed[/]; rerunning the same command retries them "
+            f"(logs in {escape(str(out / 'logs'))})",
+            highlight=False,
+            soft_wrap=True,
+        )
         return 1
     return 0
 
 
-def run_or_skip(point: Point, recipe: Path, overrides: list[str], launcher: str | None, out: Path,
-                previous_wall_s: float | None) -> dict:
+def run_or_skip(
+    point: Point, recipe: Path, overrides: list[str], launcher: str | None, out: Path, previous_wall_s: float | None
+) -> dict:
     """One point's record: read from its run directory when it has results.json, else from running it."""
     run_dir = out / "runs" / point.name
-    record = {"name": point.name, "values": {k: parse_value(v) for k, v in point.values}, "values_text": dict(point.values),
-              "seed": point.seed, "status": "ok", "skipped": False, "error": None, "wall_s": None, "metrics": {}, "run_dir": str(run_dir)}
+    record = {
+        "name": point.name,
+        "values": {k: parse_value(v) for k, v in point.values},
+        "values_text": dict(point.values),
+        "seed": point.seed,
+        "status": "ok",
+        "skipped": False,
+        "error": None,
+        "wall_s": None,
+        "metrics": {},
+        "run_dir": str(run_dir),
+    }
     metrics = read_trained_metrics(run_dir)
     if metrics is not None:
         return {**record, "skipped": True, "metrics": metrics, "wall_s": previous_wall_s}

@@ -24,8 +24,12 @@ from sslkit.report import have_matplotlib, is_run_dir, write_report  # noqa: E40
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="tools/report.py", description="Write report.md (config, metrics, curves) for past runs.")
-    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="a run directory, e.g. runs/quickstart")
+    parser = argparse.ArgumentParser(
+        prog="tools/report.py", description="Write report.md (config, metrics, curves) for past runs."
+    )
+    parser.add_argument(
+        "run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="a run directory, e.g. runs/quickstart"
+    )
     return parser.parse_args(argv)
 
 
@@ -33,11 +37,17 @@ def not_a_run(path: Path) -> UserError:
     """The one-line error for a directory that is not a run, pointing at runs inside it if there are any."""
     if not path.is_dir():
         return UserError(f"'{path}' is not a directory; give a run directory, e.g. runs/quickstart")
-    inside = sorted(p for p in path.glob("*") if is_run_dir(p)) + sorted(p for p in path.glob("runs/*") if is_run_dir(p))
+    inside = sorted(p for p in path.glob("*") if is_run_dir(p)) + sorted(
+        p for p in path.glob("runs/*") if is_run_dir(p)
+    )
     if inside:
-        return UserError(f"'{path}' is not a run directory (no config.yaml) but holds run directories; "
-                         f"give those instead, e.g. python tools/report.py {inside[0].parent}/*")
-    return UserError(f"'{path}' is not a run directory (no config.yaml); give one that sslkit/pretrain.py wrote, e.g. runs/quickstart")
+        return UserError(
+            f"'{path}' is not a run directory (no config.yaml) but holds run directories; "
+            f"give those instead, e.g. python tools/report.py {inside[0].parent}/*"
+        )
+    return UserError(
+        f"'{path}' is not a run directory (no config.yaml); give one that sslkit/pretrain.py wrote, e.g. runs/quickstart"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,10 +28,16 @@ from sslkit.errors import UserError  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="tools/show_augmentations.py", description="Save a PNG grid of a recipe's augmented views.")
-    parser.add_argument("recipe", help="a YAML recipe's path or a bundled recipe's name, e.g. recipes/quickstart.yaml or quickstart")
+    parser = argparse.ArgumentParser(
+        prog="tools/show_augmentations.py", description="Save a PNG grid of a recipe's augmented views."
+    )
+    parser.add_argument(
+        "recipe", help="a YAML recipe's path or a bundled recipe's name, e.g. recipes/quickstart.yaml or quickstart"
+    )
     parser.add_argument("overrides", nargs="*", default=[], help="dotted key=value overrides, e.g. augment.blur_p=1.0")
-    parser.add_argument("--out", type=Path, default=None, help="PNG to write (default: outputs/augmentations-<run name>.png)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="PNG to write (default: outputs/augmentations-<run name>.png)"
+    )
     parser.add_argument("--images", type=int, default=8, help="rows: how many training images (default 8)")
     parser.add_argument("--views", type=int, default=6, help="augmented views per image (default 6)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: the recipe's run.seed)")
@@ -47,8 +53,15 @@ def first_images(dataset, count: int) -> torch.Tensor:
     return torch.stack([dataset[i][0] for i in range(count)])
 
 
-def augmentation_grid(images: torch.Tensor, augment: TwoViewAugment, original: EvalTransform, views: int,
-                      mean: tuple[float, ...], std: tuple[float, ...], normalized: bool) -> torch.Tensor:
+def augmentation_grid(
+    images: torch.Tensor,
+    augment: TwoViewAugment,
+    original: EvalTransform,
+    views: int,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    normalized: bool,
+) -> torch.Tensor:
     """Rows of [original, view 1, ..., view K] in [0, 1], for ``torchvision.utils.save_image``.
 
     Shape:
@@ -91,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # a file where a folder of the path should be
-        print_user_error(UserError(f"--out {out}: its folder {out.parent} cannot be made, a file is in the way; choose another --out"))
+        print_user_error(
+            UserError(
+                f"--out {out}: its folder {out.parent} cannot be made, a file is in the way; choose another --out"
+            )
+        )
         return 2
     # A little upscaling so 16x16 crops are visible; nearest keeps the pixels honest.
     scale = max(1, 64 // a.image_size)

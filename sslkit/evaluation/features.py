@@ -119,7 +119,9 @@ def extract_features(
     sampler = _distributed_sampler(loader)
     if _is_prepared(loader) and num_processes > 1:
         if accelerator is None:
-            raise ValueError("accelerator: a loader prepared by accelerate needs its accelerator to gather the features")
+            raise ValueError(
+                "accelerator: a loader prepared by accelerate needs its accelerator to gather the features"
+            )
         if sampler is not None:
             raise ValueError(
                 "loader: prepared by accelerate and also built with a DistributedSampler, so each process sees only "
@@ -128,7 +130,9 @@ def extract_features(
     prepared = _is_prepared(loader) and accelerator is not None
     # The indices the sampler hands this process, in order (iterating it again yields the same
     # order: it depends only on its seed and epoch).
-    sampled_indices = torch.tensor(list(iter(sampler)), dtype=torch.long) if sampler is not None and not prepared else None
+    sampled_indices = (
+        torch.tensor(list(iter(sampler)), dtype=torch.long) if sampler is not None and not prepared else None
+    )
     gather = accelerator.gather if accelerator is not None else distributed.gather_no_grad
 
     modes = {module: module.training for module in encoder.modules()}
@@ -147,7 +151,9 @@ def extract_features(
                 elif sampled_indices is not None:
                     batch_indices = sampled_indices[seen : seen + len(batch_labels)].to(device)
                     seen += len(batch_labels)
-                    batch_features, batch_labels, batch_indices = (gather(t) for t in (batch_features, batch_labels, batch_indices))
+                    batch_features, batch_labels, batch_indices = (
+                        gather(t) for t in (batch_features, batch_labels, batch_indices)
+                    )
                     indices.append(batch_indices.cpu())
                 features.append(batch_features.cpu())
                 labels.append(batch_labels.cpu())

@@ -29,7 +29,11 @@ def _check_knn_args(
     chunk_size: int,
 ) -> None:
     check_features(train_features, "train_features")
-    if not isinstance(test_features, torch.Tensor) or test_features.ndim != 2 or test_features.shape[1] != train_features.shape[1]:
+    if (
+        not isinstance(test_features, torch.Tensor)
+        or test_features.ndim != 2
+        or test_features.shape[1] != train_features.shape[1]
+    ):
         got = tuple(test_features.shape) if isinstance(test_features, torch.Tensor) else type(test_features).__name__
         raise ValueError(f"test_features must be (M, {train_features.shape[1]}) to match train_features, got {got}")
     if test_features.shape[0]:
@@ -125,5 +129,7 @@ def knn_accuracy(
     check_class_ids(test_labels, "test_labels", len(test_features), num_classes)
     if test_labels.numel() == 0:
         raise ValueError("test_labels is empty: accuracy over no samples is undefined")
-    predicted = weighted_knn_predict(train_features, train_labels, test_features, num_classes, k, temperature, chunk_size)
+    predicted = weighted_knn_predict(
+        train_features, train_labels, test_features, num_classes, k, temperature, chunk_size
+    )
     return (predicted.cpu() == test_labels.cpu().long()).double().mean().item()

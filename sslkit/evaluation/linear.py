@@ -49,8 +49,10 @@ def _check_probe_args(
     check_features(train_features, "train_features")
     check_features(test_features, "test_features")
     if test_features.shape[1] != train_features.shape[1]:
-        raise ValueError(f"test_features must be (M, {train_features.shape[1]}) to match train_features, "
-                         f"got shape {tuple(test_features.shape)}")
+        raise ValueError(
+            f"test_features must be (M, {train_features.shape[1]}) to match train_features, "
+            f"got shape {tuple(test_features.shape)}"
+        )
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
     check_class_ids(train_labels, "train_labels", train_features.shape[0], num_classes)
@@ -137,7 +139,9 @@ def linear_probe(
     >>> linear_probe(x, y, x, y, num_classes=2, epochs=20)["top1"] > 0.95
     True
     """
-    _check_probe_args(train_features, train_labels, test_features, test_labels, num_classes, epochs, lr, batch_size, weight_decay)
+    _check_probe_args(
+        train_features, train_labels, test_features, test_labels, num_classes, epochs, lr, batch_size, weight_decay
+    )
     device = train_features.device
     x_train = train_features.detach().float()
     mean = x_train.mean(dim=0)  # (D,)

@@ -38,8 +38,10 @@ def _check_retrieval_args(query_features, query_labels, gallery_features, galler
     else:
         check_features(gallery_features, "gallery_features")
         if gallery_features.shape[1] != query_features.shape[1]:
-            raise ValueError(f"gallery_features must be (G, {query_features.shape[1]}) to match query_features, "
-                             f"got shape {tuple(gallery_features.shape)}")
+            raise ValueError(
+                f"gallery_features must be (G, {query_features.shape[1]}) to match query_features, "
+                f"got shape {tuple(gallery_features.shape)}"
+            )
         check_class_ids(gallery_labels, "gallery_labels", gallery_features.shape[0])
     if not isinstance(ks, Sequence) or isinstance(ks, str):
         raise ValueError(f"ks must be a list of integers >= 1 such as [1, 2, 4, 8], got {ks!r}")

@@ -20,25 +20,25 @@ from torch import nn
 from sslkit.errors import UserError
 from sslkit.losses.adacos import AdaCosHead
 from sslkit.losses.adacos_dynamic import AdaCosDynamicHead
-from sslkit.losses.arcface import ArcFaceHead
-from sslkit.losses.coco import CoCoHead
-from sslkit.losses.cosface import CosFaceHead
-from sslkit.losses.lsoftmax import LSoftmaxHead
-from sslkit.losses.normsoftmax import NormSoftmaxHead
-from sslkit.losses.softmax import SoftmaxHead
-from sslkit.losses.sphereface import SphereFaceHead
 from sslkit.losses.angular import AngularLoss
+from sslkit.losses.arcface import ArcFaceHead
 from sslkit.losses.circle import CircleLoss
+from sslkit.losses.coco import CoCoHead
 from sslkit.losses.contrastive import ContrastiveLoss
+from sslkit.losses.cosface import CosFaceHead
 from sslkit.losses.dcl import DCLLoss, dcl_loss
 from sslkit.losses.dclw import DCLWLoss, dclw_loss
 from sslkit.losses.lifted import LiftedStructureLoss
+from sslkit.losses.lsoftmax import LSoftmaxHead
 from sslkit.losses.nce import NCELoss, nce_loss
+from sslkit.losses.normsoftmax import NormSoftmaxHead
 from sslkit.losses.npair import NPairLoss
 from sslkit.losses.ntxent import NTXentLoss, ntxent_loss
 from sslkit.losses.proxy_anchor import ProxyAnchorHead
 from sslkit.losses.proxy_nca import ProxyNCAHead
 from sslkit.losses.soft_nn import SoftNearestNeighborsLoss
+from sslkit.losses.softmax import SoftmaxHead
+from sslkit.losses.sphereface import SphereFaceHead
 from sslkit.losses.supcon import SupConLoss, supcon_loss
 from sslkit.losses.triplet import TripletLoss
 
@@ -150,8 +150,11 @@ def loss_arguments(name: str, with_trainer_supplied: bool = False) -> dict[str, 
     # Heads get embedding_dim from the model, not from the recipe; num_classes may be stated
     # there, and is checked against the dataset.
     supplied_by_trainer = set() if with_trainer_supplied else {"embedding_dim"}
-    return {k: p for k, p in signature.parameters.items()
-            if k != "self" and k not in supplied_by_trainer and p.kind is p.POSITIONAL_OR_KEYWORD}
+    return {
+        k: p
+        for k, p in signature.parameters.items()
+        if k != "self" and k not in supplied_by_trainer and p.kind is p.POSITIONAL_OR_KEYWORD
+    }
 
 
 def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> dict:
@@ -164,7 +167,9 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> dict:
     valid = loss_arguments(name)
     for key, value in kwargs.items():
         if key not in valid:
-            raise UserError(f"{source}: unknown key 'loss.{key}' for loss '{name}'; valid keys: {', '.join(['name', *valid]) }")
+            raise UserError(
+                f"{source}: unknown key 'loss.{key}' for loss '{name}'; valid keys: {', '.join(['name', *valid])}"
+            )
         default = valid[key].default
         if default is inspect.Parameter.empty or default is None:
             continue
@@ -193,10 +198,36 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> dict:
 
 
 __all__ = [
-    "LOSSES", "KIND", "build", "check_loss_kwargs",
-    "NTXentLoss", "ntxent_loss", "DCLLoss", "dcl_loss", "DCLWLoss", "dclw_loss", "NCELoss", "nce_loss",
-    "ContrastiveLoss", "TripletLoss", "LiftedStructureLoss", "NPairLoss", "AngularLoss",
-    "SoftNearestNeighborsLoss", "SupConLoss", "supcon_loss", "CircleLoss", "ProxyNCAHead", "ProxyAnchorHead",
-    "SoftmaxHead", "NormSoftmaxHead", "CoCoHead", "LSoftmaxHead", "SphereFaceHead", "CosFaceHead", "ArcFaceHead",
-    "AdaCosHead", "AdaCosDynamicHead",
+    "LOSSES",
+    "KIND",
+    "build",
+    "check_loss_kwargs",
+    "NTXentLoss",
+    "ntxent_loss",
+    "DCLLoss",
+    "dcl_loss",
+    "DCLWLoss",
+    "dclw_loss",
+    "NCELoss",
+    "nce_loss",
+    "ContrastiveLoss",
+    "TripletLoss",
+    "LiftedStructureLoss",
+    "NPairLoss",
+    "AngularLoss",
+    "SoftNearestNeighborsLoss",
+    "SupConLoss",
+    "supcon_loss",
+    "CircleLoss",
+    "ProxyNCAHead",
+    "ProxyAnchorHead",
+    "SoftmaxHead",
+    "NormSoftmaxHead",
+    "CoCoHead",
+    "LSoftmaxHead",
+    "SphereFaceHead",
+    "CosFaceHead",
+    "ArcFaceHead",
+    "AdaCosHead",
+    "AdaCosDynamicHead",
 ]

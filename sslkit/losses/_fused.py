@@ -140,8 +140,9 @@ class _TwoViewSoftmaxCE(torch.autograd.Function):
         if shifted:
             per_anchor += row_max
         per_anchor -= positive if weight is None else weight * positive
-        ctx.save_for_backward(anchors, inv_norm, None if same_input else candidates, inv_norm_c, exp, row_sum,
-                              positive, weight)
+        ctx.save_for_backward(
+            anchors, inv_norm, None if same_input else candidates, inv_norm_c, exp, row_sum, positive, weight
+        )
         ctx.scales, ctx.offset = (anchor_scale, candidate_scale), offset
         ctx.symmetric = same_input and not shifted
         return per_anchor.mean()
@@ -174,14 +175,14 @@ class _TwoViewSoftmaxCE(torch.autograd.Function):
                     # row j is also the positive of p(j): h_p(j) A_p(j) joins h_j C_p(j) (A = C here)
                     positive_scale = positive_scale + positive_scale.roll(n, dims=0)
                 positive_scale_z = positive_scale * anchor_scale
-                grad_z[:n].addcmul_(candidates[total + offset:total + offset + n], positive_scale_z[:n])
-                grad_z[n:].addcmul_(candidates[offset:offset + n], positive_scale_z[n:])
+                grad_z[:n].addcmul_(candidates[total + offset : total + offset + n], positive_scale_z[:n])
+                grad_z[n:].addcmul_(candidates[offset : offset + n], positive_scale_z[n:])
                 grad_z = _through_unit_rows(grad_z, anchors, anchor_scale, inv_norm)
             if needs_candidates:
                 grad_c = exp.T @ (anchors * (softmax_scale * candidate_scale))  # (2N, D)
                 positive_scale_c = positive_scale * candidate_scale
-                grad_c[total + offset:total + offset + n].addcmul_(anchors[:n], positive_scale_c[:n])
-                grad_c[offset:offset + n].addcmul_(anchors[n:], positive_scale_c[n:])
+                grad_c[total + offset : total + offset + n].addcmul_(anchors[:n], positive_scale_c[:n])
+                grad_c[offset : offset + n].addcmul_(anchors[n:], positive_scale_c[n:])
                 grad_c = _through_unit_rows(grad_c, candidates, candidate_scale, inv_norm_c)
         grad_weight = -g * positive if ctx.needs_input_grad[7] else None
         grad_z1, grad_z2 = (None, None) if grad_z is None else (grad_z[:n], grad_z[n:])
@@ -224,16 +225,18 @@ class _BankSoftmaxCE(torch.autograd.Function):
         if row_max is not None:
             per_anchor += row_max
         per_anchor -= positive if weight is None else weight * positive
-        ctx.save_for_backward(anchors, inv_norm, k, inv_norm_k, c, inv_norm_c, exp, row_sum, positive_exp, positive,
-                              weight)
+        ctx.save_for_backward(
+            anchors, inv_norm, k, inv_norm_k, c, inv_norm_c, exp, row_sum, positive_exp, positive, weight
+        )
         ctx.inv_t = inv_t
         return per_anchor.mean()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        (anchors, inv_norm, k, inv_norm_k, c, inv_norm_c, exp, row_sum, positive_exp, positive,
-         weight) = ctx.saved_tensors
+        (anchors, inv_norm, k, inv_norm_k, c, inv_norm_c, exp, row_sum, positive_exp, positive, weight) = (
+            ctx.saved_tensors
+        )
         inv_t = ctx.inv_t
         g = grad / anchors.shape[0]
         softmax_scale = g / row_sum  # (m,)

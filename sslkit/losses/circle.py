@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslkit.losses._common import (
-    check_embeddings_labels,
     as_number,
+    check_embeddings_labels,
     check_flag,
     check_positive,
     full_precision,
@@ -79,7 +79,7 @@ def circle_loss(
         if not ((class_size > 1) & (class_size < total_n)).any():
             # Every process sees the same gathered labels, so all of them return here together.
             return candidates.sum() * 0.0
-        local_size = class_size[class_of[offset:offset + n]]  # (n,)
+        local_size = class_size[class_of[offset : offset + n]]  # (n,)
         has_pairs = (local_size > 1) & (local_size < total_n)  # a positive and a negative
 
         sim = z @ candidates.T  # (n, N)

@@ -94,8 +94,9 @@ def dcl_loss(
             # With one image the denominator is empty: log(0) = -inf is no loss to train on.
             raise ValueError("z1 and z2 must hold at least 2 samples in all (DCL needs a negative), got 1")
         # The anchor and its positive are left out of the denominator.
-        return two_view_softmax_ce(z1, z2, inv_t, exclude_positive=True, gather_distributed=gather_distributed,
-                                   positive_weight=weight)
+        return two_view_softmax_ce(
+            z1, z2, inv_t, exclude_positive=True, gather_distributed=gather_distributed, positive_weight=weight
+        )
 
 
 class DCLLoss(nn.Module):

@@ -44,7 +44,7 @@ def vmf_weights(
             positive = distributed.gather_no_grad(positive)  # (N,)
             offset = distributed.local_offset(n)
         weights = 2 - positive.shape[0] * torch.softmax(positive / sigma, dim=0)
-        return weights[offset:offset + n]
+        return weights[offset : offset + n]
 
 
 def dclw_loss(

@@ -414,7 +414,9 @@ class _CosineMarginCE(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_loss):
         if getattr(ctx, "graph", None) is None:
-            raise RuntimeError("cosine_margin_cross_entropy supports one backward pass (retain_graph=True is not supported)")
+            raise RuntimeError(
+                "cosine_margin_cross_entropy supports one backward pass (retain_graph=True is not supported)"
+            )
         features, weight, norm, inv_norm, labels, exp, row_sum, target_exp = ctx.saved_tensors
         graph, ctx.graph = ctx.graph, None
         workspace = ctx.workspace
@@ -569,10 +571,11 @@ class MarginSoftmaxHead(Head):
             if self.normalize_weights:
                 features, radius = self._features(embeddings)
                 weight = self.weight.to(features.dtype)
-                max_abs_logit = self.scale if self.normalize_features else float(radius.detach().amax()) if len(radius) else 0.0
+                max_abs_logit = (
+                    self.scale if self.normalize_features else float(radius.detach().amax()) if len(radius) else 0.0
+                )
                 return cosine_margin_cross_entropy(
                     features, weight, labels, self.target_logit, radius, max_abs_logit, self.workspace
                 )
             logits, radius = self._scaled_logits(embeddings, labels)
             return margin_cross_entropy(logits, labels, self.target_logit, radius)
-

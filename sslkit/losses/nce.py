@@ -26,7 +26,6 @@ from sslkit.losses._common import (
 )
 
 
-
 def _check_bank_size(bank_size) -> int | None:
     """``bank_size`` as an int, or None; ValueError naming it for anything but a positive integer (not a bool)."""
     if bank_size is None:
@@ -34,6 +33,7 @@ def _check_bank_size(bank_size) -> int | None:
     if isinstance(bank_size, bool) or as_number(bank_size, "bank_size", int) != bank_size or bank_size < 1:
         raise ValueError(f"bank_size must be a positive integer or None, got {bank_size!r}")
     return int(bank_size)
+
 
 def _logits_and_positives(
     z1: torch.Tensor, z2: torch.Tensor, inv_t: float, negatives: torch.Tensor | None, gather_distributed: bool

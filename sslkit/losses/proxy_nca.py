@@ -75,8 +75,10 @@ def proxy_nca_loss(
     labels = check_proxy_inputs(embeddings, labels, proxies)
     include_positive_in_denominator = check_flag(include_positive_in_denominator, "include_positive_in_denominator")
     if not include_positive_in_denominator and proxies.shape[0] < 2:  # as the head checks num_classes
-        raise ValueError(f"proxies must have at least 2 rows: Proxy-NCA's denominator sums over the other classes' "
-                         f"proxies, got {proxies.shape[0]}")
+        raise ValueError(
+            f"proxies must have at least 2 rows: Proxy-NCA's denominator sums over the other classes' "
+            f"proxies, got {proxies.shape[0]}"
+        )
     scale = check_positive(scale, "scale")
     return _proxy_nca_loss(embeddings, labels, proxies, scale, include_positive_in_denominator, workspace)
 
@@ -92,7 +94,13 @@ def _proxy_nca_loss(embeddings, labels, proxies, scale, include_positive_in_deno
         # normalised without a (C, D) copy; see cosine_margin_cross_entropy).
         x = _scaled_unit_rows(embeddings.to(dtype), 2.0 * scale)
         return cosine_margin_cross_entropy(
-            x, proxies.to(dtype), labels, _unchanged, 2.0 * scale, 2.0 * scale, workspace,
+            x,
+            proxies.to(dtype),
+            labels,
+            _unchanged,
+            2.0 * scale,
+            2.0 * scale,
+            workspace,
             target_in_denominator=include_positive_in_denominator,
         )
 
@@ -140,7 +148,9 @@ class ProxyNCAHead(Head):
         include_positive_in_denominator: bool = False,
     ) -> None:
         super().__init__(embedding_dim, num_classes)
-        include_positive_in_denominator = check_flag(include_positive_in_denominator, "include_positive_in_denominator")
+        include_positive_in_denominator = check_flag(
+            include_positive_in_denominator, "include_positive_in_denominator"
+        )
         if not include_positive_in_denominator and self.num_classes < 2:
             raise ValueError(
                 f"num_classes must be >= 2: Proxy-NCA's denominator sums over the other classes' "

@@ -70,7 +70,7 @@ def soft_nearest_neighbors_loss(
         if not (class_size > 1).any():
             # Every process sees the same gathered labels, so all of them return here together.
             return candidates.sum() * 0.0
-        has_partner = class_size[class_of[offset:offset + n]] > 1  # (n,)
+        has_partner = class_size[class_of[offset : offset + n]] > 1  # (n,)
 
         # -d_ij / T up to a per-row constant; scale the thin (n, D) side, not the (n, N) product.
         logits = (x * (2.0 * inv_t)) @ candidates.T - candidates.square().sum(dim=1) * inv_t  # (n, N)
@@ -124,6 +124,5 @@ class SoftNearestNeighborsLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"temperature={self.temperature}, normalize={self.normalize}, "
-            f"gather_distributed={self.gather_distributed}"
+            f"temperature={self.temperature}, normalize={self.normalize}, gather_distributed={self.gather_distributed}"
         )

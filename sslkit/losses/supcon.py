@@ -107,7 +107,7 @@ class _SupConWeightedSum(torch.autograd.Function):
     def forward(ctx, x, x_candidates, inv_t, offset, class_of, num_classes, weight, row_weight):
         n = x.shape[0]
         same_input = x_candidates is x  # one process: anchors and candidates are one tensor
-        local_class = class_of[offset:offset + n]  # (n,)
+        local_class = class_of[offset : offset + n]  # (n,)
         z, inv_norm = _unit_rows(x)  # (n, D), (n, 1)
         c, inv_norm_c = (z, inv_norm) if same_input else _unit_rows(x_candidates)  # (N, D)
         anchors = z * inv_t  # (n, D): scale the thin side, not the (n, N) product
@@ -121,7 +121,7 @@ class _SupConWeightedSum(torch.autograd.Function):
         exp = logits.exp_()  # (n, N), in the logits' buffer; the diagonal is 0
         row_sum = exp.sum(dim=1)  # (n,), > 0
         class_sums = c.new_zeros(num_classes, c.shape[1]).index_add_(0, class_of, c)  # (C, D)
-        positives = class_sums.index_select(0, local_class).sub_(c[offset:offset + n])  # (n, D)
+        positives = class_sums.index_select(0, local_class).sub_(c[offset : offset + n])  # (n, D)
         positive_logits = torch.linalg.vecdot(anchors, positives)  # (n,) sum_p z_i . c_p / T
         ctx.save_for_backward(z, inv_norm, c, inv_norm_c, exp, row_sum, positives, class_of, weight, row_weight)
         ctx.inv_t, ctx.offset, ctx.num_classes, ctx.same_input = inv_t, offset, num_classes, same_input
@@ -145,19 +145,27 @@ class _SupConWeightedSum(torch.autograd.Function):
         grad_z = grad_c = None
         with full_precision(grad.device):
             if ctx.symmetric and ctx.needs_input_grad[0]:
-                return _symmetric_backward(z, inv_norm, exp, softmax_scale, positive_scale, positives,
-                                           inv_t), None, None, None, None, None, None, None
+                return (
+                    _symmetric_backward(z, inv_norm, exp, softmax_scale, positive_scale, positives, inv_t),
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                )
             if ctx.needs_input_grad[0]:
                 grad_z = (exp @ c).mul_(softmax_scale)  # (n, D)
                 grad_z.addcmul_(positives, positive_scale, value=-1.0).mul_(inv_t)
             if ctx.needs_input_grad[1]:
                 grad_c = exp.T @ (z * (softmax_scale * inv_t))  # (N, D)
                 pulled = z * (positive_scale * inv_t)  # (n, D): g_i w_i a_i
-                local_class = class_of[offset:offset + n]
+                local_class = class_of[offset : offset + n]
                 per_class = pulled.new_zeros(ctx.num_classes, pulled.shape[1]).index_add_(0, local_class, pulled)
                 # anchor i pulls every candidate of its class, except its own row
                 grad_c.sub_(per_class.index_select(0, class_of))
-                grad_c[offset:offset + n].add_(pulled)
+                grad_c[offset : offset + n].add_(pulled)
             if ctx.same_input and grad_z is not None and grad_c is not None:
                 # one tensor: add the two gradients once, before the (shared) normalisation
                 return _through_unit_rows(grad_z.add_(grad_c), z, inv_norm), None, None, None, None, None, None, None
@@ -219,7 +227,7 @@ def supcon_loss(
         candidates, candidate_labels, offset = gather_labelled(x, labels, gather_distributed)
         n = x.shape[0]
         classes, class_of, class_size = torch.unique(candidate_labels, return_inverse=True, return_counts=True)
-        num_positives = class_size[class_of[offset:offset + n]] - 1  # (n,)
+        num_positives = class_size[class_of[offset : offset + n]] - 1  # (n,)
         has_positive = num_positives > 0
         count, world = has_positive.sum(), 1  # anchors with a positive, over every process
         if gather_distributed and distributed.is_distributed():

@@ -89,8 +89,10 @@ def check_batch_size(method_name: str, batch_size: int, source: str = "recipe") 
     """
     needed = getattr(METHODS[method_name], "min_batch_size", 1)
     if batch_size < needed:
-        raise UserError(f"{source}: method '{method_name}' contrasts each image with the other images of its batch; "
-                        f"train.batch_size={batch_size} leaves none (the loss would be exactly 0): use train.batch_size >= {needed}")
+        raise UserError(
+            f"{source}: method '{method_name}' contrasts each image with the other images of its batch; "
+            f"train.batch_size={batch_size} leaves none (the loss would be exactly 0): use train.batch_size >= {needed}"
+        )
 
 
 def unused_options(cfg) -> str:
@@ -103,11 +105,16 @@ def unused_options(cfg) -> str:
     """
     defaults = type(cfg.method)()
     used = set(getattr(METHODS[cfg.method.name], "options", ()))
-    unused = [f.name for f in dataclasses.fields(cfg.method)
-              if f.name != "name" and f.name not in used and getattr(cfg.method, f.name) != getattr(defaults, f.name)]
+    unused = [
+        f.name
+        for f in dataclasses.fields(cfg.method)
+        if f.name != "name" and f.name not in used and getattr(cfg.method, f.name) != getattr(defaults, f.name)
+    ]
     if not unused:
         return ""
-    owners = lambda key: " or ".join(name for name, method in METHODS.items() if key in getattr(method, "options", ())) or "no method"
+    owners = lambda key: (
+        " or ".join(name for name, method in METHODS.items() if key in getattr(method, "options", ())) or "no method"
+    )
     listed = ", ".join(f"method.{key}={getattr(cfg.method, key)} (read by {owners(key)})" for key in unused)
     return f"method '{cfg.method.name}' does not read {listed}; {'it has' if len(unused) == 1 else 'they have'} no effect on this run"
 

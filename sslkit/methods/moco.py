@@ -80,7 +80,9 @@ class SplitBatchNorm(nn.BatchNorm2d):
         for block in x.chunk(s):  # views: contiguous along the batch in any memory format
             # Each group updates its own copy of the running statistics.
             running_mean, running_var = self.running_mean.clone(), self.running_var.clone()
-            outputs.append(F.batch_norm(block, running_mean, running_var, self.weight, self.bias, True, factor, self.eps))
+            outputs.append(
+                F.batch_norm(block, running_mean, running_var, self.weight, self.bias, True, factor, self.eps)
+            )
             means.append(running_mean)
             variances.append(running_var)
         with torch.no_grad():  # keep the groups' mean, as the GPUs' statistics average under SyncBN
@@ -96,7 +98,9 @@ def split_batch_norm(module: nn.Module, num_splits: int) -> nn.Module:
     """Replace every BatchNorm2d inside ``module`` by a :class:`SplitBatchNorm` with the same state (in place)."""
     for name, child in module.named_children():
         if type(child) is nn.BatchNorm2d and child.track_running_stats:
-            split = SplitBatchNorm(child.num_features, num_splits, eps=child.eps, momentum=child.momentum, affine=child.affine)
+            split = SplitBatchNorm(
+                child.num_features, num_splits, eps=child.eps, momentum=child.momentum, affine=child.affine
+            )
             split.load_state_dict(child.state_dict())
             setattr(module, name, split.to(child.running_mean.device))
         else:
@@ -122,8 +126,10 @@ def _mlp_without_batch_norm(in_dim: int, hidden_dim: int, out_dim: int, num_laye
 def _check_momentum(cfg) -> None:
     m = cfg.method
     if not 0.0 <= m.momentum <= m.momentum_final <= 1.0:
-        raise UserError(f"method.momentum {m.momentum} and method.momentum_final {m.momentum_final} must satisfy "
-                        f"0 <= momentum <= momentum_final <= 1 (MoCo: 0.99 -> 1.0)")
+        raise UserError(
+            f"method.momentum {m.momentum} and method.momentum_final {m.momentum_final} must satisfy "
+            f"0 <= momentum <= momentum_final <= 1 (MoCo: 0.99 -> 1.0)"
+        )
 
 
 # --------------------------------------------------------------------------- MoCo v2
@@ -158,8 +164,17 @@ class MoCo(nn.Module):
     loss_names = ("ntxent", "infonce")  # InfoNCE against the queue
     options = ("momentum", "momentum_final", "queue_size", "symmetric", "bn_splits")  # the method.* keys it reads
 
-    def __init__(self, backbone: nn.Module, projector: nn.Module, loss: nn.Module, queue_size: int = 65536,
-                 momentum: float = 0.99, momentum_final: float = 1.0, symmetric: bool = True, bn_splits: int = 8) -> None:
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projector: nn.Module,
+        loss: nn.Module,
+        queue_size: int = 65536,
+        momentum: float = 0.99,
+        momentum_final: float = 1.0,
+        symmetric: bool = True,
+        bn_splits: int = 8,
+    ) -> None:
         super().__init__()
         if bn_splits < 1:
             raise ValueError(f"bn_splits must be >= 1, got {bn_splits}")
@@ -185,16 +200,29 @@ class MoCo(nn.Module):
         if m.bn_splits < 1 or per_pass % m.bn_splits:
             # The MoCo CIFAR demo's 8 when it divides; else the largest divisor below it (1 always does).
             fits = max(d for d in range(1, 9) if per_pass % d == 0)
-            raise UserError(f"method.bn_splits {m.bn_splits} must be >= 1 and divide the {per_pass} images each process "
-                            f"encodes per pass (train.batch_size per process{', both views' if m.symmetric else ''}); "
-                            f"try method.bn_splits={fits}" + (" or 1" if fits > 1 else ""))
+            raise UserError(
+                f"method.bn_splits {m.bn_splits} must be >= 1 and divide the {per_pass} images each process "
+                f"encodes per pass (train.batch_size per process{', both views' if m.symmetric else ''}); "
+                f"try method.bn_splits={fits}" + (" or 1" if fits > 1 else "")
+            )
         if model.sync_batchnorm and m.bn_splits > 1:
-            raise UserError(f"model.sync_batchnorm normalises over every process's batch, method.bn_splits {m.bn_splits} over "
-                            f"parts of one process's batch: set method.bn_splits=1 with model.sync_batchnorm=true")
-        projector = _mlp_without_batch_norm(backbone.feature_dim, model.projector_hidden, model.projector_out,
-                                            model.projector_layers)
-        return cls(backbone, projector, losses.build(cfg.loss.name, **cfg.loss.kwargs), m.queue_size, m.momentum, m.momentum_final,
-                   m.symmetric, m.bn_splits)
+            raise UserError(
+                f"model.sync_batchnorm normalises over every process's batch, method.bn_splits {m.bn_splits} over "
+                f"parts of one process's batch: set method.bn_splits=1 with model.sync_batchnorm=true"
+            )
+        projector = _mlp_without_batch_norm(
+            backbone.feature_dim, model.projector_hidden, model.projector_out, model.projector_layers
+        )
+        return cls(
+            backbone,
+            projector,
+            losses.build(cfg.loss.name, **cfg.loss.kwargs),
+            m.queue_size,
+            m.momentum,
+            m.momentum_final,
+            m.symmetric,
+            m.bn_splits,
+        )
 
     @staticmethod
     def notes(cfg, num_samples: int) -> list[str]:
@@ -203,9 +231,11 @@ class MoCo(nn.Module):
         keys_per_epoch = num_samples * (2 if m.symmetric else 1)  # symmetric: both views' keys are enqueued
         if m.queue_size < keys_per_epoch:
             return []
-        return [f"method.queue_size={m.queue_size} is not below the {keys_per_epoch:,} keys an epoch adds "
-                f"({num_samples:,} images{', both views' if m.symmetric else ''}): the queue then holds older keys of each "
-                f"image as negatives of that same image; keep it below (the MoCo CIFAR demo: 4,096 of 100,000)"]
+        return [
+            f"method.queue_size={m.queue_size} is not below the {keys_per_epoch:,} keys an epoch adds "
+            f"({num_samples:,} images{', both views' if m.symmetric else ''}): the queue then holds older keys of each "
+            f"image as negatives of that same image; keep it below (the MoCo CIFAR demo: 4,096 of 100,000)"
+        ]
 
     @torch.no_grad()
     def _keys(self, images: torch.Tensor) -> torch.Tensor:
@@ -310,8 +340,15 @@ class MoCoV3(nn.Module):
     min_batch_size = 2  # one image has no other key: its softmax is over the positive alone, loss 0
     options = ("momentum", "momentum_final", "predictor_hidden")  # the method.* keys it reads
 
-    def __init__(self, backbone: nn.Module, projector: nn.Module, predictor: nn.Module, temperature: float = 0.2,
-                 momentum: float = 0.99, momentum_final: float = 1.0) -> None:
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projector: nn.Module,
+        predictor: nn.Module,
+        temperature: float = 0.2,
+        momentum: float = 0.99,
+        momentum_final: float = 1.0,
+    ) -> None:
         super().__init__()
         self.backbone, self.projector, self.predictor = backbone, projector, predictor
         self.momentum_backbone = freeze(copy.deepcopy(backbone))
@@ -329,8 +366,13 @@ class MoCoV3(nn.Module):
         if m.predictor_hidden < 1:
             raise UserError(f"method.predictor_hidden must be >= 1, got {m.predictor_hidden} (MoCo v3: 4096)")
         temperature = losses.build(cfg.loss.name, **cfg.loss.kwargs).temperature
-        projector = build_mlp(backbone.feature_dim, model.projector_hidden, model.projector_out, model.projector_layers,
-                              last_batch_norm=True)
+        projector = build_mlp(
+            backbone.feature_dim,
+            model.projector_hidden,
+            model.projector_out,
+            model.projector_layers,
+            last_batch_norm=True,
+        )
         predictor = build_mlp(model.projector_out, m.predictor_hidden, model.projector_out, 2)
         return cls(backbone, projector, predictor, temperature, m.momentum, m.momentum_final)
 

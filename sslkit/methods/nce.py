@@ -50,8 +50,15 @@ class MemoryBankNCE(nn.Module):
     # Equal on every process (same seed, same gathered updates): DDP need not re-send it each step.
     replicated_buffers = ("bank",)
 
-    def __init__(self, backbone: nn.Module, projector: nn.Module, loss: nn.Module, num_samples: int,
-                 num_negatives: int = 4096, bank_momentum: float = 0.5) -> None:
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projector: nn.Module,
+        loss: nn.Module,
+        num_samples: int,
+        num_negatives: int = 4096,
+        bank_momentum: float = 0.5,
+    ) -> None:
         super().__init__()
         if num_samples < 1 or num_negatives < 1:
             raise ValueError(f"num_samples and num_negatives must be >= 1, got {num_samples} and {num_negatives}")
@@ -65,12 +72,18 @@ class MemoryBankNCE(nn.Module):
         self.register_buffer("bank", F.normalize(start, dim=1))  # (num_samples, D)
 
     @classmethod
-    def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> "MemoryBankNCE":
+    def from_config(
+        cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None
+    ) -> "MemoryBankNCE":
         if num_samples is None:
-            raise UserError("method 'nce' needs the training set's size for its memory bank, and this trainer does not pass it")
+            raise UserError(
+                "method 'nce' needs the training set's size for its memory bank, and this trainer does not pass it"
+            )
         if "bank_size" in cfg.loss.kwargs:
-            raise UserError(f"loss.bank_size is set by method 'nce' to the training set's size ({num_samples}); "
-                            f"remove it from the recipe")
+            raise UserError(
+                f"loss.bank_size is set by method 'nce' to the training set's size ({num_samples}); "
+                f"remove it from the recipe"
+            )
         if cfg.method.num_negatives < 1:
             raise UserError(f"method.num_negatives must be >= 1, got {cfg.method.num_negatives} (NPID: 4096)")
         m = cfg.model
@@ -78,8 +91,13 @@ class MemoryBankNCE(nn.Module):
         loss = losses.build("nce", **cfg.loss.kwargs, bank_size=num_samples)
         return cls(backbone, projector, loss, num_samples, cfg.method.num_negatives)
 
-    def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None,
-                indices: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        view1: torch.Tensor,
+        view2: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if indices is None:
             raise ValueError("MemoryBankNCE needs indices: each sample's position in the training set, shape (B,)")
         b = view1.shape[0]

@@ -58,13 +58,13 @@ class KeyQueue(nn.Module):
         if keys.dim() != 2 or keys.shape[1] != self.dim:
             raise ValueError(f"keys must be (n, {self.dim}), got shape {tuple(keys.shape)}")
         keys = distributed.gather_no_grad(keys.detach()).to(self.keys.dtype)  # (W n, dim)
-        keys = keys[-self.size:]  # more keys than room: only the newest survive
+        keys = keys[-self.size :]  # more keys than room: only the newest survive
         n = keys.shape[0]
         # One host read per call; the queue's rows are decided on the host.
         ptr = int(self.ptr)
         first = min(n, self.size - ptr)  # rows until the end of the buffer
-        self.keys[ptr:ptr + first] = keys[:first]
-        self.keys[:n - first] = keys[first:]  # wrap around
+        self.keys[ptr : ptr + first] = keys[:first]
+        self.keys[: n - first] = keys[first:]  # wrap around
         self.ptr.fill_((ptr + n) % self.size)
         self.filled.clamp_(max=self.size - n).add_(n)  # min(filled + n, size)
 

@@ -37,8 +37,10 @@ class Supervised(nn.Module):
         kwargs = dict(cfg.loss.kwargs)
         stated = kwargs.pop("num_classes", num_classes)
         if stated != num_classes:
-            raise UserError(f"loss.num_classes is {stated} but dataset '{cfg.data.name}' has {num_classes} classes; "
-                            f"remove loss.num_classes (it is taken from the dataset) or use the dataset it was meant for")
+            raise UserError(
+                f"loss.num_classes is {stated} but dataset '{cfg.data.name}' has {num_classes} classes; "
+                f"remove loss.num_classes (it is taken from the dataset) or use the dataset it was meant for"
+            )
         m = cfg.model
         neck = build_mlp(backbone.feature_dim, m.projector_hidden, m.projector_out, m.projector_layers)
         head = losses.build(cfg.loss.name, embedding_dim=m.projector_out, num_classes=num_classes, **kwargs)

@@ -57,15 +57,17 @@ STD = (0.25, 0.24, 0.26)
 def torchvision_per_image(cfg: AugmentConfig):
     """The same set with torchvision.transforms.v2, applied one uint8 (C, H, W) image at a time."""
     kernel = cfg.blur_kernel or kernel_size_for(cfg.image_size)
-    one_view = T.Compose([
-        T.RandomResizedCrop(cfg.image_size, scale=cfg.crop_scale, ratio=cfg.crop_ratio, antialias=True),
-        T.RandomHorizontalFlip(cfg.hflip_p),
-        T.RandomApply([T.ColorJitter(cfg.brightness, cfg.contrast, cfg.saturation, cfg.hue)], p=cfg.jitter_p),
-        T.RandomGrayscale(cfg.grayscale_p),
-        T.RandomApply([T.GaussianBlur(kernel, cfg.blur_sigma)], p=cfg.blur_p),
-        T.ToDtype(torch.float32, scale=True),
-        T.Normalize(MEAN, STD),
-    ])
+    one_view = T.Compose(
+        [
+            T.RandomResizedCrop(cfg.image_size, scale=cfg.crop_scale, ratio=cfg.crop_ratio, antialias=True),
+            T.RandomHorizontalFlip(cfg.hflip_p),
+            T.RandomApply([T.ColorJitter(cfg.brightness, cfg.contrast, cfg.saturation, cfg.hue)], p=cfg.jitter_p),
+            T.RandomGrayscale(cfg.grayscale_p),
+            T.RandomApply([T.GaussianBlur(kernel, cfg.blur_sigma)], p=cfg.blur_p),
+            T.ToDtype(torch.float32, scale=True),
+            T.Normalize(MEAN, STD),
+        ]
+    )
 
     def run(images: torch.Tensor):
         views = [(one_view(image), one_view(image)) for image in images]
@@ -119,8 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=256, help="source images per call (each gives two views)")
     parser.add_argument("--size", type=int, default=32, help="input and output side (CIFAR-10: 32)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1, help=f"torch CPU threads (default 1: per-core throughput; this machine has {os.cpu_count()} cores)")
-    parser.add_argument("--device", default="cpu", help="device for sslkit and kornia (torchvision per-image stays on the CPU, as in a DataLoader worker)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help=f"torch CPU threads (default 1: per-core throughput; this machine has {os.cpu_count()} cores)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="device for sslkit and kornia (torchvision per-image stays on the CPU, as in a DataLoader worker)",
+    )
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
 
@@ -140,8 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     wall = {name: statistics.median(values["wall"]) for name, values in seconds.items()}
     cpu = {name: statistics.median(values["cpu"]) for name, values in seconds.items()}
     result = {
-        "batch": args.batch, "size": args.size, "repeats": args.repeats, "threads": torch.get_num_threads(),
-        "device": str(device), "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        "batch": args.batch,
+        "size": args.size,
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__, "kornia": kornia.__version__},
         "pipelines": {
@@ -158,14 +174,22 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
 
-    table = Table(title=f"two views of {args.batch} uint8 images {args.size}x{args.size}, {device}, "
-                        f"{result['threads']} thread(s), median of {args.repeats}")
+    table = Table(
+        title=f"two views of {args.batch} uint8 images {args.size}x{args.size}, {device}, "
+        f"{result['threads']} thread(s), median of {args.repeats}"
+    )
     table.add_column("pipeline", no_wrap=True)
     for column in ("wall ms", "CPU ms", "images/s", "sslkit x (wall)", "sslkit x (CPU)"):
         table.add_column(column, justify="right")
     for name, row in result["pipelines"].items():
-        table.add_row(name, f"{row['median_wall_s'] * 1e3:.1f}", f"{row['median_cpu_s'] * 1e3:.1f}", f"{row['images_per_s']:.0f}",
-                      f"{row['sslkit_speedup_wall']:.2f}", f"{row['sslkit_speedup_cpu']:.2f}")
+        table.add_row(
+            name,
+            f"{row['median_wall_s'] * 1e3:.1f}",
+            f"{row['median_cpu_s'] * 1e3:.1f}",
+            f"{row['images_per_s']:.0f}",
+            f"{row['sslkit_speedup_wall']:.2f}",
+            f"{row['sslkit_speedup_cpu']:.2f}",
+        )
     console = Console(width=max(100, Console().width))
     console.print(table)
     if args.out:

@@ -83,17 +83,21 @@ def measure(config: dict, rounds: int) -> list[dict]:
         times, _, errors = median_times(dict(steps), config["repeats"])
         if errors:
             raise RuntimeError(f"a candidate failed: {errors}")
-        results.append({
-            "raw_median_ms": {k: 1e3 * v for k, v in times.items()},
-            "over_matmul3": {k: times.ratio(k, "matmul3") for k in steps if k != "matmul3"},
-            "over_floor": {k: times.ratio(k, "aten floor") for k in FLOOR_HEADS if k in steps},
-        })
+        results.append(
+            {
+                "raw_median_ms": {k: 1e3 * v for k, v in times.items()},
+                "over_matmul3": {k: times.ratio(k, "matmul3") for k in steps if k != "matmul3"},
+                "over_floor": {k: times.ratio(k, "aten floor") for k in FLOOR_HEADS if k in steps},
+            }
+        )
     return results
 
 
 def summary_table(results: list[dict], config: dict) -> Table:
-    table = Table(title=f"heads against the aten floor, B={config['batch']}, D={config['dim']}, C={config['classes']:,}: "
-                        f"median [min-max] over {len(results)} rounds of {config['repeats']} interleaved repeats")
+    table = Table(
+        title=f"heads against the aten floor, B={config['batch']}, D={config['dim']}, C={config['classes']:,}: "
+        f"median [min-max] over {len(results)} rounds of {config['repeats']} interleaved repeats"
+    )
     for col in ("candidate", "x / 3 matmuls", "x / aten floor"):
         table.add_column(col, justify="left" if col == "candidate" else "right")
 

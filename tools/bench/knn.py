@@ -35,7 +35,9 @@ FULL = {"train": 60_000, "test": 10_000, "dim": 128}
 QUICK = {"train": 5_000, "test": 1_000, "dim": 128}
 
 
-def clustered_features(n: int, dim: int, num_classes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def clustered_features(
+    n: int, dim: int, num_classes: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Shape: returns features (n, dim) float32 and labels (n,) int64."""
     centers = torch.randn(num_classes, dim, generator=torch.Generator().manual_seed(0))
     labels = torch.randint(0, num_classes, (n,), generator=generator)
@@ -53,13 +55,19 @@ def best_time(fn, repeats: int):
     return min(times), result
 
 
-def run(train: int, test: int, dim: int, num_classes: int, k: int, temperature: float, repeats: int, with_weights: bool) -> dict:
+def run(
+    train: int, test: int, dim: int, num_classes: int, k: int, temperature: float, repeats: int, with_weights: bool
+) -> dict:
     generator = torch.Generator().manual_seed(1)
     train_x, train_y = clustered_features(train, dim, num_classes, generator)
     test_x, test_y = clustered_features(test, dim, num_classes, generator)
 
-    ours_s, ours = best_time(lambda: weighted_knn_predict(train_x, train_y, test_x, num_classes, k, temperature), repeats)
-    sklearn_knn = KNeighborsClassifier(n_neighbors=k, metric="cosine", algorithm="brute").fit(train_x.numpy(), train_y.numpy())
+    ours_s, ours = best_time(
+        lambda: weighted_knn_predict(train_x, train_y, test_x, num_classes, k, temperature), repeats
+    )
+    sklearn_knn = KNeighborsClassifier(n_neighbors=k, metric="cosine", algorithm="brute").fit(
+        train_x.numpy(), train_y.numpy()
+    )
     sklearn_s, uniform = best_time(lambda: sklearn_knn.predict(test_x.numpy()), repeats)
 
     result = {
@@ -88,7 +96,10 @@ def render(result: dict, console: Console) -> None:
         table.add_column(column, justify="right" if column != "implementation" else "left")
     table.add_row("sslkit", f"{result['sslkit_s']:.3f}", "1.0", f"{result['sslkit_accuracy']:.4f}")
     table.add_row(
-        "sklearn", f"{result['sklearn_s']:.3f}", f"{result['sklearn_over_sslkit']:.1f}", f"{result['sklearn_accuracy']:.4f}"
+        "sklearn",
+        f"{result['sklearn_s']:.3f}",
+        f"{result['sklearn_over_sslkit']:.1f}",
+        f"{result['sklearn_accuracy']:.4f}",
     )
     if "sklearn_instdisc_s" in result:
         table.add_row(
@@ -110,21 +121,32 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=0.07)
     parser.add_argument("--repeats", type=int, help="runs per implementation, best kept (default 3 quick, 1 full)")
-    parser.add_argument("--with-weights", action="store_true", help="also time sklearn with the InstDisc weight callable")
+    parser.add_argument(
+        "--with-weights", action="store_true", help="also time sklearn with the InstDisc weight callable"
+    )
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
 
     sizes = dict(QUICK if args.quick else FULL)
     sizes.update({key: getattr(args, key) for key in sizes if getattr(args, key) is not None})
     repeats = args.repeats or (3 if args.quick else 1)
-    result = run(**sizes, num_classes=args.classes, k=args.k, temperature=args.temperature, repeats=repeats, with_weights=args.with_weights)
+    result = run(
+        **sizes,
+        num_classes=args.classes,
+        k=args.k,
+        temperature=args.temperature,
+        repeats=repeats,
+        with_weights=args.with_weights,
+    )
     result["machine"] = {
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "python": platform.python_version(), "load_average_1min": os.getloadavg()[0],
     }  # fmt: skip
     console = Console()
     render(result, console)
-    console.print(f"torch threads {torch.get_num_threads()}, load average (1 min) {result['machine']['load_average_1min']:.1f}")
+    console.print(
+        f"torch threads {torch.get_num_threads()}, load average (1 min) {result['machine']['load_average_1min']:.1f}"
+    )
     if args.out:
         with open(args.out, "w") as file:
             json.dump(result, file, indent=2)

@@ -59,7 +59,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-
 from host import describe_host, host_line  # tools/bench/host.py: this script's folder is on sys.path
 
 # (name, module, class, call form). Call forms: "two_view" loss(z1, z2); "label"
@@ -99,14 +98,34 @@ TEMPERATURE = 0.1  # section (a): the same T for sslkit and the peer, so their v
 # Peers: name -> (label, factory(embedding_dim, num_classes), call form). Each library's own
 # defaults elsewhere: a margin or scale does not change the amount of work.
 PEERS: dict[str, tuple[str, Callable, str]] = {
-    "ntxent": ("lightly NTXentLoss", lambda d, c: _peer("lightly.loss", "NTXentLoss", temperature=TEMPERATURE), "two_view"),
+    "ntxent": (
+        "lightly NTXentLoss",
+        lambda d, c: _peer("lightly.loss", "NTXentLoss", temperature=TEMPERATURE),
+        "two_view",
+    ),
     "dcl": ("lightly DCLLoss", lambda d, c: _peer("lightly.loss", "DCLLoss", temperature=TEMPERATURE), "two_view"),
-    "supcon": ("pml SupConLoss", lambda d, c: _peer("pytorch_metric_learning.losses", "SupConLoss", temperature=TEMPERATURE), "label"),
+    "supcon": (
+        "pml SupConLoss",
+        lambda d, c: _peer("pytorch_metric_learning.losses", "SupConLoss", temperature=TEMPERATURE),
+        "label",
+    ),
     "arcface": ("pml ArcFaceLoss", lambda d, c: _peer("pytorch_metric_learning.losses", "ArcFaceLoss", c, d), "label"),
     "cosface": ("pml CosFaceLoss", lambda d, c: _peer("pytorch_metric_learning.losses", "CosFaceLoss", c, d), "label"),
-    "sphereface": ("pml SphereFaceLoss", lambda d, c: _peer("pytorch_metric_learning.losses", "SphereFaceLoss", c, d), "label"),
-    "proxy_nca": ("pml ProxyNCALoss", lambda d, c: _peer("pytorch_metric_learning.losses", "ProxyNCALoss", c, d, softmax_scale=9.0), "label"),
-    "proxy_anchor": ("pml ProxyAnchorLoss", lambda d, c: _peer("pytorch_metric_learning.losses", "ProxyAnchorLoss", c, d), "label"),
+    "sphereface": (
+        "pml SphereFaceLoss",
+        lambda d, c: _peer("pytorch_metric_learning.losses", "SphereFaceLoss", c, d),
+        "label",
+    ),
+    "proxy_nca": (
+        "pml ProxyNCALoss",
+        lambda d, c: _peer("pytorch_metric_learning.losses", "ProxyNCALoss", c, d, softmax_scale=9.0),
+        "label",
+    ),
+    "proxy_anchor": (
+        "pml ProxyAnchorLoss",
+        lambda d, c: _peer("pytorch_metric_learning.losses", "ProxyAnchorLoss", c, d),
+        "label",
+    ),
 }
 
 FULL = {
@@ -297,9 +316,18 @@ def against_the_floor(
     return ({**figures, "errors": errors} if errors else figures), values
 
 
-def measure_row(row_name: str, name: str, ours, form: str, x: torch.Tensor, labels: torch.Tensor,
-                matmul_shape: tuple[int, int, int], classes: int | None, repeats: int,
-                block_s: float) -> tuple[dict, dict | None]:
+def measure_row(
+    row_name: str,
+    name: str,
+    ours,
+    form: str,
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    matmul_shape: tuple[int, int, int],
+    classes: int | None,
+    repeats: int,
+    block_s: float,
+) -> tuple[dict, dict | None]:
     """One row of section (a) or (b): sslkit's ``ours`` and loss ``name``'s peer against the matmuls.
 
     ``ours`` is a built loss or head, or the string saying why it is not available (the row
@@ -336,7 +364,9 @@ def bench_batch_losses(sizes: dict, repeats: int, block_s: float = 0.0) -> list[
         ours = build_sslkit(name, dim, temperature=TEMPERATURE)
         row, values = measure_row(row_name, name, ours, form, x, labels, (two_n, dim, two_n), None, repeats, block_s)
         if values is not None:
-            row["abs_value_diff_vs_peer"] = abs(values["sslkit"] - values["peer"]) if {"sslkit", "peer"} <= set(values) else None
+            row["abs_value_diff_vs_peer"] = (
+                abs(values["sslkit"] - values["peer"]) if {"sslkit", "peer"} <= set(values) else None
+            )
         rows.append(row)
     return rows
 
@@ -347,8 +377,18 @@ def bench_heads(sizes: dict, repeats: int, block_s: float = 0.0) -> list[dict]:
     x = torch.randn(batch, dim, generator=g)
     labels = torch.randint(0, classes, (batch,), generator=g)
     return [
-        measure_row(name, name, build_sslkit(name, dim, classes), form, x, labels, (batch, dim, classes), classes,
-                    repeats, block_s)[0]
+        measure_row(
+            name,
+            name,
+            build_sslkit(name, dim, classes),
+            form,
+            x,
+            labels,
+            (batch, dim, classes),
+            classes,
+            repeats,
+            block_s,
+        )[0]
         for name, _, _, form in HEADS
     ]
 
@@ -471,7 +511,9 @@ def worker(config: dict) -> None:
                 m = _measure_loss(loss, SPECS[name][2], two_n, dim, repeats)
             emit({"section": "pairwise", "loss": name, "available": True, **m})
         except Exception as exc:
-            emit({"section": "pairwise", "loss": name, "available": True, "error": _error(exc, config["memory_cap_gb"])})
+            emit(
+                {"section": "pairwise", "loss": name, "available": True, "error": _error(exc, config["memory_cap_gb"])}
+            )
         gc.collect()
 
     if not config["pml_sizes"]:
@@ -501,7 +543,10 @@ def start_worker(config: dict) -> subprocess.Popen:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 16), OMP_NUM_THREADS=str(config["threads"]))
     return subprocess.Popen(
         [sys.executable, __file__, "--worker", json.dumps(config)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -512,7 +557,7 @@ def collect_worker(config: dict, proc: subprocess.Popen) -> list[dict]:
     pml_sizes = list(config["pml_sizes"])
     while True:
         stdout, stderr = proc.communicate()
-        got = [json.loads(line[len("RESULT "):]) for line in stdout.splitlines() if line.startswith("RESULT ")]
+        got = [json.loads(line[len("RESULT ") :]) for line in stdout.splitlines() if line.startswith("RESULT ")]
         results += got
         done = {r["loss"] for r in got if r["section"] == "pairwise"}
         names = [n for n in names if n not in done]
@@ -533,11 +578,20 @@ def collect_worker(config: dict, proc: subprocess.Popen) -> list[dict]:
         proc = start_worker({**config, "names": names, "pml_sizes": pml_sizes})
 
 
-def pairwise_config(sizes: dict, pml_sizes: list[int], repeats: int, threads: int, cap_gb: float, timeout_s: int) -> dict:
+def pairwise_config(
+    sizes: dict, pml_sizes: list[int], repeats: int, threads: int, cap_gb: float, timeout_s: int
+) -> dict:
     return {
-        "names": [name for name, *_ in PAIR_LOSSES], "pml_sizes": pml_sizes, "two_n": sizes["two_n"],
+        "names": [name for name, *_ in PAIR_LOSSES],
+        "pml_sizes": pml_sizes,
+        "two_n": sizes["two_n"],
         # pml's NTXentLoss takes ~20 s a call at 2N = 512 on 2 cores: fewer repeats there.
-        "dim": sizes["dim"], "repeats": repeats, "pml_repeats": min(repeats, 3), "threads": threads, "memory_cap_gb": cap_gb, "timeout_s": timeout_s,
+        "dim": sizes["dim"],
+        "repeats": repeats,
+        "pml_repeats": min(repeats, 3),
+        "threads": threads,
+        "memory_cap_gb": cap_gb,
+        "timeout_s": timeout_s,
     }
 
 
@@ -550,13 +604,19 @@ def pairwise_rows(config: dict, results: list[dict]) -> tuple[list[dict], list[d
         if "note" in r or "error" in r:
             rows.append({**row, "note": r.get("note") or r.get("error")})
             continue
-        rows.append({
-            **row,
-            "over_matmul3": r.get("over_matmul3", ratio(r["seconds"], r["matmul3_seconds"])),
-            "peak_over_matrix": max(r["peak_bytes"], 0) / matrix,
-            "memory_method": r["memory_method"],
-            "raw": {"seconds": r["seconds"], "matmul3_seconds": r["matmul3_seconds"], "peak_bytes": r["peak_bytes"]},
-        })
+        rows.append(
+            {
+                **row,
+                "over_matmul3": r.get("over_matmul3", ratio(r["seconds"], r["matmul3_seconds"])),
+                "peak_over_matrix": max(r["peak_bytes"], 0) / matrix,
+                "memory_method": r["memory_method"],
+                "raw": {
+                    "seconds": r["seconds"],
+                    "matmul3_seconds": r["matmul3_seconds"],
+                    "peak_bytes": r["peak_bytes"],
+                },
+            }
+        )
     pml_rows = []
     for r in (r for r in results if r["section"] == "pml_ntxent"):
         n = r["two_n"]
@@ -565,15 +625,19 @@ def pairwise_rows(config: dict, results: list[dict]) -> tuple[list[dict], list[d
             pml_rows.append({**row, "note": r["error"]})
             continue
         pml, ours = r["pml"], r.get("sslkit")
-        pml_rows.append({
-            **row,
-            "pml_peak_over_matrix": max(pml["peak_bytes"], 0) / (4 * n * n),
-            "sslkit_peak_over_matrix": max(ours["peak_bytes"], 0) / (4 * n * n) if ours else None,
-            "pml_over_sslkit_time": ratio(pml["seconds"], ours["seconds"]) if ours else None,
-            # a peak under 256 KiB is below what RSS resolves reliably: no ratio from it
-            "pml_over_sslkit_peak": ratio(pml["peak_bytes"], ours["peak_bytes"]) if ours and ours["peak_bytes"] > 2**18 else None,
-            "raw": {"pml": pml, "sslkit": ours},
-        })
+        pml_rows.append(
+            {
+                **row,
+                "pml_peak_over_matrix": max(pml["peak_bytes"], 0) / (4 * n * n),
+                "sslkit_peak_over_matrix": max(ours["peak_bytes"], 0) / (4 * n * n) if ours else None,
+                "pml_over_sslkit_time": ratio(pml["seconds"], ours["seconds"]) if ours else None,
+                # a peak under 256 KiB is below what RSS resolves reliably: no ratio from it
+                "pml_over_sslkit_peak": ratio(pml["peak_bytes"], ours["peak_bytes"])
+                if ours and ours["peak_bytes"] > 2**18
+                else None,
+                "raw": {"pml": pml, "sslkit": ours},
+            }
+        )
     return rows, pml_rows
 
 
@@ -609,14 +673,28 @@ def print_report(report: dict) -> None:
         console.print(f"host: {host_line(meta['host'])}", markup=False, highlight=False)
     s = meta["sizes"]
     for key, title, rows in (
-        ("batch", f"(a) batch losses, 2N={s['batch']['two_n']}, D={s['batch']['dim']}, T={TEMPERATURE}", report["batch_losses"]),
-        ("heads", f"(b) heads, B={s['heads']['batch']}, D={s['heads']['dim']}, C={s['heads']['classes']:,}", report["heads"]),
+        (
+            "batch",
+            f"(a) batch losses, 2N={s['batch']['two_n']}, D={s['batch']['dim']}, T={TEMPERATURE}",
+            report["batch_losses"],
+        ),
+        (
+            "heads",
+            f"(b) heads, B={s['heads']['batch']}, D={s['heads']['dim']}, C={s['heads']['classes']:,}",
+            report["heads"],
+        ),
     ):
         if not rows:
             continue
         table = Table(title=title, title_justify="left")
-        for col in ("loss", "sslkit / 3 matmuls", "peer", "peer / 3 matmuls", "sslkit / peer",
-                    "page faults / call: sslkit, 3 matmuls, peer"):
+        for col in (
+            "loss",
+            "sslkit / 3 matmuls",
+            "peer",
+            "peer / 3 matmuls",
+            "sslkit / peer",
+            "page faults / call: sslkit, 3 matmuls, peer",
+        ):
             table.add_column(col, justify="left" if col in ("loss", "peer") else "right")
         if key == "batch":
             table.add_column("|value diff|", justify="right")
@@ -628,8 +706,15 @@ def print_report(report: dict) -> None:
             extra = ["-" if diff is None else f"{diff:.1e}"] if key == "batch" else []
             faults = r.get("page_faults_per_call", {})
             fault_text = ", ".join(f"{faults[k]:.0f}" if k in faults else "-" for k in ("sslkit", "matmul3", "peer"))
-            table.add_row(r["loss"], _fmt(r["sslkit_over_matmul3"]), r["peer"], _fmt(r["peer_over_matmul3"]),
-                          _fmt(r["sslkit_over_peer"]), fault_text, *extra)
+            table.add_row(
+                r["loss"],
+                _fmt(r["sslkit_over_matmul3"]),
+                r["peer"],
+                _fmt(r["peer_over_matmul3"]),
+                _fmt(r["sslkit_over_peer"]),
+                fault_text,
+                *extra,
+            )
         console.print(table)
 
     if not report["pairwise"] and not report["pml_ntxent"]:
@@ -652,8 +737,13 @@ def print_report(report: dict) -> None:
         if not r["survived"]:
             table.add_row(str(r["two_n"]), _short(r["note"]), "", "", "")
         else:
-            table.add_row(str(r["two_n"]), _fmt(r["pml_peak_over_matrix"], 1), _fmt(r["sslkit_peak_over_matrix"], 1),
-                          _fmt(r["pml_over_sslkit_peak"], 1), _fmt(r["pml_over_sslkit_time"], 1))
+            table.add_row(
+                str(r["two_n"]),
+                _fmt(r["pml_peak_over_matrix"], 1),
+                _fmt(r["sslkit_peak_over_matrix"], 1),
+                _fmt(r["pml_over_sslkit_peak"], 1),
+                _fmt(r["pml_over_sslkit_time"], 1),
+            )
     console.print(table)
     console.print(f"memory: {meta['memory_method']}")
 
@@ -665,11 +755,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch.set_num_threads")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per candidate (median)")
     parser.add_argument(
-        "--block-ms", type=float, default=BLOCK_MS,
+        "--block-ms",
+        type=float,
+        default=BLOCK_MS,
         help="time sections (a) and (b) in blocks of consecutive calls this long (0: one call per repeat)",
     )
     parser.add_argument(
-        "--only", choices=SECTIONS, action="append",
+        "--only",
+        choices=SECTIONS,
+        action="append",
         help="run only this section (repeatable): batch (a), heads (b), pairwise (c); default all",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -684,7 +778,12 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(0)
     started = time.perf_counter()
     worker_config = pairwise_config(
-        config["pairwise"], config["pml_ntxent_sizes"], repeats, args.threads, config["memory_cap_gb"], config["timeout_s"]
+        config["pairwise"],
+        config["pml_ntxent_sizes"],
+        repeats,
+        args.threads,
+        config["memory_cap_gb"],
+        config["timeout_s"],
     )
     # --quick only checks that everything runs, so its memory worker overlaps sections (a) and
     # (b); a full run keeps them apart so that no measurement competes with another for the CPU.

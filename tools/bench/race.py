@@ -37,8 +37,8 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,14 +62,25 @@ PRETRAIN = ROOT / "sslkit" / "pretrain.py"
 FASHION_RECIPE = ROOT / "recipes" / "fashion_mnist_simclr.yaml"
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 QUICKSTART_FASHION = ["data.name=fashion_mnist", "augment.image_size=28"]
-QUICK_OVERRIDES = ["data.name=digits", "augment.image_size=16", "model.width=8", "model.projector_hidden=64",
-                   "model.projector_out=32", "train.batch_size=64", "eval.knn_k=20"]
+QUICK_OVERRIDES = [
+    "data.name=digits",
+    "augment.image_size=16",
+    "model.width=8",
+    "model.projector_hidden=64",
+    "model.projector_out=32",
+    "train.batch_size=64",
+    "eval.knn_k=20",
+]
 # What the sslkit run does besides training, trimmed (none of it changes the training itself): a
 # log line every step (exact images/s and per-step waits), no online kNN, a one-epoch linear
 # probe (not part of the race), no extra baselines. Checkpoints stay as the recipe says: they are
 # written between epochs, outside the loop's timed windows.
-SSLKIT_RUN_OVERRIDES = ["train.log_every_steps=1", "train.knn_every_epochs=0", "eval.linear_epochs=1",
-                        "eval.compare_random_init=false"]
+SSLKIT_RUN_OVERRIDES = [
+    "train.log_every_steps=1",
+    "train.knn_every_epochs=0",
+    "eval.linear_epochs=1",
+    "eval.compare_random_init=false",
+]
 PROBE_STEPS, QUICK_PROBE_STEPS = 30, 3
 DEFAULT_EPOCHS = 4
 WORKER_CHOICES = (0, 2)
@@ -104,14 +115,27 @@ def check_raceable(cfg: Config) -> None:
     """Refuse recipes the lightly side cannot mirror, naming the key to change."""
     from sslkit.errors import UserError
 
-    wrong = {"method.name": (cfg.method.name, "simclr"), "loss.name": (cfg.loss.name, "ntxent"),
-             "train.mixed_precision": (cfg.train.mixed_precision, "no"), "train.grad_accum_steps": (cfg.train.grad_accum_steps, 1)}
+    wrong = {
+        "method.name": (cfg.method.name, "simclr"),
+        "loss.name": (cfg.loss.name, "ntxent"),
+        "train.mixed_precision": (cfg.train.mixed_precision, "no"),
+        "train.grad_accum_steps": (cfg.train.grad_accum_steps, 1),
+    }
     for key, (value, needed) in wrong.items():
         if value != needed:
-            raise UserError(f"the race compares SimCLR + NT-Xent in fp32 without accumulation; {key} is {value!r}, use {needed!r}")
-    if cfg.augment.blur_p > 0 or cfg.augment.solarize_p > 0 or cfg.augment.blur_p_view2 or cfg.augment.solarize_p_view2:
-        raise UserError("the race maps the recipe onto lightly's SimCLRTransform without blur or solarize; "
-                        "set augment.blur_p=0 and augment.solarize_p=0")
+            raise UserError(
+                f"the race compares SimCLR + NT-Xent in fp32 without accumulation; {key} is {value!r}, use {needed!r}"
+            )
+    if (
+        cfg.augment.blur_p > 0
+        or cfg.augment.solarize_p > 0
+        or cfg.augment.blur_p_view2
+        or cfg.augment.solarize_p_view2
+    ):
+        raise UserError(
+            "the race maps the recipe onto lightly's SimCLRTransform without blur or solarize; "
+            "set augment.blur_p=0 and augment.solarize_p=0"
+        )
     if cfg.data.name not in ("fashion_mnist", "digits"):
         raise UserError(f"the race runs on fashion_mnist (or digits for --quick), not {cfg.data.name}")
 
@@ -142,13 +166,19 @@ def read_sslkit_metrics(metrics_path: Path, batch_size: int, batches_per_epoch: 
         images += window_steps * batch_size
         previous_step, previous_epoch = r["step"], r["epoch"]
     total = sum(seconds)
-    return {"images_per_s": images / total, "train_s": total, "steps": images // batch_size,
-            "data_wait_share": sum(r["data_wait_share"] * s for r, s in zip(steps, seconds)) / total,
-            "data_wait_median_s": statistics.median(waits), "data_wait_max_s": max(waits)}
+    return {
+        "images_per_s": images / total,
+        "train_s": total,
+        "steps": images // batch_size,
+        "data_wait_share": sum(r["data_wait_share"] * s for r, s in zip(steps, seconds)) / total,
+        "data_wait_median_s": statistics.median(waits),
+        "data_wait_max_s": max(waits),
+    }
 
 
-def run_sslkit(recipe: Path, overrides: list[str], workdir: Path, batches_per_epoch: int, batch_size: int,
-               timeout: float) -> dict:
+def run_sslkit(
+    recipe: Path, overrides: list[str], workdir: Path, batches_per_epoch: int, batch_size: int, timeout: float
+) -> dict:
     """``sslkit/pretrain.py`` in a subprocess; images/s from its metrics, the backbone from its run directory."""
     run_overrides = [*overrides, *SSLKIT_RUN_OVERRIDES, f"run.output_dir={workdir}", "run.name=race-sslkit"]
     if "compare_raw_pixels" in {f.name for f in dataclasses.fields(EvalConfig)}:
@@ -165,8 +195,13 @@ def run_sslkit(recipe: Path, overrides: list[str], workdir: Path, batches_per_ep
     run_dir = workdir / "race-sslkit"
     figures = read_sslkit_metrics(run_dir / "metrics.jsonl", batch_size, batches_per_epoch)
     results = json.loads((run_dir / "results.json").read_text())["results"]["trained"]
-    return {**figures, "wall_s": wall, "knn_top1_run_dir": results["knn_top1"], "backbone": str(run_dir / "backbone.safetensors"),
-            "command": " ".join(command[1:])}
+    return {
+        **figures,
+        "wall_s": wall,
+        "knn_top1_run_dir": results["knn_top1"],
+        "backbone": str(run_dir / "backbone.safetensors"),
+        "command": " ".join(command[1:]),
+    }
 
 
 # --------------------------------------------------------------------------- lightly
@@ -201,9 +236,19 @@ def lightly_transform(cfg: Config, mean: tuple[float, ...], std: tuple[float, ..
 
     a = cfg.augment
     return SimCLRTransform(
-        input_size=a.image_size, cj_prob=a.jitter_p, cj_strength=1.0, cj_bright=a.brightness, cj_contrast=a.contrast,
-        cj_sat=a.saturation, cj_hue=a.hue, min_scale=a.crop_scale[0], random_gray_scale=a.grayscale_p, gaussian_blur=0.0,
-        hf_prob=a.hflip_p, vf_prob=0.0, rr_prob=0.0,
+        input_size=a.image_size,
+        cj_prob=a.jitter_p,
+        cj_strength=1.0,
+        cj_bright=a.brightness,
+        cj_contrast=a.contrast,
+        cj_sat=a.saturation,
+        cj_hue=a.hue,
+        min_scale=a.crop_scale[0],
+        random_gray_scale=a.grayscale_p,
+        gaussian_blur=0.0,
+        hf_prob=a.hflip_p,
+        vf_prob=0.0,
+        rr_prob=0.0,
         normalize={"mean": list(mean), "std": list(std)} if a.normalize else None,
     )
 
@@ -232,14 +277,23 @@ def build_simclr(cfg: Config, channels: int, loss: torch.nn.Module):
 
     backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, channels)
     m = cfg.model
-    method = SimCLR(backbone, models.build_mlp(backbone.feature_dim, m.projector_hidden, m.projector_out, m.projector_layers), loss)
+    method = SimCLR(
+        backbone, models.build_mlp(backbone.feature_dim, m.projector_hidden, m.projector_out, m.projector_layers), loss
+    )
     if m.channels_last:
         models.to_channels_last(method)
     lr = optim.scaled_lr(cfg.optim.lr, cfg.train.batch_size, cfg.optim.lr_scaling)
     lr_scales = {f"backbone.{name}": cfg.optim.backbone_lr_scale for name, _ in backbone.named_parameters()}
     groups = optim.parameter_groups(method, cfg.optim.weight_decay, cfg.optim.exclude_bias_and_norm, lr_scales)
-    optimizer = optim.build_optimizer(cfg.optim.name, groups, lr, cfg.optim.momentum, cfg.optim.weight_decay,
-                                      cfg.optim.betas, cfg.optim.trust_coefficient)
+    optimizer = optim.build_optimizer(
+        cfg.optim.name,
+        groups,
+        lr,
+        cfg.optim.momentum,
+        cfg.optim.weight_decay,
+        cfg.optim.betas,
+        cfg.optim.trust_coefficient,
+    )
     return method, optimizer, lr
 
 
@@ -257,11 +311,19 @@ def train_lightly(cfg: Config, train_set, num_workers: int, max_steps: int | Non
     # As sslkit's trainer: seed, then build the model, so both start from the same draw.
     set_seed(cfg.run.seed)
     info = train_set.info
-    method, optimizer, lr = build_simclr(cfg, info.channels, NTXentLoss(temperature=cfg.loss.kwargs.get("temperature", 0.5)))
+    method, optimizer, lr = build_simclr(
+        cfg, info.channels, NTXentLoss(temperature=cfg.loss.kwargs.get("temperature", 0.5))
+    )
     dataset = PILDataset(train_set.images, train_set.labels, lightly_transform(cfg, info.mean, info.std))
-    loader = torch.utils.data.DataLoader(dataset, batch_size=cfg.train.batch_size, shuffle=True, drop_last=True,
-                                         num_workers=num_workers, persistent_workers=num_workers > 0,
-                                         generator=torch.Generator().manual_seed(cfg.run.seed))
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=cfg.train.batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        generator=torch.Generator().manual_seed(cfg.run.seed),
+    )
     steps_per_epoch = len(loader)
     total_steps = cfg.train.epochs * steps_per_epoch
     if cfg.train.max_steps is not None:
@@ -279,7 +341,9 @@ def train_lightly(cfg: Config, train_set, num_workers: int, max_steps: int | Non
             loss = method(view1, view2)
             loss.item()  # the host sync sslkit's loop makes for its NaN check
             loss.backward()
-            optim.set_learning_rate(optimizer, optim.cosine_lr(step, total_steps, lr, warmup_steps, cfg.optim.min_lr_ratio))
+            optim.set_learning_rate(
+                optimizer, optim.cosine_lr(step, total_steps, lr, warmup_steps, cfg.optim.min_lr_ratio)
+            )
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
@@ -288,9 +352,16 @@ def train_lightly(cfg: Config, train_set, num_workers: int, max_steps: int | Non
             fetch_start = time.perf_counter()
         train_s += time.perf_counter() - epoch_start
     del loader  # stops persistent workers before the next probe or the evaluation
-    return {"num_workers": num_workers, "images_per_s": step * cfg.train.batch_size / train_s, "train_s": train_s,
-            "steps": step, "data_wait_share": sum(waits) / train_s, "data_wait_median_s": statistics.median(waits),
-            "data_wait_max_s": max(waits), "backbone_module": method.backbone}
+    return {
+        "num_workers": num_workers,
+        "images_per_s": step * cfg.train.batch_size / train_s,
+        "train_s": train_s,
+        "steps": step,
+        "data_wait_share": sum(waits) / train_s,
+        "data_wait_median_s": statistics.median(waits),
+        "data_wait_max_s": max(waits),
+        "backbone_module": method.backbone,
+    }
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -306,8 +377,9 @@ def knn_of(backbone: torch.nn.Module, cfg: Config, train_set, test_set) -> float
     loader = lambda ds: data.build_loader(ds, cfg.eval.batch_size, shuffle=False, drop_last=False)  # noqa: E731
     train_x, train_y = evaluation.extract_features(backbone, loader(train_set), preprocess)
     test_x, test_y = evaluation.extract_features(backbone, loader(test_set), preprocess)
-    return evaluation.knn_accuracy(train_x, train_y, test_x, test_y, info.num_classes, k=cfg.eval.knn_k,
-                                   temperature=cfg.eval.knn_temperature)
+    return evaluation.knn_accuracy(
+        train_x, train_y, test_x, test_y, info.num_classes, k=cfg.eval.knn_k, temperature=cfg.eval.knn_temperature
+    )
 
 
 def load_backbone(cfg: Config, channels: int, path: str) -> torch.nn.Module:
@@ -340,54 +412,99 @@ def summarize(sslkit: dict, lightly: dict, test_images: int | None = None) -> di
     if speed < 1:
         findings.append(f"sslkit trains {1 / speed:.2f}x slower than the lightly loop")
     if knn_gap < 0:
-        within = f" (within the {100 * noise:.2f}-point standard error of {test_images} test images)" if noise and -knn_gap < 2 * noise else ""
+        within = (
+            f" (within the {100 * noise:.2f}-point standard error of {test_images} test images)"
+            if noise and -knn_gap < 2 * noise
+            else ""
+        )
         findings.append(f"sslkit's kNN top-1 is {100 * -knn_gap:.2f} points below the lightly loop's{within}")
     if lightly["data_wait_share"] > 0.1:
-        findings.append(f"the lightly loop waits on its loader {100 * lightly['data_wait_share']:.0f}% of the time "
-                        f"(per-sample PIL augmentation in {lightly['num_workers']} worker(s))")
+        findings.append(
+            f"the lightly loop waits on its loader {100 * lightly['data_wait_share']:.0f}% of the time "
+            f"(per-sample PIL augmentation in {lightly['num_workers']} worker(s))"
+        )
     if sslkit["data_wait_share"] > 0.05:
         findings.append(f"sslkit's loop waits on data {100 * sslkit['data_wait_share']:.0f}% of the time")
-    return {"sslkit_over_lightly_images_per_s": speed, "knn_top1_sslkit_minus_lightly": knn_gap,
-            "knn_top1_difference_standard_error": noise, "sslkit_faster": speed > 1, "sslkit_as_accurate": knn_gap >= 0,
-            "findings": findings}
+    return {
+        "sslkit_over_lightly_images_per_s": speed,
+        "knn_top1_sslkit_minus_lightly": knn_gap,
+        "knn_top1_difference_standard_error": noise,
+        "sslkit_faster": speed > 1,
+        "sslkit_as_accurate": knn_gap >= 0,
+        "findings": findings,
+    }
 
 
 def render(result: dict, console: Console) -> None:
     c = result["config"]
-    table = Table(title=f"race: SimCLR on {result['dataset']} {c['image_size']}x{c['image_size']}, {c['backbone']} width "
-                        f"{c['width']}, batch {c['batch_size']}, {result['epochs']} epoch(s), {result['threads']} thread(s)")
+    table = Table(
+        title=f"race: SimCLR on {result['dataset']} {c['image_size']}x{c['image_size']}, {c['backbone']} width "
+        f"{c['width']}, batch {c['batch_size']}, {result['epochs']} epoch(s), {result['threads']} thread(s)"
+    )
     for column in ("", "images/s", "data wait", "max wait ms", "train s", "kNN top-1"):
         table.add_column(column, justify="left" if not column else "right")
     s, lt = result["sslkit"], result["lightly"]
-    table.add_row("sslkit (sslkit/pretrain.py)", f"{s['images_per_s']:.0f}", f"{100 * s['data_wait_share']:.1f}%",
-                  f"{1e3 * s['data_wait_max_s']:.1f}", f"{s['train_s']:.0f}", f"{s['knn_top1']:.4f}")
-    table.add_row(f"lightly loop ({lt['num_workers']} workers)", f"{lt['images_per_s']:.0f}", f"{100 * lt['data_wait_share']:.1f}%",
-                  f"{1e3 * lt['data_wait_max_s']:.1f}", f"{lt['train_s']:.0f}", f"{lt['knn_top1']:.4f}")
+    table.add_row(
+        "sslkit (sslkit/pretrain.py)",
+        f"{s['images_per_s']:.0f}",
+        f"{100 * s['data_wait_share']:.1f}%",
+        f"{1e3 * s['data_wait_max_s']:.1f}",
+        f"{s['train_s']:.0f}",
+        f"{s['knn_top1']:.4f}",
+    )
+    table.add_row(
+        f"lightly loop ({lt['num_workers']} workers)",
+        f"{lt['images_per_s']:.0f}",
+        f"{100 * lt['data_wait_share']:.1f}%",
+        f"{1e3 * lt['data_wait_max_s']:.1f}",
+        f"{lt['train_s']:.0f}",
+        f"{lt['knn_top1']:.4f}",
+    )
     sm = result["summary"]
-    table.add_row("sslkit / lightly", f"{sm['sslkit_over_lightly_images_per_s']:.2f}x", "", "", "",
-                  f"{100 * sm['knn_top1_sslkit_minus_lightly']:+.2f} pts")
+    table.add_row(
+        "sslkit / lightly",
+        f"{sm['sslkit_over_lightly_images_per_s']:.2f}x",
+        "",
+        "",
+        "",
+        f"{100 * sm['knn_top1_sslkit_minus_lightly']:+.2f} pts",
+    )
     console.print(table)
     probe = ", ".join(f"{w} workers {ips:.0f} img/s" for w, ips in result["lightly_worker_probe"].items())
     console.print(f"lightly loader probe ({result['probe_steps']} steps): {probe}; the race used {lt['num_workers']}")
-    console.print(f"sslkit run directory's own kNN: {s['knn_top1_run_dir']:.4f} (same evaluator; this table re-evaluates its exported backbone)")
+    console.print(
+        f"sslkit run directory's own kNN: {s['knn_top1_run_dir']:.4f} (same evaluator; this table re-evaluates its exported backbone)"
+    )
     for finding in sm["findings"]:
         console.print(f"[yellow]finding:[/] {finding}")
     for note in result["differences"]:
         console.print(f"[dim]difference:[/] {note}")
     if result.get("note"):
         console.print(f"[yellow]note:[/] {result['note']}")
-    console.print(f"load average (1 min) before/after: {result['load_average'][0]:.1f} / {result['load_average'][1]:.1f} on {result['cores']} cores")
+    console.print(
+        f"load average (1 min) before/after: {result['load_average'][0]:.1f} / {result['load_average'][1]:.1f} on {result['cores']} cores"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/bench/race.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", type=Path, help=f"YAML recipe (default {FASHION_RECIPE.relative_to(ROOT)})")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to both sides")
-    parser.add_argument("--epochs", type=int, default=None,
-                        help=f"epochs for both sides (default {DEFAULT_EPOCHS}: the recipe's 10 would take about 40 min for both; --quick 1)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch.set_num_threads for both sides (default 1: steady on a shared machine; lightly's workers use further cores)")
-    parser.add_argument("--workers", type=int, choices=WORKER_CHOICES, help="lightly loader workers (default: the faster in a probe)")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help=f"epochs for both sides (default {DEFAULT_EPOCHS}: the recipe's 10 would take about 40 min for both; --quick 1)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads for both sides (default 1: steady on a shared machine; lightly's workers use further cores)",
+    )
+    parser.add_argument(
+        "--workers", type=int, choices=WORKER_CHOICES, help="lightly loader workers (default: the faster in a probe)"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run on digits with a tiny model")
     parser.add_argument("--workdir", type=Path, help="where the sslkit run writes (default: a temporary directory)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed for the sslkit run")
@@ -410,7 +527,10 @@ def main(argv: list[str] | None = None) -> int:
                 data.build_dataset("fashion_mnist", "test", cfg.data.root)
             except UserError:
                 note = "Fashion-MNIST files not found: raced on scikit-learn's digits (8x8, crops 16x16) instead"
-                overrides = [o for o in overrides if o not in QUICKSTART_FASHION] + ["data.name=digits", "augment.image_size=16"]
+                overrides = [o for o in overrides if o not in QUICKSTART_FASHION] + [
+                    "data.name=digits",
+                    "augment.image_size=16",
+                ]
                 cfg = load_config(recipe, overrides)
         check_raceable(cfg)
         train_set = data.build_dataset(cfg.data.name, "train", cfg.data.root)
@@ -425,8 +545,12 @@ def main(argv: list[str] | None = None) -> int:
         workdir = args.workdir or Path(temporary)
         workdir.mkdir(parents=True, exist_ok=True)
         console.print(f"sslkit: sslkit/pretrain.py {recipe.name} {' '.join(overrides)} ({cfg.train.epochs} epoch(s))")
-        sslkit = run_sslkit(recipe.resolve(), overrides, workdir.resolve(), batches_per_epoch, cfg.train.batch_size, args.timeout)
-        sslkit["knn_top1"] = knn_of(load_backbone(cfg, train_set.info.channels, sslkit["backbone"]), cfg, train_set, test_set)
+        sslkit = run_sslkit(
+            recipe.resolve(), overrides, workdir.resolve(), batches_per_epoch, cfg.train.batch_size, args.timeout
+        )
+        sslkit["knn_top1"] = knn_of(
+            load_backbone(cfg, train_set.info.channels, sslkit["backbone"]), cfg, train_set, test_set
+        )
 
     probe_steps = QUICK_PROBE_STEPS if args.quick else PROBE_STEPS
     probe = {}
@@ -440,20 +564,41 @@ def main(argv: list[str] | None = None) -> int:
     lightly["knn_top1"] = knn_of(lightly.pop("backbone_module"), cfg, train_set, test_set)
 
     result = {
-        "dataset": cfg.data.name, "note": note, "quick": args.quick,
-        "recipe": str(recipe.relative_to(ROOT) if recipe.resolve().is_relative_to(ROOT) else recipe), "overrides": overrides,
-        "epochs": cfg.train.epochs, "threads": cfg.train.threads, "cores": os.cpu_count(),
-        "config": {"batch_size": cfg.train.batch_size, "image_size": cfg.augment.image_size, "backbone": cfg.model.backbone,
-                   "width": cfg.model.width, "cifar_stem": cfg.model.cifar_stem, "input_channels": train_set.info.channels,
-                   "optimizer": cfg.optim.name, "lr": cfg.optim.lr, "temperature": cfg.loss.kwargs.get("temperature"),
-                   "knn_k": cfg.eval.knn_k, "knn_temperature": cfg.eval.knn_temperature, "seed": cfg.run.seed,
-                   "sslkit_num_workers": cfg.data.num_workers},
-        "sslkit": sslkit, "lightly": lightly,
-        "lightly_worker_probe": {str(w): ips for w, ips in probe.items()}, "probe_steps": probe_steps,
+        "dataset": cfg.data.name,
+        "note": note,
+        "quick": args.quick,
+        "recipe": str(recipe.relative_to(ROOT) if recipe.resolve().is_relative_to(ROOT) else recipe),
+        "overrides": overrides,
+        "epochs": cfg.train.epochs,
+        "threads": cfg.train.threads,
+        "cores": os.cpu_count(),
+        "config": {
+            "batch_size": cfg.train.batch_size,
+            "image_size": cfg.augment.image_size,
+            "backbone": cfg.model.backbone,
+            "width": cfg.model.width,
+            "cifar_stem": cfg.model.cifar_stem,
+            "input_channels": train_set.info.channels,
+            "optimizer": cfg.optim.name,
+            "lr": cfg.optim.lr,
+            "temperature": cfg.loss.kwargs.get("temperature"),
+            "knn_k": cfg.eval.knn_k,
+            "knn_temperature": cfg.eval.knn_temperature,
+            "seed": cfg.run.seed,
+            "sslkit_num_workers": cfg.data.num_workers,
+        },
+        "sslkit": sslkit,
+        "lightly": lightly,
+        "lightly_worker_probe": {str(w): ips for w, ips in probe.items()},
+        "probe_steps": probe_steps,
         "summary": summarize(sslkit, lightly, len(test_set)),
         "differences": augmentation_differences(cfg),
         "load_average": [load_before, os.getloadavg()[0]],
-        "versions": {"torch": torch.__version__, "lightly": __import__("lightly").__version__, "python": platform.python_version()},
+        "versions": {
+            "torch": torch.__version__,
+            "lightly": __import__("lightly").__version__,
+            "python": platform.python_version(),
+        },
     }
     render(result, console)
     if args.out:

@@ -83,8 +83,12 @@ def command_for(name: str, quick: bool, out: Path) -> list[str]:
 
 def run_benchmark(name: str, command: list[str], console: Console, timeout: float) -> dict:
     """Run one benchmark, echoing its output; returns its status, duration and, on failure, the error."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               COLUMNS=str(max(console.width, 120)))
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        COLUMNS=str(max(console.width, 120)),
+    )
     console.rule(f"[bold]{name}")
     console.print(" ".join(command[1:]), style="dim", highlight=False)
     tail: collections.deque[str] = collections.deque(maxlen=20)
@@ -95,8 +99,9 @@ def run_benchmark(name: str, command: list[str], console: Console, timeout: floa
             tail.append(line.rstrip())
 
     start = time.perf_counter()
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
-                          start_new_session=True) as process:
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True
+    ) as process:
         # A thread reads the output so that a benchmark that prints nothing can still be timed out.
         reader = threading.Thread(target=echo, args=(process.stdout,), daemon=True)
         reader.start()
@@ -120,8 +125,15 @@ def run_benchmark(name: str, command: list[str], console: Console, timeout: floa
 # --------------------------------------------------------------------------- headlines
 
 
-def _ratio_row(benchmark: str, figure: str, value: float | None, target: str, passed: Callable[[float], bool],
-               suffix: str = "x", note: str = "") -> Headline:
+def _ratio_row(
+    benchmark: str,
+    figure: str,
+    value: float | None,
+    target: str,
+    passed: Callable[[float], bool],
+    suffix: str = "x",
+    note: str = "",
+) -> Headline:
     if value is None:
         return Headline(benchmark, figure, None, "-", target, None, note or "not measured")
     return Headline(benchmark, figure, value, f"{value:.2f}{suffix}", target, passed(value), note)
@@ -130,18 +142,36 @@ def _ratio_row(benchmark: str, figure: str, value: float | None, target: str, pa
 def losses_headlines(report: dict) -> list[Headline]:
     """NT-Xent / DCL / SupCon and ArcFace / CosFace / SphereFace against three matmuls and their peer."""
     rows = []
-    sections = (("batch_losses", ("ntxent", "dcl", "supcon", "supcon, 100 classes"), 1.5),
-                ("heads", ("arcface", "cosface", "sphereface"), 1.15))
+    sections = (
+        ("batch_losses", ("ntxent", "dcl", "supcon", "supcon, 100 classes"), 1.5),
+        ("heads", ("arcface", "cosface", "sphereface"), 1.15),
+    )
     for section, names, limit in sections:
         by_name = {r["loss"]: r for r in report.get(section, [])}
         for name in names:
             r = by_name.get(name, {})
             note = r.get("note") or ("; ".join(f"{k}: {v}" for k, v in r.get("errors", {}).items()))
-            rows.append(_ratio_row("losses", f"{name} fwd+bwd / 3 matmuls", r.get("sslkit_over_matmul3"), f"<= {limit}x",
-                                   lambda v, limit=limit: v <= limit, note=note))
+            rows.append(
+                _ratio_row(
+                    "losses",
+                    f"{name} fwd+bwd / 3 matmuls",
+                    r.get("sslkit_over_matmul3"),
+                    f"<= {limit}x",
+                    lambda v, limit=limit: v <= limit,
+                    note=note,
+                )
+            )
             peer = r.get("peer", "peer")
-            rows.append(_ratio_row("losses", f"{name}: sslkit / {peer}", r.get("sslkit_over_peer"), "< 1x (faster)",
-                                   lambda v: v < 1, note=note))
+            rows.append(
+                _ratio_row(
+                    "losses",
+                    f"{name}: sslkit / {peer}",
+                    r.get("sslkit_over_peer"),
+                    "< 1x (faster)",
+                    lambda v: v < 1,
+                    note=note,
+                )
+            )
     return rows
 
 
@@ -149,13 +179,23 @@ def augment_headlines(report: dict) -> list[Headline]:
     pipelines = report.get("pipelines", {})
     speedup = lambda name: pipelines.get(name, {}).get("sslkit_speedup_wall")  # noqa: E731
     return [
-        _ratio_row("augment", "speed-up over torchvision v2 per image", speedup("torchvision-per-image"), ">= 10x", lambda v: v >= 10),
+        _ratio_row(
+            "augment",
+            "speed-up over torchvision v2 per image",
+            speedup("torchvision-per-image"),
+            ">= 10x",
+            lambda v: v >= 10,
+        ),
         _ratio_row("augment", "speed-up over default kornia", speedup("kornia-sequential"), "> 1x", lambda v: v > 1),
     ]
 
 
 def knn_headlines(report: dict) -> list[Headline]:
-    return [_ratio_row("knn", "speed-up over sklearn (brute cosine)", report.get("sklearn_over_sslkit"), "> 1x", lambda v: v > 1)]
+    return [
+        _ratio_row(
+            "knn", "speed-up over sklearn (brute cosine)", report.get("sklearn_over_sslkit"), "> 1x", lambda v: v > 1
+        )
+    ]
 
 
 def train_headlines(report: dict) -> list[Headline]:
@@ -164,19 +204,45 @@ def train_headlines(report: dict) -> list[Headline]:
     rows = []
     share = wait.get("share")
     if share is None:
-        rows.append(Headline("train", "data-wait share of step time", None, "-", f"< {DATA_WAIT_TARGET:.0%}", None, "not measured"))
+        rows.append(
+            Headline(
+                "train", "data-wait share of step time", None, "-", f"< {DATA_WAIT_TARGET:.0%}", None, "not measured"
+            )
+        )
     else:
         note = f"per step: median {1e3 * wait['median_s']:.2f} ms, max {1e3 * wait['max_s']:.2f} ms"
-        rows.append(Headline("train", "data-wait share of step time", share, f"{100 * share:.2f}%", f"< {DATA_WAIT_TARGET:.0%}",
-                             share < DATA_WAIT_TARGET, note))
+        rows.append(
+            Headline(
+                "train",
+                "data-wait share of step time",
+                share,
+                f"{100 * share:.2f}%",
+                f"< {DATA_WAIT_TARGET:.0%}",
+                share < DATA_WAIT_TARGET,
+                note,
+            )
+        )
     if "images_per_s" in full:
-        rows.append(Headline("train", "images/s, full step", full["images_per_s"], f"{full['images_per_s']:.0f}", "-", None,
-                             f"floor (no data, no augmentation): {floor.get('images_per_s', float('nan')):.0f}"))
+        rows.append(
+            Headline(
+                "train",
+                "images/s, full step",
+                full["images_per_s"],
+                f"{full['images_per_s']:.0f}",
+                "-",
+                None,
+                f"floor (no data, no augmentation): {floor.get('images_per_s', float('nan')):.0f}",
+            )
+        )
     if "data_and_augment_share_in_step" in s:
         value = s["data_and_augment_share_in_step"]
-        note = (f"timed inside the step; against the floor: {100 * s['data_and_augment_share']:.1f}% (wall), "
-                f"{100 * s['data_and_augment_share_cpu']:.1f}% (CPU)")
-        rows.append(Headline("train", "data + augmentation share of the step", value, f"{100 * value:.1f}%", "-", None, note))
+        note = (
+            f"timed inside the step; against the floor: {100 * s['data_and_augment_share']:.1f}% (wall), "
+            f"{100 * s['data_and_augment_share_cpu']:.1f}% (CPU)"
+        )
+        rows.append(
+            Headline("train", "data + augmentation share of the step", value, f"{100 * value:.1f}%", "-", None, note)
+        )
     return rows
 
 
@@ -185,20 +251,28 @@ def race_headlines(report: dict) -> list[Headline]:
     rows = []
     if "sslkit_over_lightly_images_per_s" in s:
         v = s["sslkit_over_lightly_images_per_s"]
-        note = (f"sslkit {report['sslkit']['images_per_s']:.0f} img/s, lightly loop {report['lightly']['images_per_s']:.0f} img/s "
-                f"({report['lightly']['num_workers']} workers)")
+        note = (
+            f"sslkit {report['sslkit']['images_per_s']:.0f} img/s, lightly loop {report['lightly']['images_per_s']:.0f} img/s "
+            f"({report['lightly']['num_workers']} workers)"
+        )
         rows.append(Headline("race", "images/s, sslkit / lightly loop", v, f"{v:.2f}x", "-", None, note))
     if "knn_top1_sslkit_minus_lightly" in s:
         v = s["knn_top1_sslkit_minus_lightly"]
         error = s.get("knn_top1_difference_standard_error")
-        note = (f"sslkit {report['sslkit']['knn_top1']:.4f}, lightly loop {report['lightly']['knn_top1']:.4f}, {report['epochs']} epoch(s)"
-                + (f"; standard error {100 * error:.2f} pts" if error else ""))
+        note = (
+            f"sslkit {report['sslkit']['knn_top1']:.4f}, lightly loop {report['lightly']['knn_top1']:.4f}, {report['epochs']} epoch(s)"
+            + (f"; standard error {100 * error:.2f} pts" if error else "")
+        )
         rows.append(Headline("race", "kNN top-1, sslkit - lightly loop", v, f"{100 * v:+.2f} pts", "-", None, note))
     return rows
 
 
 HEADLINES: dict[str, Callable[[dict], list[Headline]]] = {
-    "losses": losses_headlines, "augment": augment_headlines, "knn": knn_headlines, "train": train_headlines, "race": race_headlines,
+    "losses": losses_headlines,
+    "augment": augment_headlines,
+    "knn": knn_headlines,
+    "train": train_headlines,
+    "race": race_headlines,
 }
 
 
@@ -230,8 +304,12 @@ def render(rows: list[Headline], quick: bool, console: Console) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/bench/run.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="pass --quick to every benchmark (smoke sizes)")
-    parser.add_argument("--only", nargs="+", choices=BENCHMARKS, metavar="NAME", help=f"run only these, of: {', '.join(BENCHMARKS)}")
-    parser.add_argument("--out", type=Path, default=Path("runs/bench"), help="directory for <name>.json and summary.json")
+    parser.add_argument(
+        "--only", nargs="+", choices=BENCHMARKS, metavar="NAME", help=f"run only these, of: {', '.join(BENCHMARKS)}"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/bench"), help="directory for <name>.json and summary.json"
+    )
     parser.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds allowed per benchmark")
     args = parser.parse_args(argv)
 
@@ -247,15 +325,25 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         json_path = out / f"{name}.json"
         json_path.unlink(missing_ok=True)  # a stale report must not pass for this run's
-        runs[name] = {**run_benchmark(name, command_for(name, args.quick, json_path), console, args.timeout), "json": str(json_path)}
+        runs[name] = {
+            **run_benchmark(name, command_for(name, args.quick, json_path), console, args.timeout),
+            "json": str(json_path),
+        }
         rows += headlines_for(name, runs[name], json_path)
     console.rule("[bold]summary")
     render(rows, args.quick, console)
     failed = [name for name, run in runs.items() if run["status"] != "ok"]
     summary = {
-        "quick": args.quick, "started_unix": started, "seconds": time.time() - started,
-        "load_average_1min": [load_before, os.getloadavg()[0]], "cores": os.cpu_count(), "host": host,
-        "python": platform.python_version(), "benchmarks": runs, "headlines": [asdict(r) for r in rows], "failed": failed,
+        "quick": args.quick,
+        "started_unix": started,
+        "seconds": time.time() - started,
+        "load_average_1min": [load_before, os.getloadavg()[0]],
+        "cores": os.cpu_count(),
+        "host": host,
+        "python": platform.python_version(),
+        "benchmarks": runs,
+        "headlines": [asdict(r) for r in rows],
+        "failed": failed,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"summary written to {out / 'summary.json'}" + (f"; failed: {', '.join(failed)}" if failed else ""))

@@ -83,8 +83,9 @@ def fashion_mnist_available(cfg: Config) -> bool:
     return True
 
 
-def resolve_config(recipe: Path | None, overrides: list[str], quick: bool, threads: int | None = 1
-                   ) -> tuple[Config, Path, list[str], str | None]:
+def resolve_config(
+    recipe: Path | None, overrides: list[str], quick: bool, threads: int | None = 1
+) -> tuple[Config, Path, list[str], str | None]:
     """The config to measure, the recipe and overrides it came from, and a note when it fell back to digits."""
     implied: list[str] = []
     if recipe is None:
@@ -94,8 +95,10 @@ def resolve_config(recipe: Path | None, overrides: list[str], quick: bool, threa
     cfg = load_config(recipe, overrides)
     note = None
     if cfg.data.name == "fashion_mnist" and not fashion_mnist_available(cfg):
-        note = (f"Fashion-MNIST files not found in {cfg.data.root or data.FASHION_MNIST_ROOT}: "
-                f"measured on scikit-learn's digits (8x8) instead")
+        note = (
+            f"Fashion-MNIST files not found in {cfg.data.root or data.FASHION_MNIST_ROOT}: "
+            f"measured on scikit-learn's digits (8x8) instead"
+        )
         # Digits are 8x8: the quick start's 16x16 crop, not Fashion-MNIST's 28.
         overrides = [o for o in overrides if o not in QUICKSTART_FASHION and not o.startswith("data.root=")]
         overrides += ["data.name=digits", "augment.image_size=16"]
@@ -149,12 +152,24 @@ def build_pieces(cfg: Config, total_steps: int) -> Pieces:
     steps_per_epoch = math.ceil(len(loader) / cfg.train.grad_accum_steps)
     warmup_steps = min(int(cfg.optim.warmup_epochs * steps_per_epoch), total_steps // 2)
     method.train()
-    return Pieces(accelerator, loader, sampler, augment, method, optimizer, lr, total_steps, warmup_steps, cfg.optim.min_lr_ratio,
-                  len(train_set))
+    return Pieces(
+        accelerator,
+        loader,
+        sampler,
+        augment,
+        method,
+        optimizer,
+        lr,
+        total_steps,
+        warmup_steps,
+        cfg.optim.min_lr_ratio,
+        len(train_set),
+    )
 
 
-def optimizer_step(pieces: Pieces, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor, step: int,
-                   *indices: torch.Tensor) -> float:
+def optimizer_step(
+    pieces: Pieces, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor, step: int, *indices: torch.Tensor
+) -> float:
     """Forward, backward and optimizer step on augmented views, as the loop body does them; returns the loss.
 
     ``indices``: each sample's position in the training set, for methods that keep per-sample state (NPID).
@@ -167,7 +182,10 @@ def optimizer_step(pieces: Pieces, view1: torch.Tensor, view2: torch.Tensor, lab
         loss_value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
         accelerator.backward(loss)
         if accelerator.sync_gradients:
-            optim.set_learning_rate(optimizer, optim.cosine_lr(step, pieces.total_steps, pieces.lr, pieces.warmup_steps, pieces.min_lr_ratio))
+            optim.set_learning_rate(
+                optimizer,
+                optim.cosine_lr(step, pieces.total_steps, pieces.lr, pieces.warmup_steps, pieces.min_lr_ratio),
+            )
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return loss_value
@@ -198,7 +216,9 @@ class EndlessBatches:
                 self.iterator, self.epoch = None, self.epoch + 1
 
 
-def time_full_steps(pieces: Pieces, batches: EndlessBatches, steps: int, first_step: int = 0) -> list[dict[str, float]]:
+def time_full_steps(
+    pieces: Pieces, batches: EndlessBatches, steps: int, first_step: int = 0
+) -> list[dict[str, float]]:
     """Per-step wall seconds of data wait, augmentation and compute, and CPU seconds of the whole step."""
     device = pieces.accelerator.device
     records = []
@@ -213,13 +233,22 @@ def time_full_steps(pieces: Pieces, batches: EndlessBatches, steps: int, first_s
         loss = optimizer_step(pieces, view1, view2, labels, step, *indices)
         _synchronize(device)
         end = time.perf_counter()
-        records.append({"data_wait": fetched - start, "augment": augmented - fetched, "compute": end - augmented,
-                        "total": end - start, "cpu": time.process_time() - cpu, "loss": loss})
+        records.append(
+            {
+                "data_wait": fetched - start,
+                "augment": augmented - fetched,
+                "compute": end - augmented,
+                "total": end - start,
+                "cpu": time.process_time() - cpu,
+                "loss": loss,
+            }
+        )
     return records
 
 
-def time_floor_steps(pieces: Pieces, views: tuple[torch.Tensor, ...], steps: int,
-                     first_step: int = 0) -> list[dict[str, float]]:
+def time_floor_steps(
+    pieces: Pieces, views: tuple[torch.Tensor, ...], steps: int, first_step: int = 0
+) -> list[dict[str, float]]:
     """Per-step wall and CPU seconds of forward + backward + optimizer step on one fixed augmented batch."""
     device = pieces.accelerator.device
     records = []
@@ -295,48 +324,89 @@ def summarize(full: list[dict], floor: list[dict], batch_size: int) -> dict:
         "data_and_augment_share": max(0.0, 1.0 - median_floor / median_full),
         "data_and_augment_share_in_step": sum(r["data_wait"] + r["augment"] for r in full) / full_total,
         "data_and_augment_share_cpu": max(0.0, 1.0 - _median(floor, "cpu") / _median(full, "cpu")),
-        "floor_over_full_images_per_s": (batch_size * len(floor) / floor_total) / (batch_size * len(full) / full_total),
+        "floor_over_full_images_per_s": (batch_size * len(floor) / floor_total)
+        / (batch_size * len(full) / full_total),
     }
 
 
 def render(result: dict, console: Console) -> None:
     s, cfg = result["summary"], result["config"]
-    title = (f"training step, {result['dataset']} {cfg['image_size']}x{cfg['image_size']}, batch {cfg['batch_size']}, "
-             f"{cfg['backbone']} width {cfg['width']}, {result['threads']} thread(s), {cfg['num_workers']} loader worker(s)")
-    table = Table(title=title, caption=f"medians over {result['steps']} steps of each kind ({result['schedule']}) after "
-                                      f"{result['warmup_steps']} warm-up")
+    title = (
+        f"training step, {result['dataset']} {cfg['image_size']}x{cfg['image_size']}, batch {cfg['batch_size']}, "
+        f"{cfg['backbone']} width {cfg['width']}, {result['threads']} thread(s), {cfg['num_workers']} loader worker(s)"
+    )
+    table = Table(
+        title=title,
+        caption=f"medians over {result['steps']} steps of each kind ({result['schedule']}) after "
+        f"{result['warmup_steps']} warm-up",
+    )
     for column in ("phase", "images/s", "step ms", "CPU ms", "data wait ms", "augment ms", "compute ms"):
         table.add_column(column, justify="left" if column == "phase" else "right")
     full, floor = s["full"], s["floor"]
-    table.add_row("full step (loader + augment + fwd/bwd/step)", f"{full['images_per_s']:.0f}", f"{full['median_step_s'] * 1e3:.1f}",
-                  f"{full['median_cpu_s'] * 1e3:.1f}", f"{full['median_s']['data_wait'] * 1e3:.2f}",
-                  f"{full['median_s']['augment'] * 1e3:.1f}", f"{full['median_s']['compute'] * 1e3:.1f}")
-    table.add_row("floor (fixed augmented batch, fwd/bwd/step)", f"{floor['images_per_s']:.0f}", f"{floor['median_step_s'] * 1e3:.1f}",
-                  f"{floor['median_cpu_s'] * 1e3:.1f}", "-", "-", f"{floor['median_step_s'] * 1e3:.1f}")
+    table.add_row(
+        "full step (loader + augment + fwd/bwd/step)",
+        f"{full['images_per_s']:.0f}",
+        f"{full['median_step_s'] * 1e3:.1f}",
+        f"{full['median_cpu_s'] * 1e3:.1f}",
+        f"{full['median_s']['data_wait'] * 1e3:.2f}",
+        f"{full['median_s']['augment'] * 1e3:.1f}",
+        f"{full['median_s']['compute'] * 1e3:.1f}",
+    )
+    table.add_row(
+        "floor (fixed augmented batch, fwd/bwd/step)",
+        f"{floor['images_per_s']:.0f}",
+        f"{floor['median_step_s'] * 1e3:.1f}",
+        f"{floor['median_cpu_s'] * 1e3:.1f}",
+        "-",
+        "-",
+        f"{floor['median_step_s'] * 1e3:.1f}",
+    )
     console.print(table)
     wait = s["data_wait"]
-    console.print(f"data + augmentation against the floor: {100 * s['data_and_augment_share']:.1f}% of the step (wall medians), "
-                  f"{100 * s['data_and_augment_share_cpu']:.1f}% (CPU medians); timed inside the full step: "
-                  f"{100 * s['data_and_augment_share_in_step']:.1f}% (augmentation {100 * full['share']['augment']:.1f}%)")
-    console.print(f"data wait: {100 * wait['share']:.2f}% of step time; per step median {wait['median_s'] * 1e3:.2f} ms, "
-                  f"max {wait['max_s'] * 1e3:.2f} ms ({100 * wait['max_over_median_step']:.1f}% of a median step)")
+    console.print(
+        f"data + augmentation against the floor: {100 * s['data_and_augment_share']:.1f}% of the step (wall medians), "
+        f"{100 * s['data_and_augment_share_cpu']:.1f}% (CPU medians); timed inside the full step: "
+        f"{100 * s['data_and_augment_share_in_step']:.1f}% (augmentation {100 * full['share']['augment']:.1f}%)"
+    )
+    console.print(
+        f"data wait: {100 * wait['share']:.2f}% of step time; per step median {wait['median_s'] * 1e3:.2f} ms, "
+        f"max {wait['max_s'] * 1e3:.2f} ms ({100 * wait['max_over_median_step']:.1f}% of a median step)"
+    )
     if result.get("note"):
         console.print(f"[yellow]note:[/] {result['note']}")
-    console.print(f"load average (1 min) before/after: {result['load_average'][0]:.1f} / {result['load_average'][1]:.1f} "
-                  f"on {result['cores']} cores")
+    console.print(
+        f"load average (1 min) before/after: {result['load_average'][0]:.1f} / {result['load_average'][1]:.1f} "
+        f"on {result['cores']} cores"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/bench/train.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", type=Path, help=f"YAML recipe (default {FASHION_RECIPE.relative_to(ROOT)}, "
-                                                   f"else {QUICKSTART.relative_to(ROOT)} with {' '.join(QUICKSTART_FASHION)})")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides of the recipe, e.g. data.num_workers=2")
-    parser.add_argument("--steps", type=int, help=f"timed steps per phase (default {FULL_STEPS}, --quick {QUICK_STEPS})")
-    parser.add_argument("--warmup", type=int, help=f"untimed steps before each phase (default {FULL_WARMUP}, --quick {QUICK_WARMUP})")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch.set_num_threads (train.threads; default 1: per-core figures that stay steady on a shared "
-                             "machine, where two threads on two busy cores measured 5-20x slower; 0: the recipe's own)")
-    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {' '.join(QUICK_OVERRIDES)}, {QUICK_STEPS} steps")
+    parser.add_argument(
+        "--recipe",
+        type=Path,
+        help=f"YAML recipe (default {FASHION_RECIPE.relative_to(ROOT)}, "
+        f"else {QUICKSTART.relative_to(ROOT)} with {' '.join(QUICKSTART_FASHION)})",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="dotted key=value overrides of the recipe, e.g. data.num_workers=2"
+    )
+    parser.add_argument(
+        "--steps", type=int, help=f"timed steps per phase (default {FULL_STEPS}, --quick {QUICK_STEPS})"
+    )
+    parser.add_argument(
+        "--warmup", type=int, help=f"untimed steps before each phase (default {FULL_WARMUP}, --quick {QUICK_WARMUP})"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads (train.threads; default 1: per-core figures that stay steady on a shared "
+        "machine, where two threads on two busy cores measured 5-20x slower; 0: the recipe's own)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"a smoke run: {' '.join(QUICK_OVERRIDES)}, {QUICK_STEPS} steps"
+    )
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
 
@@ -363,10 +433,18 @@ def main(argv: list[str] | None = None) -> int:
         "steps": steps,
         "warmup_steps": warmup,
         "schedule": schedule,
-        "config": {"batch_size": cfg.train.batch_size, "image_size": cfg.augment.image_size, "backbone": cfg.model.backbone,
-                   "width": cfg.model.width, "method": cfg.method.name, "loss": cfg.loss.name, "optimizer": cfg.optim.name,
-                   "num_workers": cfg.data.num_workers, "mixed_precision": cfg.train.mixed_precision,
-                   "channels_last": cfg.model.channels_last},
+        "config": {
+            "batch_size": cfg.train.batch_size,
+            "image_size": cfg.augment.image_size,
+            "backbone": cfg.model.backbone,
+            "width": cfg.model.width,
+            "method": cfg.method.name,
+            "loss": cfg.loss.name,
+            "optimizer": cfg.optim.name,
+            "num_workers": cfg.data.num_workers,
+            "mixed_precision": cfg.train.mixed_precision,
+            "channels_last": cfg.model.channels_last,
+        },
         "device": str(pieces.accelerator.device),
         "threads": torch.get_num_threads(),
         "cores": os.cpu_count(),
