@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -36,28 +38,54 @@ from sslkit.errors import UserError
 
 @dataclass
 class RunConfig:
-    """Where a run writes, and how it starts."""
+    """Where a run writes, and how it starts.
+
+    Attributes:
+        name: The run's folder name under ``output_dir`` (a plain name: no ``/``, not ``.`` or ``..``).
+        output_dir: The directory that holds the run directories; a run writes to ``output_dir/name``.
+        seed: Seeds the weights, the data order of every epoch and the augmentation.
+        resume: ``null`` starts fresh; ``auto`` continues from the latest checkpoint in the run directory
+            (or starts fresh if there is none); a path continues from that checkpoint.
+        init_from: A run directory, checkpoint or exported backbone whose backbone weights start this run
+            (a later stage of the road from self-supervised to supervised); heads and optimizer start fresh.
+            A relative path starts from the working directory.
+    """
 
     name: str = "run"
     output_dir: str = "runs"
     seed: int = 0
-    resume: str | None = None  # None, "auto" (latest checkpoint in the run directory) or a checkpoint path
-    init_from: str | None = None  # a run directory or checkpoint whose backbone starts this run
+    resume: str | None = None
+    init_from: str | None = None
 
 
 @dataclass
 class DataConfig:
-    """Which images to train on. Images reach the device as uint8; augmentation happens there."""
+    """Which images to train on. Images reach the device as uint8; augmentation happens there.
+
+    Attributes:
+        name: The dataset: ``digits`` (scikit-learn's, bundled), ``fashion_mnist``, ``cifar10``, ``cifar100``,
+            ``stl10`` or ``imagefolder`` (see :mod:`sslkit.data`).
+        root: Where the files are; ``null`` is the dataset's standard place (``fashion_mnist``:
+            ``/usr/share/datasets/fashion-mnist``; torchvision's datasets: ``~/.cache/sslkit/datasets``).
+            ``imagefolder`` needs it: ``root/train/<class>/`` and ``root/test/<class>/``.
+        train_split: The split to train on; STL-10 also takes ``unlabeled`` and ``train+unlabeled``
+            (self-supervised methods only).
+        download: Download a torchvision dataset (CIFAR, STL-10) when its files are missing; nothing
+            downloads unless this is true.
+        image_size: ``imagefolder`` only, and required there: the square size decoded images are resized to.
+        num_workers: DataLoader worker processes (0: load in the training process; the in-memory datasets
+            need none).
+        holdout_classes: Class indices kept out of training; the runs add retrieval on them (Recall@K, MAP@R,
+            NMI on unseen classes) next to kNN / linear accuracy on the seen ones.
+    """
 
     name: str = "digits"
-    root: str | None = None  # None: the dataset's standard place (see sslkit.data)
-    train_split: str = "train"  # STL-10 also "unlabeled" and "train+unlabeled" (self-supervised methods only)
-    download: bool = False  # only torchvision datasets download, and only when asked
-    image_size: int | None = None  # imagefolder: resize decoded images to this square size
+    root: str | None = None
+    train_split: str = "train"
+    download: bool = False
+    image_size: int | None = None
     num_workers: int = 0
-    holdout_classes: list[int] = field(
-        default_factory=list
-    )  # classes kept out of training (retrieval on unseen classes)
+    holdout_classes: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -65,10 +93,32 @@ class AugmentConfig:
     """The SimCLR augmentation set, applied on the accelerator with per-sample parameters.
 
     ``*_view2`` fields, when set, give the second view its own probability (asymmetric,
-    BYOL-style views: blur 1.0 / 0.1, solarize 0.0 / 0.2).
+    BYOL-style views: blur 1.0 / 0.1, solarize 0.0 / 0.2). The order of the steps is in
+    :mod:`sslkit.augment`.
+
+    Attributes:
+        image_size: Output size of the random resized crop, training and evaluation alike (may upsample
+            small images: 8x8 digits to 16x16).
+        crop_scale: ``[low, high]``: the crop's area as a fraction of the image (``0 < low <= high <= 1``).
+        crop_ratio: ``[low, high]``: the crop's aspect ratio (width / height).
+        hflip_p: Probability of a horizontal flip.
+        jitter_p: Probability of colour jitter (brightness, contrast, saturation, hue in random order).
+        brightness: Jitter strength: the brightness factor is drawn from ``[1 - b, 1 + b]``.
+        contrast: Jitter strength: the contrast factor is drawn from ``[1 - c, 1 + c]``.
+        saturation: Jitter strength: the saturation factor is drawn from ``[1 - s, 1 + s]`` (0 for grey images).
+        hue: Jitter strength: the hue shift is drawn from ``[-h, h]`` (0 for grey images).
+        grayscale_p: Probability of converting a view to grey.
+        blur_p: Probability of a Gaussian blur (the second view too, unless ``blur_p_view2`` is set).
+        blur_p_view2: The second view's blur probability; ``null``: ``blur_p``.
+        blur_kernel: The blur's kernel size, odd and >= 3; 0: about 10% of ``image_size``, rounded to odd
+            (SimCLR).
+        blur_sigma: ``[low, high]``: the range the blur's sigma is drawn from.
+        solarize_p: Probability of solarizing (inverting pixels above 0.5; BYOL).
+        solarize_p_view2: The second view's solarize probability; ``null``: ``solarize_p``.
+        normalize: Subtract the dataset's mean and divide by its standard deviation after augmenting.
     """
 
-    image_size: int = 32  # output size of the random resized crop (may upsample small images)
+    image_size: int = 32
     crop_scale: tuple[float, float] = (0.08, 1.0)
     crop_ratio: tuple[float, float] = (0.75, 4.0 / 3.0)
     hflip_p: float = 0.5
@@ -80,49 +130,85 @@ class AugmentConfig:
     grayscale_p: float = 0.2
     blur_p: float = 0.5
     blur_p_view2: float | None = None
-    blur_kernel: int = 0  # 0: about 10% of image_size, rounded to odd (SimCLR)
+    blur_kernel: int = 0
     blur_sigma: tuple[float, float] = (0.1, 2.0)
     solarize_p: float = 0.0
     solarize_p_view2: float | None = None
-    normalize: bool = True  # subtract the dataset's mean, divide by its std
+    normalize: bool = True
 
 
 @dataclass
 class ModelConfig:
-    """Backbone and projection head."""
+    """Backbone and projection head.
+
+    Attributes:
+        backbone: A torchvision ResNet: ``resnet18``, ``resnet34`` or ``resnet50``.
+        cifar_stem: A 3x3 stride-1 first convolution and no max-pool, for small images (SimCLR's CIFAR
+            stem); false: torchvision's 7x7 stride-2 convolution and max-pool.
+        width: Channels of the first stage (torchvision: 64); every stage scales with it. 16 trains on a CPU.
+        projector_hidden: Hidden width of the MLP projection head.
+        projector_out: Output (embedding) size of the projection head: what the loss sees.
+        projector_layers: Linear layers in the projection head (1: a single linear map).
+        channels_last: Run the model in channels-last (NHWC) memory format, the layout GPU convolutions prefer.
+        sync_batchnorm: BatchNorm statistics over the global batch of every process (SimCLR's global BN,
+            MoCo v3's SyncBN; :mod:`sslkit.sync_batchnorm`); the same as plain BatchNorm in one process.
+    """
 
     backbone: str = "resnet18"
-    cifar_stem: bool = True  # 3x3 stride-1 first conv and no max-pool, for small images
-    width: int = 64  # channels of the first stage (torchvision: 64); 16 trains on a CPU
+    cifar_stem: bool = True
+    width: int = 64
     projector_hidden: int = 2048
     projector_out: int = 128
     projector_layers: int = 2
     channels_last: bool = False
-    # BatchNorm statistics over the global batch of every process (SimCLR's global BN, MoCo v3's
-    # SyncBN; sslkit/sync_batchnorm.py); the same as plain BatchNorm in one process.
     sync_batchnorm: bool = False
 
 
 @dataclass
 class MethodConfig:
-    """How a batch becomes a loss. Fields after ``name`` are options of the methods named in their comments."""
+    """How a batch becomes a loss. Fields after ``name`` are options of the methods their entries name;
+    a key set for another method is noted when training starts.
+
+    Attributes:
+        name: The method: ``simclr``, ``moco``, ``mocov3``, ``nce``, ``supcon`` or ``supervised``
+            (see :mod:`sslkit.methods`).
+        momentum: moco, mocov3: the momentum encoder's EMA momentum at the start; it follows a cosine from
+            ``momentum`` to ``momentum_final`` over training.
+        momentum_final: moco, mocov3: the EMA momentum at the end; set it equal to ``momentum`` for a constant
+            one (MoCo v2: 0.999).
+        queue_size: moco: keys kept as negatives (MoCo v2: 65536).
+        symmetric: moco: the loss on (q1, k2) and (q2, k1), averaged; false: on (q1, k2) only (the MoCo CIFAR
+            colab: kNN 85.3 symmetric vs 82.6 asymmetric).
+        bn_splits: moco: BatchNorm statistics over this many sub-batches, keys shuffled between them (ShuffleBN
+            in one process); 1: BatchNorm over the whole batch.
+        predictor_hidden: mocov3: hidden width of the 2-layer predictor.
+        num_negatives: nce: noise samples drawn from the memory bank per step (NPID: 4096).
+    """
 
     name: str = "simclr"
-    # moco, mocov3: the momentum encoder's EMA momentum follows optim.cosine_momentum from momentum to momentum_final
     momentum: float = 0.99
-    momentum_final: float = 1.0  # set equal to momentum for a constant one (MoCo v2: 0.999)
-    queue_size: int = 65536  # moco: keys kept as negatives (MoCo v2: 65536)
-    symmetric: bool = True  # moco: loss on (q1, k2) and (q2, k1); the MoCo CIFAR colab: kNN 85.3 vs 82.6 asymmetric
-    bn_splits: int = (
-        8  # moco: BatchNorm statistics over this many sub-batches, keys shuffled (ShuffleBN in one process)
-    )
-    predictor_hidden: int = 4096  # mocov3: hidden width of the 2-layer predictor
-    num_negatives: int = 4096  # nce: noise samples drawn from the memory bank per step (NPID: 4096)
+    momentum_final: float = 1.0
+    queue_size: int = 65536
+    symmetric: bool = True
+    bn_splits: int = 8
+    predictor_hidden: int = 4096
+    num_negatives: int = 4096
 
 
 @dataclass
 class LossConfig:
-    """A loss from :mod:`sslkit.losses` by name; other keys are its constructor's arguments."""
+    """A loss from :mod:`sslkit.losses` by name; other keys are its constructor's arguments.
+
+    In a recipe the arguments sit beside the name (``loss: {name: ntxent, temperature: 0.2}``,
+    ``loss.temperature=0.2`` on the command line); they are checked against the loss's
+    constructor. Every loss's arguments and defaults are listed in ``docs/losses.md``.
+
+    Attributes:
+        name: The loss's registry name (``ntxent``, ``supcon``, ``arcface``, ...); the method says which
+            losses it trains with.
+        kwargs: The loss's own arguments, written as the other keys of the ``loss`` section
+            (``loss.temperature=0.2``, ``loss.margin=0.5``); unset ones take the loss's defaults.
+    """
 
     name: str = "ntxent"
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -130,61 +216,121 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    """Optimizer and learning-rate schedule (a pure function of the step, see sslkit.optim)."""
+    """Optimizer and learning-rate schedule (a pure function of the step, see :mod:`sslkit.optim`).
+
+    The schedule is a linear warm-up followed by a cosine decay to ``lr * min_lr_ratio``.
+
+    Attributes:
+        name: The optimizer: ``sgd``, ``adamw`` or ``lars``.
+        lr: The base learning rate, before ``lr_scaling``.
+        lr_scaling: ``none``, ``linear`` (``lr * batch / 256``) or ``sqrt`` (``lr * sqrt(batch / 256)``), with
+            the global ``train.batch_size``; the scaled value is logged at the start.
+        momentum: SGD and LARS momentum.
+        weight_decay: Weight decay (decoupled for AdamW).
+        betas: AdamW's ``[beta1, beta2]``.
+        trust_coefficient: LARS's trust coefficient (eta).
+        exclude_bias_and_norm: No weight decay (and no LARS adaptation) on biases and normalisation weights.
+        warmup_epochs: Epochs of linear warm-up from 0 (fractions allowed; at most half the run).
+        backbone_lr_scale: The backbone's learning rate is the scheduled rate times this (fine-tuning: often 0.1).
+        head_lr_scale: A loss head's learning rate is the scheduled rate times this times what the head
+            declares (Proxy-Anchor's proxies: 100).
+        min_lr_ratio: The cosine decays to ``lr * min_lr_ratio``.
+    """
 
     name: str = "sgd"
     lr: float = 0.3
-    lr_scaling: str = "none"  # "none", "linear" (lr * batch / 256) or "sqrt" (lr * sqrt(batch / 256))
+    lr_scaling: str = "none"
     momentum: float = 0.9
     weight_decay: float = 1e-6
     betas: tuple[float, float] = (0.9, 0.999)
-    trust_coefficient: float = 0.001  # LARS
-    exclude_bias_and_norm: bool = True  # no weight decay (and no LARS adaptation) on biases and norms
+    trust_coefficient: float = 0.001
+    exclude_bias_and_norm: bool = True
     warmup_epochs: float = 10.0
-    backbone_lr_scale: float = 1.0  # the backbone's lr = scheduled lr x this (fine-tuning: often 0.1)
-    head_lr_scale: float = (
-        1.0  # a head's lr = scheduled lr x this x what the head declares (Proxy-Anchor proxies: 100)
-    )
-    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
+    backbone_lr_scale: float = 1.0
+    head_lr_scale: float = 1.0
+    min_lr_ratio: float = 0.0
 
 
 @dataclass
 class TrainConfig:
-    """The loop. ``batch_size`` is global: it is split over processes."""
+    """The loop. ``batch_size`` is global: it is split over processes.
+
+    Attributes:
+        epochs: Epochs to train; raising it on a finished run and resuming (``run.resume=auto``) extends it.
+        batch_size: The global batch: images per batch summed over processes (each process takes
+            ``batch_size / processes``).
+        freeze_backbone_epochs: Train only the heads for the first N epochs (no gradient reaches the backbone).
+        grad_accum_steps: Batches whose gradients are summed into one optimizer step.
+        mixed_precision: ``no``, ``fp16`` or ``bf16`` autocast.
+        max_steps: Stop after this many optimizer steps (smoke runs); ``null``: no limit.
+        log_every_steps: Log loss, learning rate, images/s and data-wait share every N steps.
+        checkpoint_every_epochs: Save a checkpoint every N epochs.
+        checkpoint_every_steps: Also save every N optimizer steps, for long epochs; 0: off.
+        knn_every_epochs: Run the online kNN monitor every N epochs; 0: off.
+        keep_checkpoints: How many of the latest checkpoints to keep.
+        tensorboard: Also log to TensorBoard in the run directory (needs the tensorboard package).
+        threads: ``torch.set_num_threads`` per process; ``null``: torch's default, except where
+            ``accelerate launch`` on a machine without a GPU pinned one thread: then each process gets its
+            share of the cores (:mod:`sslkit.launch`).
+    """
 
     epochs: int = 100
     batch_size: int = 256
-    freeze_backbone_epochs: int = 0  # train only the heads for the first N epochs (no gradient reaches the backbone)
+    freeze_backbone_epochs: int = 0
     grad_accum_steps: int = 1
-    mixed_precision: str = "no"  # "no", "fp16" or "bf16"
-    max_steps: int | None = None  # stop early after this many optimizer steps (smoke runs)
+    mixed_precision: str = "no"
+    max_steps: int | None = None
     log_every_steps: int = 10
     checkpoint_every_epochs: int = 1
-    checkpoint_every_steps: int = 0  # also save every N optimizer steps (0: off), for long epochs
-    knn_every_epochs: int = 1  # online kNN monitor at epoch ends; 0 turns it off
+    checkpoint_every_steps: int = 0
+    knn_every_epochs: int = 1
     keep_checkpoints: int = 2
     tensorboard: bool = False
-    threads: int | None = None  # torch.set_num_threads per process; None leaves torch's default
+    threads: int | None = None
 
 
 @dataclass
 class EvalConfig:
-    """Evaluation at the end of a run and in ``sslkit/evaluate.py``."""
+    """Evaluation at the end of a run and in ``sslkit/evaluate.py``, on the frozen backbone's features.
+
+    Attributes:
+        knn_k: Neighbours of the weighted kNN classifier (InstDisc's; k=200 is the usual CIFAR figure).
+        knn_temperature: Temperature of the kNN vote weights ``exp(similarity / T)``.
+        linear_epochs: Epochs of the linear probe; 0 skips it (kNN only).
+        linear_lr: The linear probe's learning rate.
+        linear_batch_size: The linear probe's batch size.
+        linear_weight_decay: The linear probe's weight decay.
+        compare_random_init: Also evaluate the same encoder at random init.
+        compare_raw_pixels: Also evaluate raw pixels with the same kNN / linear probe (the floor to beat).
+        batch_size: Batch size of the feature extraction.
+    """
 
     knn_k: int = 200
     knn_temperature: float = 0.07
-    linear_epochs: int = 100  # 0 skips the linear probe (kNN only)
+    linear_epochs: int = 100
     linear_lr: float = 0.1
     linear_batch_size: int = 512
     linear_weight_decay: float = 0.0
-    compare_random_init: bool = False  # also evaluate the same encoder at random init
-    compare_raw_pixels: bool = False  # also evaluate raw pixels with the same kNN / linear probe (the floor to beat)
+    compare_random_init: bool = False
+    compare_raw_pixels: bool = False
     batch_size: int = 512
 
 
 @dataclass
 class Config:
-    """A whole recipe."""
+    """A whole recipe: one section per dataclass above, each a top-level key of the YAML file.
+
+    Attributes:
+        run: Where the run writes and how it starts (:class:`RunConfig`).
+        data: The dataset and its split (:class:`DataConfig`).
+        augment: The two-view augmentation on the accelerator (:class:`AugmentConfig`).
+        model: Backbone and projection head (:class:`ModelConfig`).
+        method: How a batch becomes a loss, and the method's options (:class:`MethodConfig`).
+        loss: The loss by registry name and its arguments (:class:`LossConfig`).
+        optim: Optimizer and learning-rate schedule (:class:`OptimConfig`).
+        train: The training loop (:class:`TrainConfig`).
+        eval: Evaluation of the frozen encoder (:class:`EvalConfig`).
+    """
 
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -195,6 +341,48 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: meaning}`` from the ``Attributes:`` section of a dataclass's docstring (Google style).
+
+    Each entry is ``name: text`` (or ``name (type): text``), indented under ``Attributes:``; more
+    deeply indented lines continue it. ``tools/config_table.py`` renders docs/config.md from these
+    entries, and a test requires one for every field of every section, so a recipe key cannot be
+    added without saying what it means.
+
+    >>> field_docs(TrainConfig)["grad_accum_steps"]
+    'Batches whose gradients are summed into one optimizer step.'
+    """
+    lines = (inspect.getdoc(cls) or "").splitlines()
+    if "Attributes:" not in (line.strip() for line in lines):
+        return {}
+    start = [line.strip() for line in lines].index("Attributes:")
+    base = len(lines[start]) - len(lines[start].lstrip())
+    docs: dict[str, str] = {}
+    entry_indent, name = None, None
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            if name is not None:
+                break  # a blank line ends the section
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent <= base:
+            break  # the next section (Note:, Example:, ...) or unindented text
+        if entry_indent is None:
+            entry_indent = indent
+        match = _ATTRIBUTE.match(line.strip()) if indent == entry_indent else None
+        if match:
+            name = match.group("name")
+            docs[name] = (match.group("text") or "").strip()
+        elif name is not None and indent > entry_indent:
+            docs[name] = f"{docs[name]} {line.strip()}".strip()
+        else:
+            raise ValueError(f"{cls.__name__}: cannot read this Attributes line: {line.strip()!r}")
+    return docs
+
+
+_ATTRIBUTE = re.compile(r"^(?P<name>[A-Za-z_]\w*)\s*(?:\([^)]*\))?\s*:(?:\s+(?P<text>.*)|$)")
 
 
 # --------------------------------------------------------------------------- loading
@@ -507,9 +695,8 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     _check_choice(cfg.model.backbone, models.BACKBONES, "model.backbone", source)
     _check_choice(cfg.method.name, methods.METHODS, "method.name", source)
     _check_choice(cfg.loss.name, losses.LOSSES, "loss.name", source)
-    methods.check_loss(
-        cfg.method.name, cfg.loss.name, source
-    )  # before any data is read: ablate checks every point up front
+    # Before any data is read: tools/ablate.py checks every point of a sweep up front.
+    methods.check_loss(cfg.method.name, cfg.loss.name, source)
     _check_choice(cfg.optim.name, optim.OPTIMIZERS, "optim.name", source)
     _check_choice(cfg.optim.lr_scaling, ("none", "linear", "sqrt"), "optim.lr_scaling", source)
     _check_choice(cfg.train.mixed_precision, ("no", "fp16", "bf16"), "train.mixed_precision", source)
@@ -531,11 +718,13 @@ def validate(cfg: Config, source: str = "recipe") -> None:
             _check_range(value, key, source, 0.0, 1.0)
     if cfg.augment.blur_kernel and (cfg.augment.blur_kernel % 2 == 0 or cfg.augment.blur_kernel < 3):
         raise UserError(
-            f"{source}: 'augment.blur_kernel' must be an odd size >= 3 (or 0 for 10% of image_size), got {cfg.augment.blur_kernel}"
+            f"{source}: 'augment.blur_kernel' must be an odd size >= 3 (or 0 for 10% of image_size), "
+            f"got {cfg.augment.blur_kernel}"
         )
     if not 0 < cfg.augment.crop_ratio[0] <= cfg.augment.crop_ratio[1]:
         raise UserError(
-            f"{source}: 'augment.crop_ratio' must be [low, high] with 0 < low <= high, got {list(cfg.augment.crop_ratio)}"
+            f"{source}: 'augment.crop_ratio' must be [low, high] with 0 < low <= high, "
+            f"got {list(cfg.augment.crop_ratio)}"
         )
     low, high = cfg.augment.crop_scale
     if not 0 < low <= high <= 1:

@@ -1,5 +1,6 @@
 """Recipes load strictly: every user mistake is one UserError naming the key, the file and the choices."""
 
+import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -229,3 +230,38 @@ def test_a_command_without_arguments_names_only_the_one_it_needs(module, positio
         importlib.import_module(module).parse_args([])
     assert info.value.code == 2
     assert capsys.readouterr().err.strip().endswith(f"the following arguments are required: {positional}")
+
+
+def test_field_docs_reads_a_google_style_attributes_section():
+    """The parser behind docs/config.md: one entry per field, continuation lines joined, ``name (type):`` allowed."""
+    from sslkit.config import field_docs
+
+    @dataclasses.dataclass
+    class Section:
+        """What the section is.
+
+        Attributes:
+            plain: One line.
+            wrapped: A first line
+                and its continuation: with a colon.
+            typed (int | None): The type in brackets is dropped.
+
+        Note:
+            Not an attribute.
+        """
+
+        plain: int = 0
+        wrapped: str = ""
+        typed: int | None = None
+
+    assert field_docs(Section) == {
+        "plain": "One line.",
+        "wrapped": "A first line and its continuation: with a colon.",
+        "typed": "The type in brackets is dropped.",
+    }
+
+    @dataclasses.dataclass
+    class Undocumented:
+        value: int = 0
+
+    assert field_docs(Undocumented) == {}

@@ -1,6 +1,8 @@
-"""The docs are checked against the code: the loss table in docs/losses.md is generated from it
-and must be current, and every ``>>>`` example in the package runs and prints what it says."""
+"""The docs are checked against the code: the loss table in docs/losses.md and the recipe reference
+in docs/config.md are generated from it and must be current, every recipe key says what it means,
+and every ``>>>`` example in the package runs and prints what it says."""
 
+import dataclasses
 import doctest
 import importlib
 import inspect
@@ -21,6 +23,40 @@ def test_loss_table_is_up_to_date():
         [sys.executable, str(ROOT / "tools" / "loss_table.py"), "--check"], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_config_table_is_up_to_date():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "config_table.py"), "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def section_classes():
+    from sslkit.config import Config
+
+    return {item.name: type(getattr(Config(), item.name)) for item in dataclasses.fields(Config)}
+
+
+def test_every_recipe_key_says_what_it_means():
+    """A key added to a section without an ``Attributes:`` line in its dataclass fails here, not in review."""
+    from sslkit.config import Config, field_docs
+
+    classes = {"recipe": Config, **section_classes()}
+    for section, cls in classes.items():
+        names = [item.name for item in dataclasses.fields(cls)]
+        docs = field_docs(cls)
+        missing = [name for name in names if not docs.get(name)]
+        assert not missing, f"{cls.__name__} ({section}): no Attributes entry for {', '.join(missing)}"
+        stale = [name for name in docs if name not in names]
+        assert not stale, f"{cls.__name__} ({section}): Attributes entries for no field: {', '.join(stale)}"
+
+
+def test_the_config_reference_lists_every_key():
+    text = (ROOT / "docs" / "config.md").read_text()
+    for section, cls in section_classes().items():
+        for item in dataclasses.fields(cls):
+            assert f"| `{section}.{item.name}` |" in text, f"{section}.{item.name}"
 
 
 def test_every_registered_loss_is_in_the_readme_or_docs():
