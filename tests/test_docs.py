@@ -7,6 +7,7 @@ import doctest
 import importlib
 import inspect
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,22 @@ def test_the_config_reference_lists_every_key():
     for section, cls in section_classes().items():
         for item in dataclasses.fields(cls):
             assert f"| `{section}.{item.name}` |" in text, f"{section}.{item.name}"
+
+
+# What the docs and recipes describe is sslkit and its results; how it was developed lives in git.
+HISTORY = re.compile(r"\bsessions?\b|REFERENCE\.md|\bseed 00\d|\.\./shared", re.IGNORECASE)
+
+
+def test_docs_and_recipes_describe_the_project_not_its_making():
+    paths = [ROOT / "README.md", ROOT / "tools" / "bench" / "README.md"]
+    paths += sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "sslkit" / "recipes").glob("*.yaml"))
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in paths
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if HISTORY.search(line)
+    ]
+    assert not found, "\n".join(found)
 
 
 def test_every_registered_loss_is_in_the_readme_or_docs():
