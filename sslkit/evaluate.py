@@ -92,6 +92,37 @@ def state_mismatch(state: dict, own: dict) -> str | None:
     return problems[0] + (f", and {more} more difference{'s' if more > 1 else ''}" if more else "")
 
 
+def load_backbone(backbone, target: Path, cfg) -> None:
+    """Load ``target``'s backbone weights into ``backbone``, or raise one line saying why they do not fit."""
+    from sslkit import checkpoint
+    from sslkit.errors import UserError
+
+    state = checkpoint.load_backbone_state(target)
+    model = f"model.backbone={cfg.model.backbone} width={cfg.model.width} cifar_stem={cfg.model.cifar_stem}"
+    own = backbone.state_dict()
+    if (problem := state_mismatch(state, own)) is not None:
+        ours, theirs = own.get("conv1.weight"), state.get("conv1.weight")
+        if (
+            ours is not None
+            and theirs is not None
+            and theirs.dim() == 4
+            and ours.shape[1] != theirs.shape[1]
+            and (theirs.shape[0], *theirs.shape[2:]) == (ours.shape[0], *ours.shape[2:])
+        ):
+            # Only the input channels differ: the data, not the model settings, is what changed.
+            advice = (
+                f"the backbone was trained on {theirs.shape[1]}-channel images, data.name={cfg.data.name} has "
+                f"{ours.shape[1]}-channel ones; evaluate it on a dataset with {theirs.shape[1]}-channel images"
+            )
+        else:
+            advice = "pass the model.* values the backbone was trained with, or --recipe with its recipe"
+        raise UserError(f"the weights in '{target}' do not fit {model} ({problem}); {advice}")
+    try:
+        backbone.load_state_dict(state)
+    except RuntimeError as error:  # keys and shapes fit, yet torch refused: its whole message, on one line
+        raise UserError(f"the weights in '{target}' do not fit {model}: {' '.join(str(error).split())}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     from sslkit.config import check_command_line
     from sslkit.console import print_user_error
@@ -109,11 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         return code
     from accelerate import Accelerator
 
-    from sslkit import checkpoint, data, models
+    from sslkit import models
     from sslkit.augment import EvalTransform
     from sslkit.config import load_config
     from sslkit.console import console, results_table
-    from sslkit.train import eval_loaders, evaluate_backbone, evaluate_raw_pixels, evaluate_unseen
+    from sslkit.evaluation import RunEvaluator, build_splits
 
     try:
         target = Path(args.target)
@@ -130,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out) if args.out else default_out(target)
         if not out.parent.is_dir():  # found now, not after minutes of evaluation
             raise UserError(
-                f"--out '{out}': the folder '{out.parent}' does not exist; create it or give a path in an existing folder"
+                f"--out '{out}': the folder '{out.parent}' does not exist; "
+                f"create it or give a path in an existing folder"
             )
         if not os.access(out.parent, os.W_OK):
             raise UserError(
@@ -139,70 +171,24 @@ def main(argv: list[str] | None = None) -> int:
         accelerator = Accelerator(mixed_precision="no")
         if accelerator.device.type == "cpu":
             cpu_threads(None)  # accelerate launch may have pinned one thread (sslkit/launch.py)
-        d = cfg.data
-        train_set = data.build_dataset(d.name, "train", d.root, d.download, d.image_size)
-        test_set = data.build_dataset(d.name, "test", d.root, d.download, d.image_size)
-        info = train_set.info
-        unseen_set = None
-        if d.holdout_classes:  # as in training: kNN / linear on seen classes, retrieval on the unseen ones
-            unseen_set = test_set.select_classes(d.holdout_classes, keep=True)
-            train_set = train_set.select_classes(d.holdout_classes, keep=False)
-            test_set = test_set.select_classes(d.holdout_classes, keep=False)
+        splits = build_splits(cfg, train_split="train")  # as in training: held-out classes for retrieval
+        info = splits.info
         preprocess = EvalTransform(
             cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize
         ).to(accelerator.device)
-        backbone = models.build_backbone(
-            cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, preprocess.out_channels
-        )
-        state = checkpoint.load_backbone_state(target)
-        model = f"model.backbone={cfg.model.backbone} width={cfg.model.width} cifar_stem={cfg.model.cifar_stem}"
-        own = backbone.state_dict()
-        if (problem := state_mismatch(state, own)) is not None:
-            ours, theirs = own.get("conv1.weight"), state.get("conv1.weight")
-            if (
-                ours is not None
-                and theirs is not None
-                and theirs.dim() == 4
-                and ours.shape[1] != theirs.shape[1]
-                and (theirs.shape[0], *theirs.shape[2:]) == (ours.shape[0], *ours.shape[2:])
-            ):
-                # Only the input channels differ: the data, not the model settings, is what changed.
-                advice = (
-                    f"the backbone was trained on {theirs.shape[1]}-channel images, data.name={d.name} has "
-                    f"{ours.shape[1]}-channel ones; evaluate it on a dataset with {theirs.shape[1]}-channel images"
-                )
-            else:
-                advice = "pass the model.* values the backbone was trained with, or --recipe with its recipe"
-            raise UserError(f"the weights in '{target}' do not fit {model} ({problem}); {advice}")
-        try:
-            backbone.load_state_dict(state)
-        except RuntimeError as error:  # keys and shapes fit, yet torch refused: its whole message, on one line
-            raise UserError(f"the weights in '{target}' do not fit {model}: {' '.join(str(error).split())}") from None
+        m = cfg.model
+        backbone = models.build_backbone(m.backbone, m.width, m.cifar_stem, preprocess.out_channels)
+        load_backbone(backbone, target, cfg)
         backbone = backbone.to(accelerator.device)
-        train_loader, test_loader = accelerator.prepare(*eval_loaders(cfg, train_set, test_set, cfg.eval.batch_size))
-        results = {
-            "encoder": evaluate_backbone(
-                backbone,
-                cfg,
-                preprocess,
-                train_loader,
-                test_loader,
-                info.num_classes,
-                accelerator,
-                linear=not args.no_linear,
-            )
-        }
-        if unseen_set is not None:
-            unseen_loader = accelerator.prepare(eval_loaders(cfg, unseen_set, unseen_set, cfg.eval.batch_size)[0])
-            results["encoder"].update(evaluate_unseen(backbone, preprocess, unseen_loader, accelerator))
-        if cfg.eval.compare_raw_pixels:  # the floor to beat, with the same kNN (and probe)
-            if raw := evaluate_raw_pixels(cfg, train_set, test_set, info.num_classes, linear=not args.no_linear):
-                results["raw pixels"] = raw
+        evaluator = RunEvaluator(cfg, splits, preprocess, accelerator)
+        results = {"encoder": evaluator.evaluate(backbone, linear=not args.no_linear)}
+        if cfg.eval.compare_raw_pixels and (raw := evaluator.raw_pixels(linear=not args.no_linear)):
+            results["raw pixels"] = raw  # the floor to beat, with the same kNN (and probe)
     except UserError as error:
         print_user_error(error)
         return 2
     if accelerator.is_main_process:
-        console.print(results_table(results, f"{target}: {d.name}"))
+        console.print(results_table(results, f"{target}: {cfg.data.name}"))
         report = {"target": str(target), "results": results["encoder"]}
         if "raw pixels" in results:
             report["raw_pixels"] = results["raw pixels"]

@@ -4,7 +4,11 @@
 ``accelerate launch --num_processes N``: the accelerator places tensors, wraps the method in
 DDP, shards the loader, and saves/loads state. Sections, in order:
 
-    set-up -> data -> model, loss, optimizer -> prepare -> resume -> epochs -> export, evaluate
+    set-up -> data -> model, loss, optimizer -> prepare -> resume -> loop -> export, evaluate
+
+and the loop body reads augment -> forward -> check -> backward -> step -> after-step hook ->
+log -> checkpoint. Evaluation (the kNN monitor and the final rows) lives in
+:mod:`sslkit.evaluation`, shared with ``sslkit/evaluate.py``.
 
 Exactness of resume: the data order of epoch ``e`` is a pure function of ``(seed, e)``
 (:class:`EpochShuffleSampler`), the learning rate a pure function of the step, and
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +32,12 @@ from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwa
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader, Sampler
 
-from sslkit import checkpoint, data, distributed, evaluation, launch, methods, models, optim
+from sslkit import checkpoint, data, distributed, launch, methods, models, optim
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, flatten, save_config, to_dict
 from sslkit.console import console, print_config, results_table
 from sslkit.errors import UserError
+from sslkit.evaluation import RunEvaluator, Splits, build_splits
 from sslkit.report import write_report
 from sslkit.sync_batchnorm import convert_sync_batchnorm
 
@@ -66,6 +72,31 @@ class LoopState:
     batch_in_epoch: int = 0  # batches of the current epoch already consumed
 
 
+@dataclass
+class Schedule:
+    """How many batches and optimizer steps a run has, and its warm-up: pure functions of the recipe."""
+
+    batches_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    base_lr: float
+
+    @classmethod
+    def from_config(cls, cfg: Config, batches_per_epoch: int, base_lr: float, total_steps: int | None = None):
+        """The recipe's schedule; ``total_steps`` replaces its length (a benchmark's few steps)."""
+        # Accelerate syncs at the end of the loader too, so a short last window still makes a step.
+        steps_per_epoch = math.ceil(batches_per_epoch / cfg.train.grad_accum_steps)
+        if total_steps is None:
+            total_steps = cfg.train.epochs * steps_per_epoch
+            if cfg.train.max_steps is not None:
+                total_steps = min(total_steps, cfg.train.max_steps)
+        warmup_steps = min(int(cfg.optim.warmup_epochs * steps_per_epoch), total_steps // 2)
+        return cls(batches_per_epoch, total_steps, warmup_steps, base_lr)
+
+    def lr(self, step: int, cfg: Config) -> float:
+        return optim.cosine_lr(step, self.total_steps, self.base_lr, self.warmup_steps, cfg.optim.min_lr_ratio)
+
+
 class MetricsLog:
     """Appends one JSON object per line to ``metrics.jsonl`` (main process only) and to trackers."""
 
@@ -80,92 +111,79 @@ class MetricsLog:
         self.accelerator.log(numeric, step=step)
 
 
-def make_run_dir(cfg: Config) -> Path:
-    return Path(cfg.run.output_dir) / cfg.run.name
+class LogWindow:
+    """Loss, speed and data wait over the batches since the last log line.
+
+    It counts batches, not steps x ``grad_accum_steps``: the last step of an epoch may
+    accumulate fewer batches than that (Accelerate steps at the loader's end).
+    """
+
+    def __init__(self) -> None:
+        self.start, self.data_wait, self.batches, self.loss_sum = time.perf_counter(), 0.0, 0, 0.0
+
+    def timed(self, batches: Iterable) -> Iterator:
+        """``batches``, adding the time spent waiting for each one to ``data_wait``."""
+        iterator = iter(batches)
+        while True:
+            fetch_start = time.perf_counter()
+            batch = next(iterator, None)
+            if batch is None:
+                return
+            self.data_wait += time.perf_counter() - fetch_start
+            yield batch
+
+    def add(self, loss: float) -> None:
+        self.loss_sum, self.batches = self.loss_sum + loss, self.batches + 1
+
+    def record(self, progress: LoopState, optimizer, batch_size: int) -> dict:
+        """The log line of this window; the scheduled lr is the first group's lr over its scale."""
+        elapsed = time.perf_counter() - self.start
+        group = optimizer.param_groups[0]
+        return {
+            "step": progress.step,
+            "epoch": progress.epoch,
+            "loss": self.loss_sum / self.batches,
+            "lr": group["lr"] / group.get("lr_scale", 1.0),
+            "images_per_s": self.batches * batch_size / elapsed,
+            "data_wait_share": self.data_wait / elapsed,
+        }
 
 
-def eval_loaders(cfg: Config, train_set, test_set, batch_size: int) -> tuple[DataLoader, DataLoader]:
-    """Unshuffled loaders over train (the kNN memory) and test, for feature extraction."""
-    make = lambda ds: data.build_loader(
-        ds, batch_size, shuffle=False, drop_last=False, num_workers=cfg.data.num_workers
-    )
-    return make(train_set), make(test_set)
+class Checkpointer:
+    """Saves whole checkpoints, never of non-finite weights, and remembers the last good one."""
 
+    def __init__(self, accelerator: Accelerator, run_dir: Path, method, keep: int, last_good: Path | None) -> None:
+        self.accelerator, self.run_dir, self.method, self.keep, self.last_good = (
+            accelerator, run_dir, method, keep, last_good,
+        )  # fmt: skip
 
-def evaluate_backbone(
-    backbone,
-    cfg: Config,
-    preprocess,
-    train_loader,
-    test_loader,
-    num_classes: int,
-    accelerator: Accelerator,
-    linear: bool = True,
-) -> dict[str, float]:
-    """kNN (and optionally linear-probe) accuracy of ``backbone`` on frozen features."""
-    train_x, train_y = evaluation.extract_features(backbone, train_loader, preprocess, accelerator)
-    test_x, test_y = evaluation.extract_features(backbone, test_loader, preprocess, accelerator)
-    e = cfg.eval
-    results = {
-        "knn_top1": evaluation.knn_accuracy(
-            train_x, train_y, test_x, test_y, num_classes, k=e.knn_k, temperature=e.knn_temperature
-        )
-    }
-    if linear and e.linear_epochs > 0:
-        probe = evaluation.linear_probe(
-            train_x,
-            train_y,
-            test_x,
-            test_y,
-            num_classes,
-            epochs=e.linear_epochs,
-            lr=e.linear_lr,
-            batch_size=e.linear_batch_size,
-            weight_decay=e.linear_weight_decay,
-            seed=cfg.run.seed,
-        )
-        results.update({f"linear_{k}": v for k, v in probe.items()})
-    return results
+    def where(self) -> str:
+        return f"last good checkpoint: {self.last_good}" if self.last_good else "no checkpoint was written yet"
 
+    def save(self, progress: LoopState) -> Path:
+        # A finite loss can still be followed by an update that overflows the weights: never save those.
+        if not all(bool(torch.isfinite(p).all()) for p in self.method.parameters()):
+            raise UserError(
+                f"the weights became non-finite at step {progress.step} (epoch {progress.epoch}); training stopped, "
+                f"{self.where()}; try a lower optim.lr or train.mixed_precision=no"
+            )
+        self.last_good = checkpoint.save_checkpoint(self.accelerator, self.run_dir, vars(progress), self.keep)
+        return self.last_good
 
-def evaluate_raw_pixels(cfg: Config, train_set, test_set, num_classes: int, linear: bool = True) -> dict[str, float]:
-    """The same kNN (and optionally linear probe) on flattened pixels: what an encoder has to beat."""
-    if not hasattr(train_set, "images"):
-        return {}
-    train_x, test_x = train_set.images.flatten(1).float() / 255, test_set.images.flatten(1).float() / 255
-    e = cfg.eval
-    results = {
-        "knn_top1": evaluation.knn_accuracy(
-            train_x, train_set.labels, test_x, test_set.labels, num_classes, k=e.knn_k, temperature=e.knn_temperature
-        )
-    }
-    if not linear or e.linear_epochs == 0:
-        return results
-    probe = evaluation.linear_probe(
-        train_x,
-        train_set.labels,
-        test_x,
-        test_set.labels,
-        num_classes,
-        epochs=e.linear_epochs,
-        lr=e.linear_lr,
-        batch_size=e.linear_batch_size,
-        weight_decay=e.linear_weight_decay,
-        seed=cfg.run.seed,
-    )
-    results.update({f"linear_{k}": v for k, v in probe.items()})
-    return results
-
-
-def evaluate_unseen(backbone, preprocess, unseen_loader, accelerator: Accelerator) -> dict[str, float]:
-    """Retrieval among classes never trained on (the CUB/Cars protocol): Recall@K, MAP@R, NMI."""
-    features, labels = evaluation.extract_features(backbone, unseen_loader, preprocess, accelerator)
-    return {f"unseen_{k}": v for k, v in evaluation.retrieval_metrics(features, labels).items()}
+    def save_unless_saved(self, progress: LoopState) -> Path:
+        """The run's final checkpoint: saved unless the last one is already of this step."""
+        if self.last_good is None or checkpoint.read_progress(self.last_good)["step"] != progress.step:
+            self.save(progress)
+        return self.last_good
 
 
 # ---------------------------------------------------------------------- builders
 # The pieces a training step touches, built as train() builds them. Also used by
 # tools/bench/train.py, so that the benchmark times the loop users run, not a copy of it.
+
+
+def make_run_dir(cfg: Config) -> Path:
+    return Path(cfg.run.output_dir) / cfg.run.name
 
 
 def make_accelerator(cfg: Config, run_dir: Path | None = None) -> Accelerator:
@@ -180,6 +198,25 @@ def make_accelerator(cfg: Config, run_dir: Path | None = None) -> Accelerator:
         # While the backbone is frozen its parameters get no gradient; DDP must be told to expect that.
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.train.freeze_backbone_epochs > 0)],
     )
+
+
+def check_training_set(cfg: Config, splits: Splits, world: int) -> int:
+    """Raise one line when the data cannot train the method; returns the per-process batch."""
+    name, d = cfg.method.name, cfg.data
+    if methods.METHODS[name].needs_labels and bool((splits.train.labels < 0).any()):
+        raise UserError(
+            f"method '{name}' needs labels but dataset '{d.name}' split '{d.train_split}' has unlabelled images; "
+            f"use data.train_split=train or a self-supervised method (simclr, moco, ...)"
+        )
+    batch = cfg.train.batch_size
+    if batch % world:
+        raise UserError(f"train.batch_size {batch} must be divisible by the number of processes ({world})")
+    if batch > len(splits.train):
+        raise UserError(
+            f"train.batch_size {batch} is larger than the dataset's {len(splits.train)} training images; "
+            f"lower train.batch_size"
+        )
+    return batch // world
 
 
 def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoader, EpochShuffleSampler]:
@@ -202,6 +239,19 @@ def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoa
     return loader, sampler
 
 
+def make_backbone(cfg: Config, in_channels: int, main: bool) -> torch.nn.Module:
+    """The recipe's backbone, with ``run.init_from``'s weights when it names a run."""
+    backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, in_channels)
+    if cfg.run.init_from:
+        unused = checkpoint.init_backbone(backbone, cfg.run.init_from)
+        if main:
+            console.print(
+                f"backbone initialised from {cfg.run.init_from}"
+                + (f"; keys not used: {', '.join(unused)}" if unused else "")
+            )
+    return backbone
+
+
 def make_method(
     cfg: Config, backbone: torch.nn.Module, num_classes: int, num_samples: int, device_type: str
 ) -> torch.nn.Module:
@@ -216,204 +266,122 @@ def make_method(
 
 def make_optimizer(cfg: Config, method: torch.nn.Module) -> tuple[torch.optim.Optimizer, float]:
     """The optimizer over ``method``'s parameter groups, and the base learning rate after batch scaling."""
-    lr = optim.scaled_lr(cfg.optim.lr, cfg.train.batch_size, cfg.optim.lr_scaling)
+    o = cfg.optim
+    lr = optim.scaled_lr(o.lr, cfg.train.batch_size, o.lr_scaling)
     # Per-part learning rates: backbone x backbone_lr_scale, head x head_lr_scale x what the head declares.
-    lr_scales = {f"backbone.{name}": cfg.optim.backbone_lr_scale for name, _ in method.backbone.named_parameters()}
+    lr_scales = {f"backbone.{name}": o.backbone_lr_scale for name, _ in method.backbone.named_parameters()}
     if isinstance(getattr(method, "loss", None), torch.nn.Module):
-        lr_scales.update(
-            {f"loss.{name}": scale * cfg.optim.head_lr_scale for name, scale in _loss_lr_scales(method.loss).items()}
-        )
-    groups = optim.parameter_groups(method, cfg.optim.weight_decay, cfg.optim.exclude_bias_and_norm, lr_scales)
-    optimizer = optim.build_optimizer(
-        cfg.optim.name,
-        groups,
-        lr,
-        cfg.optim.momentum,
-        cfg.optim.weight_decay,
-        cfg.optim.betas,
-        cfg.optim.trust_coefficient,
-    )
+        head_scales = _loss_lr_scales(method.loss)
+        lr_scales.update({f"loss.{name}": scale * o.head_lr_scale for name, scale in head_scales.items()})
+    groups = optim.parameter_groups(method, o.weight_decay, o.exclude_bias_and_norm, lr_scales)
+    optimizer = optim.build_optimizer(o.name, groups, lr, o.momentum, o.weight_decay, o.betas, o.trust_coefficient)
     return optimizer, lr
 
 
 def prepare_for_training(accelerator: Accelerator, method: torch.nn.Module, optimizer, loader: DataLoader):
     """``accelerator.prepare`` of the three, after telling DDP which buffers it need not re-send."""
-    distributed.skip_broadcast_of_replicated_buffers(
-        method
-    )  # MoCo's queue, NPID's bank: equal on every process already
+    # MoCo's queue, NPID's bank: equal on every process already.
+    distributed.skip_broadcast_of_replicated_buffers(method)
     return accelerator.prepare(method, optimizer, loader)
 
 
-def train(cfg: Config) -> dict:
-    """Pretrain an encoder as ``cfg`` says; returns the final evaluation results."""
-    # ------------------------------------------------------------------ set-up
-    run_dir = make_run_dir(cfg)
-    run_notes = checkpoint.check_run_directory(run_dir, cfg.run.resume, to_dict(cfg))  # one run per directory
-    accelerator = make_accelerator(cfg, run_dir)
-    # train.threads applies on any device (data and host work); the automatic count only matters on the CPU.
-    on_cpu = accelerator.device.type == "cpu"
-    threads, threads_source = launch.cpu_threads(cfg.train.threads) if cfg.train.threads or on_cpu else (None, "")
-    set_seed(cfg.run.seed, device_specific=True)
-    main = accelerator.is_main_process
+def optimizer_step(accelerator, method, optimizer, views, labels, indices, lr: float, checkpoints=None, progress=None):
+    """Forward, check, backward and (at the end of an accumulation window) step; returns the loss.
 
-    # ------------------------------------------------------------------ data
-    d = cfg.data
-    train_set = data.build_dataset(d.name, d.train_split, d.root, d.download, d.image_size)
-    test_set = data.build_dataset(d.name, "test", d.root, d.download, d.image_size)
-    info = train_set.info
-    # The kNN memory and the linear probe need labels: the labelled "train" split (STL-10 may train on "unlabeled").
-    memory_set = (
-        train_set
-        if d.train_split == "train"
-        else data.build_dataset(d.name, "train", d.root, d.download, d.image_size)
-    )
-    unseen_set = None
-    if d.holdout_classes:
-        if len(set(d.holdout_classes)) >= info.num_classes:
+    The check is the loop's one host sync per batch: every process agrees on the mean loss, and
+    a non-finite one stops the run (with ``checkpoints`` naming the last good checkpoint)
+    before it reaches the weights.
+    """
+    with accelerator.accumulate(method):
+        with accelerator.autocast():
+            loss = method(*views, labels, *indices)
+        loss_value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
+        if not math.isfinite(loss_value):
+            where = checkpoints.where() if checkpoints else "no checkpoint was written yet"
+            at = f" at step {progress.step} (epoch {progress.epoch})" if progress else ""
             raise UserError(
-                f"data.holdout_classes holds out all {info.num_classes} classes of {d.name}, leaving none to train on; "
-                f"keep at least one class out of the list (the README's road holds out 5 of 10)"
+                f"loss became {loss_value}{at}; training stopped, {where}; "
+                f"try a lower optim.lr, a higher loss temperature, or train.mixed_precision=no"
             )
-        # Train (and measure kNN / linear accuracy) on the seen classes; retrieve among the unseen ones.
-        unseen_set = test_set.select_classes(d.holdout_classes, keep=True)
-        train_set = train_set.select_classes(d.holdout_classes, keep=False)
-        memory_set = memory_set.select_classes(d.holdout_classes, keep=False)
-        test_set = test_set.select_classes(d.holdout_classes, keep=False)
-    if methods.METHODS[cfg.method.name].needs_labels and bool((train_set.labels < 0).any()):
-        raise UserError(
-            f"method '{cfg.method.name}' needs labels but dataset '{d.name}' split '{d.train_split}' has unlabelled images; "
-            f"use data.train_split=train or a self-supervised method (simclr, moco, ...)"
-        )
-    world = accelerator.num_processes
-    if cfg.train.batch_size % world:
-        raise UserError(
-            f"train.batch_size {cfg.train.batch_size} must be divisible by the number of processes ({world})"
-        )
-    if cfg.train.batch_size > len(train_set):
-        raise UserError(
-            f"train.batch_size {cfg.train.batch_size} is larger than the dataset's {len(train_set)} training images; lower train.batch_size"
-        )
-    local_batch = cfg.train.batch_size // world
-    train_loader, sampler = make_train_loader(cfg, train_set, local_batch)
+        accelerator.backward(loss)
+        if accelerator.sync_gradients:
+            optim.set_learning_rate(optimizer, lr)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return loss_value
 
-    # ------------------------------------------------------------------ model, loss, optimizer
-    augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
-    preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize).to(
-        accelerator.device
+
+# ---------------------------------------------------------------------- the steps of a run
+
+
+def announce(
+    cfg: Config, run_dir: Path, accelerator: Accelerator, notes: list[str], threads, num_samples: int
+) -> None:
+    """Create the run directory with its config.yaml, and print the config, the notes and the set-up line."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
+    t, world = cfg.train, accelerator.num_processes
+    if t.freeze_backbone_epochs >= t.epochs:
+        notes.append(
+            f"train.freeze_backbone_epochs={t.freeze_backbone_epochs} covers all "
+            f"{t.epochs} epochs: the backbone is never trained, only what sits on it"
+        )
+    if accelerator.device.type == "cpu" and t.mixed_precision == "fp16":
+        notes.append(
+            "train.mixed_precision=fp16 has no effect on the CPU (Accelerate runs fp32 there); "
+            "train.mixed_precision=bf16 autocasts on CPUs that support it"
+        )
+    notes += [note for note in (methods.unused_options(cfg), *methods.notes(cfg, num_samples)) if note]
+    for note in notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
+    count, source = threads
+    console.print(
+        f"{world} process{'es' if world > 1 else ''} on {accelerator.device} ({accelerator.distributed_type.value}), "
+        f"{t.batch_size // world} images per process per batch, global batch {t.batch_size}"
+        + (f", {t.grad_accum_steps} batches accumulated per step" if t.grad_accum_steps > 1 else "")
+        + (f", {count} CPU thread{'s' if count > 1 else ''} per process ({source})" if count else "")
+        + (
+            ", BatchNorm over the global batch (model.sync_batchnorm)"
+            if cfg.model.sync_batchnorm and world > 1
+            else ""
+        )
     )
-    backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, augment.out_channels)
-    # Before the method: MoCo copies the backbone into its momentum encoder when it is built.
-    if cfg.run.init_from:
-        unused = checkpoint.init_backbone(backbone, cfg.run.init_from)
-        if main:
-            console.print(
-                f"backbone initialised from {cfg.run.init_from}"
-                + (f"; keys not used: {', '.join(unused)}" if unused else "")
-            )
-    method = make_method(cfg, backbone, info.num_classes, len(train_set), accelerator.device.type)
 
-    optimizer, lr = make_optimizer(cfg, method)
-    if main and cfg.optim.lr_scaling != "none":
-        console.print(
-            f"learning rate: {cfg.optim.lr} x {cfg.optim.lr_scaling}(batch {cfg.train.batch_size} / 256) = {lr:.5g}"
-        )
 
-    # Only now, with the recipe, data, model and init_from known to be good, does the run directory appear.
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-        print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
-        if cfg.train.freeze_backbone_epochs >= cfg.train.epochs:
-            run_notes.append(
-                f"train.freeze_backbone_epochs={cfg.train.freeze_backbone_epochs} covers all "
-                f"{cfg.train.epochs} epochs: the backbone is never trained, only what sits on it"
-            )
-        if on_cpu and cfg.train.mixed_precision == "fp16":
-            run_notes.append(
-                "train.mixed_precision=fp16 has no effect on the CPU (Accelerate runs fp32 there); "
-                "train.mixed_precision=bf16 autocasts on CPUs that support it"
-            )
-        run_notes += [note for note in (methods.unused_options(cfg), *methods.notes(cfg, len(train_set))) if note]
-        for note in run_notes:
-            console.print(f"note: {note}", markup=False, highlight=False)
-        console.print(
-            f"{world} process{'es' if world > 1 else ''} on {accelerator.device} ({accelerator.distributed_type.value}), "
-            f"{local_batch} images per process per batch, global batch {cfg.train.batch_size}"
-            + (
-                f", {cfg.train.grad_accum_steps} batches accumulated per step"
-                if cfg.train.grad_accum_steps > 1
-                else ""
-            )
-            + (f", {threads} CPU thread{'s' if threads > 1 else ''} per process ({threads_source})" if threads else "")
-            + (
-                ", BatchNorm over the global batch (model.sync_batchnorm)"
-                if cfg.model.sync_batchnorm and world > 1
-                else ""
-            )
-        )
-    log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
-
-    # ------------------------------------------------------------------ prepare
-    method, optimizer, train_loader = prepare_for_training(accelerator, method, optimizer, train_loader)
-    # The starting weights as every process now has them: DDP has just given all of them process 0's
-    # (each process built its own from a process-specific seed; a copy taken before prepare would
-    # make the "random init" row score a different network on each process's share of the data).
-    initial_backbone = None
-    if cfg.eval.compare_random_init:
-        initial_backbone = {
-            k: v.detach().clone() for k, v in accelerator.unwrap_model(method).backbone.state_dict().items()
-        }
-    batches_per_epoch = len(train_loader)
-    # Accelerate syncs at the end of the loader too, so a short last window still makes a step.
-    steps_per_epoch = math.ceil(batches_per_epoch / cfg.train.grad_accum_steps)
-    total_steps = cfg.train.epochs * steps_per_epoch
-    if cfg.train.max_steps is not None:
-        total_steps = min(total_steps, cfg.train.max_steps)
-    warmup_steps = min(int(cfg.optim.warmup_epochs * steps_per_epoch), total_steps // 2)
-    knn_train_loader, knn_test_loader = accelerator.prepare(
-        *eval_loaders(cfg, memory_set, test_set, cfg.eval.batch_size)
-    )
-    unseen_loader = (
-        accelerator.prepare(eval_loaders(cfg, unseen_set, unseen_set, cfg.eval.batch_size)[0]) if unseen_set else None
-    )
-    if cfg.train.tensorboard:
-        accelerator.init_trackers(
-            cfg.run.name,
-            config={k: v for k, v in flatten(to_dict(cfg)).items() if isinstance(v, (int, float, str, bool))},
-        )
-
-    # ------------------------------------------------------------------ resume
-    progress = LoopState()
+def resume(cfg: Config, run_dir: Path, accelerator: Accelerator, total_steps: int) -> tuple[LoopState, Path | None]:
+    """Load ``run.resume``'s checkpoint into the prepared objects; returns the loop state and that checkpoint."""
+    main, progress = accelerator.is_main_process, LoopState()
     resume_from = checkpoint.resolve_resume(cfg.run.resume, run_dir)
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
         progress = LoopState(**checkpoint.read_progress(resume_from))
         if main:
+            finished = f"; the run had already finished (total {total_steps} steps): evaluating it again"
             console.print(
-                f"resumed from {resume_from} at step {progress.step} (epoch {progress.epoch}, batch {progress.batch_in_epoch})"
-                + (
-                    f"; the run had already finished (total {total_steps} steps): evaluating it again"
-                    if progress.step >= total_steps
-                    else ""
-                )
+                f"resumed from {resume_from} at step {progress.step} "
+                f"(epoch {progress.epoch}, batch {progress.batch_in_epoch})"
+                + (finished if progress.step >= total_steps else "")
             )
     elif cfg.run.resume == "auto" and main:
         console.print(f"no checkpoint in {checkpoint.checkpoint_dir(run_dir)}: starting fresh")
     if main and (resume_from is not None or cfg.run.resume == "auto"):
         checkpoint.trim_metrics(run_dir, progress.step)  # lines past the checkpoint will be logged again
-    last_good = resume_from
+    return progress, resume_from
 
-    def save() -> Path:
-        # A finite loss can still be followed by an update that overflows the weights: never save those.
-        if not all(bool(torch.isfinite(p).all()) for p in method.parameters()):
-            where = f"last good checkpoint: {last_good}" if last_good else "no checkpoint was written yet"
-            raise UserError(
-                f"the weights became non-finite at step {progress.step} (epoch {progress.epoch}); training stopped, {where}; "
-                f"try a lower optim.lr or train.mixed_precision=no"
-            )
-        return checkpoint.save_checkpoint(accelerator, run_dir, vars(progress), cfg.train.keep_checkpoints)
 
-    # ------------------------------------------------------------------ epochs
+def epoch_batches(train_loader, sampler: EpochShuffleSampler, progress: LoopState, accelerator: Accelerator):
+    """The batches of ``progress.epoch`` that remain (all of them, unless resuming mid-epoch)."""
+    skip = progress.batch_in_epoch
+    loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+    # Accelerate's loader counts its own iterations and passes that count to the sampler as
+    # the epoch when iteration starts; after a resume the count would be wrong, so set it.
+    loader.set_epoch(progress.epoch)
+    sampler.set_epoch(progress.epoch)
+    return loader
+
+
+def progress_bar(progress: LoopState, total_steps: int, main: bool) -> tuple[Progress, int]:
     bar = Progress(
         TextColumn("[bold]epoch {task.fields[epoch]}"),
         BarColumn(),
@@ -426,184 +394,164 @@ def train(cfg: Config) -> dict:
         console=console,
         disable=not main or progress.step >= total_steps,
     )
-    task = bar.add_task(
-        "train", total=total_steps, completed=progress.step, epoch=progress.epoch, loss=float("nan"), lr=0.0, ips=0.0
+    fields = {"epoch": progress.epoch, "loss": float("nan"), "lr": 0.0, "ips": 0.0}
+    return bar, bar.add_task("train", total=total_steps, completed=progress.step, **fields)
+
+
+def log_step(
+    cfg: Config, window: LogWindow, progress: LoopState, optimizer, log: MetricsLog, bar: Progress, task, total: int
+) -> LogWindow:
+    """After an optimizer step: every ``train.log_every_steps`` (and at the last step) a log line, which starts
+    a new window; otherwise only the bar moves. Returns the window the next batches count in."""
+    if progress.step % cfg.train.log_every_steps and progress.step != total:
+        bar.update(task, completed=progress.step)
+        return window
+    r = window.record(progress, optimizer, cfg.train.batch_size)
+    log(r, progress.step)
+    bar.update(task, completed=progress.step, epoch=r["epoch"], loss=r["loss"], lr=r["lr"], ips=r["images_per_s"])
+    if log.accelerator.is_main_process and not console.is_terminal:  # a log file gets a line, a terminal the bar
+        console.print(
+            f"step {progress.step}/{total}  epoch {r['epoch']}  loss {r['loss']:.4f}  lr {r['lr']:.3g}  "
+            f"{r['images_per_s']:.0f} img/s  data wait {r['data_wait_share']:.1%}"
+        )
+    return LogWindow()
+
+
+def end_epoch(cfg: Config, progress: LoopState, total_steps: int, evaluator: RunEvaluator, method, log, checkpoints):
+    """An epoch ran to its end: count it, run the kNN monitor and save when the recipe says so."""
+    progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+    every = cfg.train.knn_every_epochs
+    if every and progress.epoch % every == 0 and progress.step < total_steps:  # the last epoch: final evaluation
+        knn = evaluator.knn(log.accelerator.unwrap_model(method).backbone)
+        method.train()
+        log({"step": progress.step, "epoch": progress.epoch, **knn}, progress.step)
+        if log.accelerator.is_main_process:
+            console.print(f"epoch {progress.epoch}: kNN top-1 {knn['knn_top1']:.4f}")
+    if progress.epoch % cfg.train.checkpoint_every_epochs == 0 or progress.epoch == cfg.train.epochs:
+        checkpoints.save(progress)
+
+
+def final_evaluation(cfg: Config, evaluator: RunEvaluator, backbone, start_state: dict | None, in_channels: int):
+    """The results table's rows: the trained encoder, its starting weights (``eval.compare_random_init``),
+    raw pixels (``eval.compare_raw_pixels``)."""
+    results = {"trained": evaluator.evaluate(backbone)}
+    if start_state is not None:
+        # Built only now: building it draws from the RNG, which training must not see.
+        start = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, in_channels)
+        start.load_state_dict(start_state)
+        row = "start (init_from)" if cfg.run.init_from else "random init"
+        results[row] = evaluator.evaluate(start.to(evaluator.accelerator.device))
+    if cfg.eval.compare_raw_pixels:
+        results["raw pixels"] = evaluator.raw_pixels()
+    return results
+
+
+def write_results(cfg: Config, run_dir: Path, results: dict, progress: LoopState, last_good: Path) -> None:
+    """results.json, the results table and the run's report (main process)."""
+    backbone_file = run_dir / "backbone.safetensors"
+    summary = {"results": results, "step": progress.step, "checkpoint": str(last_good), "backbone": str(backbone_file)}
+    (run_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    console.print(
+        results_table(results, f"{cfg.run.name}: {cfg.data.name}, {cfg.model.backbone} (width {cfg.model.width})")
     )
-    method.train()
+    report = write_report(run_dir)
+    console.print(
+        f"run directory: {run_dir}  (report: {report.name}; "
+        f"backbone.safetensors, checkpoints/, metrics.jsonl, config.yaml, results.json)"
+    )
+
+
+def train(cfg: Config) -> dict:
+    """Pretrain an encoder as ``cfg`` says; returns the final evaluation results."""
+    # ------------------------------------------------------------------ set-up
+    run_dir = make_run_dir(cfg)
+    notes = checkpoint.check_run_directory(run_dir, cfg.run.resume, to_dict(cfg))  # one run per directory
+    accelerator = make_accelerator(cfg, run_dir)
+    # train.threads applies on any device (data and host work); the automatic count only matters on the CPU.
+    on_cpu, main = accelerator.device.type == "cpu", accelerator.is_main_process
+    threads = launch.cpu_threads(cfg.train.threads) if cfg.train.threads or on_cpu else (None, "")
+    set_seed(cfg.run.seed, device_specific=True)
+
+    # ------------------------------------------------------------------ data
+    splits = build_splits(cfg)
+    info = splits.info
+    local_batch = check_training_set(cfg, splits, accelerator.num_processes)
+    train_loader, sampler = make_train_loader(cfg, splits.train, local_batch)
+
+    # ------------------------------------------------------------------ model, loss, optimizer
+    augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
+    preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize)
+    # Before the method: MoCo copies the backbone into its momentum encoder when it is built.
+    backbone = make_backbone(cfg, augment.out_channels, main)
+    method = make_method(cfg, backbone, info.num_classes, len(splits.train), accelerator.device.type)
+    optimizer, lr = make_optimizer(cfg, method)
+    if main and cfg.optim.lr_scaling != "none":
+        console.print(
+            f"learning rate: {cfg.optim.lr} x {cfg.optim.lr_scaling}(batch {cfg.train.batch_size} / 256) = {lr:.5g}"
+        )
+    # Only now, with the recipe, data, model and init_from known to be good, does the run directory appear.
+    if main:
+        announce(cfg, run_dir, accelerator, notes, threads, len(splits.train))
+    log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
+
+    # ------------------------------------------------------------------ prepare
+    method, optimizer, train_loader = prepare_for_training(accelerator, method, optimizer, train_loader)
     unwrapped = accelerator.unwrap_model(method)
+    # The starting weights as every process now has them: DDP has just given all of them process 0's
+    # (a copy taken before prepare would score a different network on each process's share of the data).
+    start_state = None
+    if cfg.eval.compare_random_init:
+        start_state = {k: v.detach().clone() for k, v in unwrapped.backbone.state_dict().items()}
+    schedule = Schedule.from_config(cfg, len(train_loader), lr)
+    evaluator = RunEvaluator(cfg, splits, preprocess.to(accelerator.device), accelerator)
+    if cfg.train.tensorboard:
+        hparams = {k: v for k, v in flatten(to_dict(cfg)).items() if isinstance(v, (int, float, str, bool))}
+        accelerator.init_trackers(cfg.run.name, config=hparams)
+
+    # ------------------------------------------------------------------ resume
+    progress, last_good = resume(cfg, run_dir, accelerator, schedule.total_steps)
+    checkpoints = Checkpointer(accelerator, run_dir, method, cfg.train.keep_checkpoints, last_good)
+
+    # ------------------------------------------------------------------ loop
+    total = schedule.total_steps
+    bar, task = progress_bar(progress, total, main)
+    method.train()
     with bar:
-        while progress.step < total_steps and progress.epoch < cfg.train.epochs:
-            loader = (
-                accelerator.skip_first_batches(train_loader, progress.batch_in_epoch)
-                if progress.batch_in_epoch
-                else train_loader
-            )
-            # Accelerate's loader counts its own iterations and passes that count to the sampler as
-            # the epoch when iteration starts; after a resume the count would be wrong, so set it.
-            loader.set_epoch(progress.epoch)
-            sampler.set_epoch(progress.epoch)
+        while progress.step < total and progress.epoch < cfg.train.epochs:
             unwrapped.backbone_frozen = progress.epoch < cfg.train.freeze_backbone_epochs
-            # A window's loss and speed count its batches, not steps x grad_accum_steps: the last step of
-            # an epoch may accumulate fewer batches than that (Accelerate steps at the loader's end).
-            window_start, data_wait, window_steps, window_batches, window_loss = time.perf_counter(), 0.0, 0, 0, 0.0
-            fetch_start = time.perf_counter()
-            for images, labels, *indices in loader:
-                data_wait += time.perf_counter() - fetch_start
+            window = LogWindow()
+            for images, labels, *indices in window.timed(epoch_batches(train_loader, sampler, progress, accelerator)):
                 progress.batch_in_epoch += 1
-                with accelerator.accumulate(method):
-                    with torch.no_grad():
-                        view1, view2 = augment(images)
-                    with accelerator.autocast():
-                        loss = method(view1, view2, labels, *indices)
-                    # One host sync per step: the price of never stepping on a NaN (all processes agree).
-                    loss_value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
-                    if not math.isfinite(loss_value):
-                        where = f"last good checkpoint: {last_good}" if last_good else "no checkpoint was written yet"
-                        raise UserError(
-                            f"loss became {loss_value} at step {progress.step} (epoch {progress.epoch}); training stopped, {where}; "
-                            f"try a lower optim.lr, a higher loss temperature, or train.mixed_precision=no"
-                        )
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients:
-                        optim.set_learning_rate(
-                            optimizer,
-                            optim.cosine_lr(progress.step, total_steps, lr, warmup_steps, cfg.optim.min_lr_ratio),
-                        )
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                window_loss += loss_value
-                window_batches += 1
-                if not accelerator.sync_gradients:
-                    fetch_start = time.perf_counter()
-                    continue
-                # Methods with state outside the optimizer (MoCo's momentum encoder) update it here.
-                if hasattr(unwrapped, "after_optimizer_step"):
-                    unwrapped.after_optimizer_step(progress.step, total_steps)
-                progress.step += 1
-                window_steps += 1
-                if progress.step % cfg.train.log_every_steps == 0 or progress.step == total_steps:
-                    elapsed = time.perf_counter() - window_start
-                    record = {
-                        "step": progress.step,
-                        "epoch": progress.epoch,
-                        "loss": window_loss / window_batches,
-                        "lr": optimizer.param_groups[0]["lr"] / optimizer.param_groups[0].get("lr_scale", 1.0),
-                        "images_per_s": window_batches * cfg.train.batch_size / elapsed,
-                        "data_wait_share": data_wait / elapsed,
-                    }
-                    log(record, progress.step)
-                    bar.update(
-                        task,
-                        completed=progress.step,
-                        epoch=progress.epoch,
-                        loss=record["loss"],
-                        lr=record["lr"],
-                        ips=record["images_per_s"],
-                    )
-                    if main and not console.is_terminal:  # a log file gets a line where a terminal gets the live bar
-                        console.print(
-                            f"step {progress.step}/{total_steps}  epoch {progress.epoch}  loss {record['loss']:.4f}  "
-                            f"lr {record['lr']:.3g}  {record['images_per_s']:.0f} img/s  data wait {record['data_wait_share']:.1%}"
-                        )
-                    window_start, data_wait, window_steps, window_batches, window_loss = (
-                        time.perf_counter(),
-                        0.0,
-                        0,
-                        0,
-                        0.0,
-                    )
-                else:
-                    bar.update(task, completed=progress.step)
-                if cfg.train.checkpoint_every_steps and progress.step % cfg.train.checkpoint_every_steps == 0:
-                    last_good = save()
-                if progress.step >= total_steps:
-                    if progress.batch_in_epoch == batches_per_epoch:  # the last step also ended its epoch: count it
-                        progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+                with torch.no_grad():
+                    views = augment(images)
+                lr_now = schedule.lr(progress.step, cfg)
+                loss = optimizer_step(
+                    accelerator, method, optimizer, views, labels, indices, lr_now, checkpoints, progress
+                )
+                window.add(loss)
+                if accelerator.sync_gradients:
+                    # Methods with state outside the optimizer (MoCo's momentum encoder) update it here.
+                    if hasattr(unwrapped, "after_optimizer_step"):
+                        unwrapped.after_optimizer_step(progress.step, total)
+                    progress.step += 1
+                    window = log_step(cfg, window, progress, optimizer, log, bar, task, total)
+                    if cfg.train.checkpoint_every_steps and progress.step % cfg.train.checkpoint_every_steps == 0:
+                        checkpoints.save(progress)
+                if progress.step >= total:
                     break
-                fetch_start = time.perf_counter()
-            else:
-                # The epoch ran to its end: the next one starts at its first batch.
-                progress.epoch += 1
-                progress.batch_in_epoch = 0
+            if progress.batch_in_epoch == schedule.batches_per_epoch:
+                end_epoch(cfg, progress, total, evaluator, method, log, checkpoints)
                 bar.update(task, epoch=progress.epoch)
-                if (
-                    cfg.train.knn_every_epochs
-                    and progress.epoch % cfg.train.knn_every_epochs == 0
-                    and progress.epoch < cfg.train.epochs
-                ):
-                    knn = evaluate_backbone(
-                        unwrapped.backbone,
-                        cfg,
-                        preprocess,
-                        knn_train_loader,
-                        knn_test_loader,
-                        info.num_classes,
-                        accelerator,
-                        linear=False,
-                    )
-                    method.train()
-                    log({"step": progress.step, "epoch": progress.epoch, **knn}, progress.step)
-                    if main:
-                        bar.console.print(f"epoch {progress.epoch}: kNN top-1 {knn['knn_top1']:.4f}")
-                if progress.epoch % cfg.train.checkpoint_every_epochs == 0 or progress.epoch == cfg.train.epochs:
-                    last_good = save()
-                continue
-            break  # max_steps reached mid-epoch
 
     # ------------------------------------------------------------------ export, evaluate
-    if last_good is None or checkpoint.read_progress(last_good)["step"] != progress.step:
-        last_good = save()
+    last_good = checkpoints.save_unless_saved(progress)
     if main:
         checkpoint.export_backbone(unwrapped.backbone, run_dir / "backbone.safetensors")
-    results = {
-        "trained": evaluate_backbone(
-            unwrapped.backbone, cfg, preprocess, knn_train_loader, knn_test_loader, info.num_classes, accelerator
-        )
-    }
-    if unseen_loader is not None:
-        results["trained"].update(evaluate_unseen(unwrapped.backbone, preprocess, unseen_loader, accelerator))
-    if initial_backbone is not None:
-        random_init = models.build_backbone(
-            cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, augment.out_channels
-        )
-        random_init.load_state_dict(initial_backbone)
-        start_row = "start (init_from)" if cfg.run.init_from else "random init"
-        results[start_row] = evaluate_backbone(
-            random_init.to(accelerator.device),
-            cfg,
-            preprocess,
-            knn_train_loader,
-            knn_test_loader,
-            info.num_classes,
-            accelerator,
-        )
-        if unseen_loader is not None:
-            results[start_row].update(evaluate_unseen(random_init, preprocess, unseen_loader, accelerator))
-    if cfg.eval.compare_raw_pixels:
-        results["raw pixels"] = evaluate_raw_pixels(cfg, memory_set, test_set, info.num_classes)
-    log(
-        {"step": progress.step, "epoch": progress.epoch, **{f"final_{k}": v for k, v in results["trained"].items()}},
-        progress.step,
-    )
+    results = final_evaluation(cfg, evaluator, unwrapped.backbone, start_state, augment.out_channels)
+    final = {f"final_{k}": v for k, v in results["trained"].items()}
+    log({"step": progress.step, "epoch": progress.epoch, **final}, progress.step)
     if main:
-        (run_dir / "results.json").write_text(
-            json.dumps(
-                {
-                    "results": results,
-                    "step": progress.step,
-                    "checkpoint": str(last_good),
-                    "backbone": str(run_dir / "backbone.safetensors"),
-                },
-                indent=2,
-            )
-        )
-        console.print(
-            results_table(results, f"{cfg.run.name}: {d.name}, {cfg.model.backbone} (width {cfg.model.width})")
-        )
-        report = write_report(run_dir)
-        console.print(
-            f"run directory: {run_dir}  (report: {report.name}; backbone.safetensors, checkpoints/, metrics.jsonl, config.yaml, results.json)"
-        )
+        write_results(cfg, run_dir, results, progress, last_good)
     accelerator.end_training()
     return results
 

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslkit.evaluation._checks import check_class_ids, check_features
+from sslkit.optim import cosine_lr
 
 
 def _check_probe_args(
@@ -84,11 +85,6 @@ def _one_cpu_thread(device: torch.device) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def cosine_lr(step: int, total_steps: int, base_lr: float) -> float:
-    """Learning rate at ``step``: ``base_lr`` decayed to 0 along half a cosine over ``total_steps``."""
-    return base_lr * 0.5 * (1.0 + math.cos(math.pi * step / total_steps))
 
 
 def _topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int) -> float:
@@ -170,7 +166,7 @@ def linear_probe(
             for start in range(0, n, batch_size):
                 batch = order[start : start + batch_size]
                 for group in optimizer.param_groups:
-                    group["lr"] = cosine_lr(step, total_steps, lr)
+                    group["lr"] = cosine_lr(step, total_steps, lr)  # no warm-up, decays to 0
                 loss = F.cross_entropy(classifier(x_train.index_select(0, batch)), y_train.index_select(0, batch))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -20,8 +20,9 @@ drift on a shared machine hits both alike; with loader workers they run in two b
 since workers would prefetch during floor steps and hide the wait (see :func:`measure`). Per
 step the table gives medians of wall time split into data wait, augmentation and compute, and
 the largest data wait, which answers "does the step ever wait on data". Images/s is images per
-wall second summed over the steps of a kind, as the loop's ``metrics.jsonl`` counts it; CPU seconds (this process, all threads) are recorded too, the
-steadier figure where other jobs share the cores.
+wall second summed over the steps of a kind, as the loop's ``metrics.jsonl`` counts it; CPU
+seconds (this process, all threads) are recorded too, the steadier figure where other jobs share
+the cores.
 
 The recipe defaults to ``recipes/fashion_mnist_simclr.yaml``; while that file does not exist,
 ``recipes/quickstart.yaml`` with ``data.name=fashion_mnist augment.image_size=28``. Without the
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -53,9 +53,10 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from sslkit import data, models, optim, train  # noqa: E402
+from sslkit import data, models, train  # noqa: E402
 from sslkit.augment import TwoViewAugment  # noqa: E402
 from sslkit.config import Config, load_config  # noqa: E402
+from sslkit.evaluation import build_splits  # noqa: E402
 from sslkit.train import EpochShuffleSampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,10 +120,8 @@ class Pieces:
     augment: TwoViewAugment
     method: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    lr: float
-    total_steps: int
-    warmup_steps: int
-    min_lr_ratio: float
+    schedule: train.Schedule
+    cfg: Config
     dataset_size: int
 
 
@@ -137,58 +136,29 @@ def build_pieces(cfg: Config, total_steps: int) -> Pieces:
         torch.set_num_threads(cfg.train.threads)
     set_seed(cfg.run.seed, device_specific=True)
 
-    d = cfg.data
-    train_set = data.build_dataset(d.name, d.train_split, d.root, d.download, d.image_size)
-    info = train_set.info
-    if d.holdout_classes:
-        train_set = train_set.select_classes(d.holdout_classes, keep=False)
-    loader, sampler = train.make_train_loader(cfg, train_set, cfg.train.batch_size // accelerator.num_processes)
+    splits = build_splits(cfg)
+    info = splits.info
+    loader, sampler = train.make_train_loader(cfg, splits.train, cfg.train.batch_size // accelerator.num_processes)
 
     augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
     backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, augment.out_channels)
-    method = train.make_method(cfg, backbone, info.num_classes, len(train_set), accelerator.device.type)
+    method = train.make_method(cfg, backbone, info.num_classes, len(splits.train), accelerator.device.type)
     optimizer, lr = train.make_optimizer(cfg, method)
     method, optimizer, loader = train.prepare_for_training(accelerator, method, optimizer, loader)
-    steps_per_epoch = math.ceil(len(loader) / cfg.train.grad_accum_steps)
-    warmup_steps = min(int(cfg.optim.warmup_epochs * steps_per_epoch), total_steps // 2)
+    schedule = train.Schedule.from_config(cfg, len(loader), lr, total_steps)
     method.train()
-    return Pieces(
-        accelerator,
-        loader,
-        sampler,
-        augment,
-        method,
-        optimizer,
-        lr,
-        total_steps,
-        warmup_steps,
-        cfg.optim.min_lr_ratio,
-        len(train_set),
-    )
+    return Pieces(accelerator, loader, sampler, augment, method, optimizer, schedule, cfg, len(splits.train))
 
 
 def optimizer_step(
     pieces: Pieces, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor, step: int, *indices: torch.Tensor
 ) -> float:
-    """Forward, backward and optimizer step on augmented views, as the loop body does them; returns the loss.
+    """Forward, check, backward and optimizer step on augmented views: the loop's own step; returns the loss.
 
     ``indices``: each sample's position in the training set, for methods that keep per-sample state (NPID).
     """
-    accelerator, method, optimizer = pieces.accelerator, pieces.method, pieces.optimizer
-    with accelerator.accumulate(method):
-        with accelerator.autocast():
-            loss = method(view1, view2, labels, *indices)
-        # The loop's one host sync per step (its NaN check) belongs to the step's cost.
-        loss_value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
-        accelerator.backward(loss)
-        if accelerator.sync_gradients:
-            optim.set_learning_rate(
-                optimizer,
-                optim.cosine_lr(step, pieces.total_steps, pieces.lr, pieces.warmup_steps, pieces.min_lr_ratio),
-            )
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return loss_value
+    p, lr = pieces, pieces.schedule.lr(step, pieces.cfg)
+    return train.optimizer_step(p.accelerator, p.method, p.optimizer, (view1, view2), labels, indices, lr)
 
 
 def _synchronize(device: torch.device) -> None:

@@ -1,0 +1,84 @@
+"""How a run's encoder is evaluated, by the trainer (monitor and final rows) and by ``evaluate.py``.
+
+:class:`RunEvaluator` prepares the unshuffled loaders of a run's :class:`~.splits.Splits` once
+and measures any backbone on them:
+
+- ``knn(backbone)``: weighted kNN top-1 on frozen features, the per-epoch monitor;
+- ``evaluate(backbone)``: kNN, the linear probe (``eval.linear_epochs`` > 0) and, with held-out
+  classes, retrieval among them (Recall@K, MAP@R, NMI, prefixed ``unseen_``);
+- ``raw_pixels()``: the same kNN and probe on flattened pixels, the floor an encoder has to beat.
+
+Every test sample counts exactly once, in one process or several (:func:`.extract_features`).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from sslkit import data
+from sslkit.evaluation.features import extract_features
+from sslkit.evaluation.knn import knn_accuracy
+from sslkit.evaluation.linear import linear_probe
+from sslkit.evaluation.retrieval import retrieval_metrics
+from sslkit.evaluation.splits import Splits
+
+
+def eval_loader(dataset: Dataset, batch_size: int, num_workers: int = 0) -> DataLoader:
+    """An unshuffled loader over every sample, for feature extraction."""
+    return data.build_loader(dataset, batch_size, shuffle=False, drop_last=False, num_workers=num_workers)
+
+
+class RunEvaluator:
+    """kNN, linear probe and retrieval of any backbone on one run's evaluation data.
+
+    Args:
+        cfg: the run's recipe (``eval.*`` settings, ``run.seed`` for the probe, ``data.num_workers``).
+        splits: the run's datasets; ``memory`` and ``test`` must be labelled.
+        preprocess: the evaluation transform (uint8 batch -> normalised float input).
+        accelerator: places the encoder's batches and shards the loaders across processes.
+    """
+
+    def __init__(self, cfg, splits: Splits, preprocess: nn.Module, accelerator) -> None:
+        self.cfg, self.splits, self.preprocess, self.accelerator = cfg, splits, preprocess, accelerator
+        loader = lambda ds: eval_loader(ds, cfg.eval.batch_size, cfg.data.num_workers)  # noqa: E731
+        self.memory_loader, self.test_loader = accelerator.prepare(loader(splits.memory), loader(splits.test))
+        self.unseen_loader = accelerator.prepare(loader(splits.unseen)) if splits.unseen is not None else None
+
+    def _features(self, backbone: nn.Module, loader: DataLoader):
+        return extract_features(backbone, loader, self.preprocess, self.accelerator)
+
+    def _scores(self, train_x, train_y, test_x, test_y, linear: bool) -> dict[str, float]:
+        """kNN top-1, then the linear probe's top-1/top-5 (``linear_*``) unless ``linear`` is off."""
+        e, num_classes = self.cfg.eval, self.splits.info.num_classes
+        knn = knn_accuracy(train_x, train_y, test_x, test_y, num_classes, k=e.knn_k, temperature=e.knn_temperature)
+        results = {"knn_top1": knn}
+        if linear and e.linear_epochs > 0:
+            probe = linear_probe(
+                train_x, train_y, test_x, test_y, num_classes, epochs=e.linear_epochs, lr=e.linear_lr,
+                batch_size=e.linear_batch_size, weight_decay=e.linear_weight_decay, seed=self.cfg.run.seed,
+            )  # fmt: skip
+            results.update({f"linear_{k}": v for k, v in probe.items()})
+        return results
+
+    def knn(self, backbone: nn.Module) -> dict[str, float]:
+        """``{"knn_top1": ...}``: the monitor's measure, without the probe's training."""
+        return self.evaluate(backbone, linear=False, unseen=False)
+
+    def evaluate(self, backbone: nn.Module, linear: bool = True, unseen: bool = True) -> dict[str, float]:
+        """kNN, linear probe and (with held-out classes) ``unseen_*`` retrieval metrics of ``backbone``."""
+        train_x, train_y = self._features(backbone, self.memory_loader)
+        test_x, test_y = self._features(backbone, self.test_loader)
+        results = self._scores(train_x, train_y, test_x, test_y, linear)
+        if unseen and self.unseen_loader is not None:
+            features, labels = self._features(backbone, self.unseen_loader)
+            results.update({f"unseen_{k}": v for k, v in retrieval_metrics(features, labels).items()})
+        return results
+
+    def raw_pixels(self, linear: bool = True) -> dict[str, float]:
+        """The same kNN (and probe) on flattened pixels in [0, 1]; {} for a dataset not held in memory."""
+        memory, test = self.splits.memory, self.splits.test
+        if not hasattr(memory, "images"):
+            return {}
+        train_x, test_x = memory.images.flatten(1).float() / 255, test.images.flatten(1).float() / 255
+        return self._scores(train_x, memory.labels, test_x, test.labels, linear)
