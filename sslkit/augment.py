@@ -18,7 +18,8 @@ kornia draws every random parameter (crop boxes with torchvision's RandomResized
 jitter factors and order, blur sigmas) and does the grayscale, blur and solarize. Three
 pieces are written here, each for a reason measured and given in its docstring and each tested
 against a reference: the crop (:func:`resized_crop`, one ``F.grid_sample`` or antialiased
-``torchvision.ops.roi_align`` call), the colour jitter (:class:`ColorJitter`, torchvision's formulas) and :class:`Normalize`.
+``torchvision.ops.roi_align`` call), the colour jitter (:class:`ColorJitter`, torchvision's formulas) and
+:class:`Normalize`.
 
 Why it is fast (``tools/bench/augment.py`` measures it against per-image torchvision and a
 plain ``nn.Sequential`` of kornia modules):

@@ -62,7 +62,8 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     if found:
         return found[-1]
     raise UserError(
-        f"run.resume '{resume}' is neither a checkpoint (a directory with {PROGRESS_FILE}) nor a run directory with checkpoints"
+        f"run.resume '{resume}' is neither a checkpoint (a directory with {PROGRESS_FILE}) "
+        "nor a run directory with checkpoints"
     )
 
 
@@ -112,7 +113,8 @@ def check_run_directory(run_dir: Path, resume: str | None, config: dict) -> list
     blocker = next((parent for parent in (run_dir, *run_dir.parents) if parent.exists() and not parent.is_dir()), None)
     if blocker is not None:  # mkdir would fail with a traceback at the end of the set-up
         raise UserError(
-            f"the run directory {run_dir} cannot be made: {blocker} is a file; choose another run.output_dir or run.name"
+            f"the run directory {run_dir} cannot be made: {blocker} is a file; "
+            "choose another run.output_dir or run.name"
         )
     if resume is None:
         held = run_contents(run_dir)
@@ -137,7 +139,8 @@ def check_run_directory(run_dir: Path, resume: str | None, config: dict) -> list
         key = fixed[0]
         raise UserError(
             f"run.resume=auto continues {run_dir}, which was trained with {key}={changed[key][0]}, but this command "
-            f"sets {key}={changed[key][1]}; keep {', '.join(fixed)} as they were, or start a new run with another run.name"
+            f"sets {key}={changed[key][1]}; keep {', '.join(fixed)} as they were, "
+            "or start a new run with another run.name"
         )
     return (
         [
@@ -230,7 +233,8 @@ def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
         found = [path] if (path / PROGRESS_FILE).is_file() else list_checkpoints(path)
         if not found:
             raise UserError(
-                f"'{path}' holds no backbone.safetensors and no checkpoint; give a run directory, a checkpoint or an exported backbone file"
+                f"'{path}' holds no backbone.safetensors and no checkpoint; "
+                "give a run directory, a checkpoint or an exported backbone file"
             )
         path = found[-1] / "model.safetensors"
         if not path.is_file():
@@ -249,7 +253,8 @@ def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unpickling refused or a corrupt file: the user's file, one line
         raise UserError(
-            f"'{path}' could not be loaded as a weights-only state_dict ({type(error).__name__}); export it as safetensors or a plain state_dict"
+            f"'{path}' could not be loaded as a weights-only state_dict ({type(error).__name__}); "
+            "export it as safetensors or a plain state_dict"
         ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"'{path}' is not a plain state_dict of tensors")
@@ -284,7 +289,8 @@ def init_backbone(backbone: torch.nn.Module, source: str | Path) -> list[str]:
     wrong_shape, missing, unused = state_differences(state, own)
     if wrong_shape or missing:
         detail = (
-            f"shape mismatch at {wrong_shape[0]} ({tuple(state[wrong_shape[0]].shape)} vs {tuple(own[wrong_shape[0]].shape)})"
+            f"shape mismatch at {wrong_shape[0]} "
+            f"({tuple(state[wrong_shape[0]].shape)} vs {tuple(own[wrong_shape[0]].shape)})"
             if wrong_shape
             else f"{len(missing)} weights missing, e.g. {missing[0]}"
         )

@@ -317,14 +317,16 @@ def read_idx(path: str | Path) -> np.ndarray:
         raise UserError(f"cannot read {path} ({error}); replace it with an intact copy") from None
     if len(data) < 4 or data[:2] != b"\0\0" or data[2] != 0x08:
         raise UserError(
-            f"{path} is not an IDX file of unsigned bytes (bad header {data[:4].hex()}); replace it with an intact copy"
+            f"{path} is not an IDX file of unsigned bytes (bad header {data[:4].hex()}); "
+            "replace it with an intact copy"
         )
     ndim = data[3]
     header = 4 + 4 * ndim
     shape = tuple(int(d) for d in np.frombuffer(data, dtype=">i4", count=ndim, offset=4))
     if len(data) != header + int(np.prod(shape)):
         raise UserError(
-            f"{path} holds {len(data) - header} bytes of data but its header says {shape}; replace it with an intact copy"
+            f"{path} holds {len(data) - header} bytes of data but its header says {shape}; "
+            "replace it with an intact copy"
         )
     # bytes are read-only; copy into a writable array that torch can own
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape).copy()
@@ -346,8 +348,10 @@ def _fashion_mnist(split: str, root: str | None, download: bool, image_size: int
     if None in paths:
         missing = [stem for stem, path in zip(_FASHION_MNIST_FILES[split], paths) if path is None]
         raise UserError(
-            f"fashion_mnist: {', '.join(missing)}(.gz) not found in {root_path} or {root_path / 'FashionMNIST' / 'raw'}; "
-            f"install them with 'apt-get install dataset-fashion-mnist' or set data.root to a directory holding the four IDX files"
+            f"fashion_mnist: {', '.join(missing)}(.gz) not found in {root_path} "
+            f"or {root_path / 'FashionMNIST' / 'raw'}; "
+            "install them with 'apt-get install dataset-fashion-mnist' "
+            "or set data.root to a directory holding the four IDX files"
             + (" (sslkit does not download Fashion-MNIST)" if download else "")
         )
     images, labels = (read_idx(path) for path in paths)

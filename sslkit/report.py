@@ -88,7 +88,8 @@ def write_report(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir):
         raise UserError(
-            f"'{run_dir}' is not a run directory (no config.yaml); give one that sslkit/pretrain.py wrote, e.g. runs/quickstart"
+            f"'{run_dir}' is not a run directory (no config.yaml); "
+            "give one that sslkit/pretrain.py wrote, e.g. runs/quickstart"
         )
     records = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in records if "loss" in r]

@@ -133,7 +133,8 @@ def test_headlines_read_each_benchmark_layout(tmp_path):
 
 def test_race_reads_per_step_metrics_across_epochs(tmp_path):
     race = load("race")
-    # As sslkit.train writes metrics.jsonl with log_every_steps=1: 3 batches an epoch, 2 epochs, then the final evaluation.
+    # As sslkit.train writes metrics.jsonl with log_every_steps=1: 3 batches an epoch, 2 epochs,
+    # then the final evaluation.
     records, batch = [], 32
     for epoch in range(2):
         for k in range(3):

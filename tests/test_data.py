@@ -400,10 +400,12 @@ def test_loader_fetches_whole_batches_and_is_seeded():
     assert images.shape == (100, 1, 8, 8) and images.dtype == torch.uint8 and labels.shape == (100,)
     # Each (image, label) pair is a real sample of the dataset, none repeated within the epoch.
     seen = collections.Counter(
-        (int(l), i.numpy().tobytes())
-        for i, l in zip(torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches]))
+        (int(label), image.numpy().tobytes())
+        for image, label in zip(torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches]))
     )
-    everything = collections.Counter((int(l), i.numpy().tobytes()) for i, l in zip(digits.images, digits.labels))
+    everything = collections.Counter(
+        (int(label), image.numpy().tobytes()) for image, label in zip(digits.images, digits.labels)
+    )
     assert len(seen) == 1400 and not seen - everything
     # The same seed gives the same order, another seed another.
     same = list(build_loader(dataset, batch_size=100, shuffle=True, drop_last=True, seed=3))

@@ -100,7 +100,8 @@ LAUNCHED_SCRIPT = textwrap.dedent(
     result["prepared"] = [features[:, 0].tolist(), labels.tolist()]
 
     sampler = DistributedSampler(dataset, num_replicas=2, rank=accelerator.process_index, shuffle=True, seed=3)
-    features, labels = extract_features(encoder, DataLoader(dataset, batch_size=4, sampler=sampler), to_float, accelerator)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler)
+    features, labels = extract_features(encoder, loader, to_float, accelerator)
     result["distributed_sampler"] = [features[:, 0].tolist(), labels.tolist()]
     result["sampler_shard_size"] = len(sampler)
 
@@ -108,7 +109,8 @@ LAUNCHED_SCRIPT = textwrap.dedent(
     result["unsharded"] = [features[:, 0].tolist(), labels.tolist()]
 
     try:
-        extract_features(encoder, accelerator.prepare(DataLoader(dataset, batch_size=4, sampler=sampler)), to_float, accelerator)
+        double_sharded = accelerator.prepare(DataLoader(dataset, batch_size=4, sampler=sampler))
+        extract_features(encoder, double_sharded, to_float, accelerator)
         result["double_sharding_error"] = None
     except ValueError as error:
         result["double_sharding_error"] = str(error)
@@ -136,8 +138,10 @@ def test_two_processes_count_every_sample_exactly_once(tmp_path):
     # keeps both processes on the CPU with gloo. `--cpu` would start ONE process (accelerate's
     # simple launcher spawns several CPU processes only through mpirun).
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(tmp_path),
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+        str(script), str(tmp_path),
     ]  # fmt: skip
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-3000:]

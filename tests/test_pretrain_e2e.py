@@ -338,7 +338,8 @@ def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
 
 
 def _one_run_per_directory(tmp_path: Path, run: Path) -> None:
-    """A second fresh run into a run's directory, or a resume that changes the model, is one line and changes nothing."""
+    """A second fresh run into a run's directory, or a resume that changes the model, is one line and changes
+    nothing."""
     before = {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")}
     again = pretrain(tmp_path, f"run.name={run.name}", "train.epochs=1", "train.max_steps=2", timeout=120)
     assert_one_line_error(again, "already holds a run", "checkpoints up to step 2", "run.resume=auto", "run.name=")

@@ -160,7 +160,8 @@ def test_command_without_matplotlib_installed(tmp_path):
     run = write_run(tmp_path / "a")
     block = (
         "import runpy, sys; sys.modules['matplotlib'] = None; "
-        f"sys.argv = ['tools/report.py', {str(run)!r}]; runpy.run_path({str(ROOT / 'tools' / 'report.py')!r}, run_name='__main__')"
+        f"sys.argv = ['tools/report.py', {str(run)!r}]; "
+        f"runpy.run_path({str(ROOT / 'tools' / 'report.py')!r}, run_name='__main__')"
     )
     result = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -139,7 +139,8 @@ def build_grid(sweeps: list[tuple[str, list[str]]], seeds: list[int]) -> list[Po
     names = [p.name for p in points]
     if len(set(names)) < len(names):
         raise UserError(
-            "--sweep: two values give the same run directory name once '/' and the like are replaced; write them differently"
+            "--sweep: two values give the same run directory name once '/' and the like are replaced; "
+            "write them differently"
         )
     return points
 
@@ -184,8 +185,9 @@ def check_points(recipe: Path, overrides: list[str], points: list[Point], out: P
                 key = differ[0]
                 more = f" (and {len(differ) - 1} more keys)" if len(differ) > 1 else ""
                 raise UserError(
-                    f"{saved_path.parent} was run with {key}={saved[key]}, this sweep asks for {key}={wanted[key]}{more}; "
-                    f"use another --out, or delete that run directory to redo it"
+                    f"{saved_path.parent} was run with {key}={saved[key]}, "
+                    f"this sweep asks for {key}={wanted[key]}{more}; "
+                    "use another --out, or delete that run directory to redo it"
                 )
 
 
@@ -488,7 +490,8 @@ def run_sweep(
     previous = _previous_wall_times(out / "results.json")
     seeds = len(header["seeds"])
     console.print(
-        f"ablation: {len(points)} runs ({len(points) // seeds} grid points x {seeds} seed{'s' if seeds > 1 else ''}) -> {out}",
+        f"ablation: {len(points)} runs "
+        f"({len(points) // seeds} grid points x {seeds} seed{'s' if seeds > 1 else ''}) -> {out}",
         markup=False,
         highlight=False,
         soft_wrap=True,

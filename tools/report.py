@@ -46,7 +46,8 @@ def not_a_run(path: Path) -> UserError:
             f"give those instead, e.g. python tools/report.py {inside[0].parent}/*"
         )
     return UserError(
-        f"'{path}' is not a run directory (no config.yaml); give one that sslkit/pretrain.py wrote, e.g. runs/quickstart"
+        f"'{path}' is not a run directory (no config.yaml); "
+        "give one that sslkit/pretrain.py wrote, e.g. runs/quickstart"
     )
 
 

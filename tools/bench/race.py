@@ -473,7 +473,8 @@ def render(result: dict, console: Console) -> None:
     probe = ", ".join(f"{w} workers {ips:.0f} img/s" for w, ips in result["lightly_worker_probe"].items())
     console.print(f"lightly loader probe ({result['probe_steps']} steps): {probe}; the race used {lt['num_workers']}")
     console.print(
-        f"sslkit run directory's own kNN: {s['knn_top1_run_dir']:.4f} (same evaluator; this table re-evaluates its exported backbone)"
+        f"sslkit run directory's own kNN: {s['knn_top1_run_dir']:.4f} "
+        "(same evaluator; this table re-evaluates its exported backbone)"
     )
     for finding in sm["findings"]:
         console.print(f"[yellow]finding:[/] {finding}")
@@ -482,7 +483,8 @@ def render(result: dict, console: Console) -> None:
     if result.get("note"):
         console.print(f"[yellow]note:[/] {result['note']}")
     console.print(
-        f"load average (1 min) before/after: {result['load_average'][0]:.1f} / {result['load_average'][1]:.1f} on {result['cores']} cores"
+        f"load average (1 min) before/after: {result['load_average'][0]:.1f} / {result['load_average'][1]:.1f} "
+        f"on {result['cores']} cores"
     )
 
 
@@ -494,13 +496,15 @@ def main(argv: list[str] | None = None) -> int:
         "--epochs",
         type=int,
         default=None,
-        help=f"epochs for both sides (default {DEFAULT_EPOCHS}: the recipe's 10 would take about 40 min for both; --quick 1)",
+        help=f"epochs for both sides (default {DEFAULT_EPOCHS}: "
+        "the recipe's 10 would take about 40 min for both; --quick 1)",
     )
     parser.add_argument(
         "--threads",
         type=int,
         default=1,
-        help="torch.set_num_threads for both sides (default 1: steady on a shared machine; lightly's workers use further cores)",
+        help="torch.set_num_threads for both sides "
+        "(default 1: steady on a shared machine; lightly's workers use further cores)",
     )
     parser.add_argument(
         "--workers", type=int, choices=WORKER_CHOICES, help="lightly loader workers (default: the faster in a probe)"

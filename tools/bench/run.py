@@ -252,7 +252,8 @@ def race_headlines(report: dict) -> list[Headline]:
     if "sslkit_over_lightly_images_per_s" in s:
         v = s["sslkit_over_lightly_images_per_s"]
         note = (
-            f"sslkit {report['sslkit']['images_per_s']:.0f} img/s, lightly loop {report['lightly']['images_per_s']:.0f} img/s "
+            f"sslkit {report['sslkit']['images_per_s']:.0f} img/s, "
+            f"lightly loop {report['lightly']['images_per_s']:.0f} img/s "
             f"({report['lightly']['num_workers']} workers)"
         )
         rows.append(Headline("race", "images/s, sslkit / lightly loop", v, f"{v:.2f}x", "-", None, note))
@@ -260,8 +261,8 @@ def race_headlines(report: dict) -> list[Headline]:
         v = s["knn_top1_sslkit_minus_lightly"]
         error = s.get("knn_top1_difference_standard_error")
         note = (
-            f"sslkit {report['sslkit']['knn_top1']:.4f}, lightly loop {report['lightly']['knn_top1']:.4f}, {report['epochs']} epoch(s)"
-            + (f"; standard error {100 * error:.2f} pts" if error else "")
+            f"sslkit {report['sslkit']['knn_top1']:.4f}, lightly loop {report['lightly']['knn_top1']:.4f}, "
+            f"{report['epochs']} epoch(s)" + (f"; standard error {100 * error:.2f} pts" if error else "")
         )
         rows.append(Headline("race", "kNN top-1, sslkit - lightly loop", v, f"{100 * v:+.2f} pts", "-", None, note))
     return rows
