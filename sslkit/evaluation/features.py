@@ -3,8 +3,9 @@
 kNN, the linear probe and retrieval all work on these cached features, so the encoder runs
 once per evaluation, whatever is computed afterwards.
 
-Across processes every sample must count exactly once (REFERENCE section 4): a sharded loader
-pads its shards to equal length by repeating samples, and a naive gather counts those twice.
+Across processes every sample must count exactly once: a sharded loader pads its shards to
+equal length by repeating samples, so a naive gather would count those twice and skew the
+metrics.
 Three kinds of loader are handled:
 
 - prepared by ``accelerator.prepare``: ``accelerator.gather_for_metrics`` drops the padding

@@ -1,10 +1,11 @@
 """Which CPU a benchmark ran on: its model name and cache sizes, for the reports.
 
 A ratio against bare matmuls depends on the host, not only on the code: the margin heads
-measured 1.12-1.22x three matmuls on the hosts of sessions 7-10 (matmuls 55-77 ms) and
-1.04-1.11x on a 2-core AMD EPYC with a 32 MiB L3 in session 11 (matmuls 105-120 ms), where
-the heads' 20 MiB passes stay in cache and the matmuls are slower. Every report records the
-host so that figures from two runs are compared only when it is the same.
+measured 1.12-1.22x three matmuls on a 2-core host whose effective last-level cache did not
+hold a 20 MiB pass (matmuls 55-77 ms), and 1.04-1.11x on a 2-core AMD EPYC with a 32 MiB L3
+(matmuls 105-120 ms), where the heads' 20 MiB passes stay in cache and the matmuls are slower.
+Every report records the host so that figures from two runs are compared only when it is the
+same.
 
 Standard library only (``run.py`` must start without torch): ``/proc/cpuinfo`` and
 ``/sys/devices/system/cpu/cpu0/cache``, Linux's; elsewhere ``platform.processor()``.
