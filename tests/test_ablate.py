@@ -78,6 +78,7 @@ def sweep(tmp_path_factory) -> tuple[Path, int, str]:
     return out, status, stdout + stderr
 
 
+@pytest.mark.slow
 def test_sweep_runs_every_point_and_writes_tables_and_plots(sweep):
     out, status, output = sweep
     assert status == 0, output
@@ -108,6 +109,7 @@ def test_sweep_runs_every_point_and_writes_tables_and_plots(sweep):
     assert "mean ± std" in output and "[2/2] loss.temperature=0.5_seed=0: ok" in output
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_points_and_redoes_an_unfinished_one(sweep, tmp_path):
     out = tmp_path / "copy"
     shutil.copytree(sweep[0], out)
@@ -130,6 +132,7 @@ def test_rerun_skips_finished_points_and_redoes_an_unfinished_one(sweep, tmp_pat
     assert float(rows[0]["wall_s"]) > 0  # the skipped point keeps the wall time of the run that made it
 
 
+@pytest.mark.slow
 def test_rerun_without_matplotlib_writes_tables_and_says_how_to_get_plots(sweep, tmp_path, monkeypatch):
     out = tmp_path / "copy"
     shutil.copytree(sweep[0], out)
@@ -144,6 +147,7 @@ def test_rerun_without_matplotlib_writes_tables_and_says_how_to_get_plots(sweep,
     assert len(read_csv(out / "summary.csv")) == 2
 
 
+@pytest.mark.slow
 def test_rerun_with_other_settings_into_the_same_out_is_refused(sweep):
     out = sweep[0]
     status, stdout, stderr = run_ablate(
@@ -155,6 +159,7 @@ def test_rerun_with_other_settings_into_the_same_out_is_refused(sweep):
     assert "done, skipped" not in stdout
 
 
+@pytest.mark.slow
 def test_a_diverging_point_is_recorded_and_the_next_one_still_runs(tmp_path, monkeypatch):
     out = tmp_path / "lr"
     # lr 1e30 gives a NaN loss at the first step (sslkit stops with one line); it comes first in the grid.

@@ -371,6 +371,7 @@ def test_no_gradient_is_recorded():
 # --------------------------------------------------------------------------- the tool
 
 
+@pytest.mark.slow  # a subprocess that imports torch
 def test_show_augmentations_writes_the_png(tmp_path):
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(

@@ -118,6 +118,7 @@ def test_a_block_times_consecutive_calls_and_records_the_time_per_call(bench):
     assert 0.002 <= times["short"] < 0.01 and times["long"] >= 0.03  # time per call, not per block
 
 
+@pytest.mark.slow
 def test_head_floor_quick_run_reports_every_head_against_both_baselines(tmp_path):
     """tools/bench/head_floor.py --quick: every candidate against the matmuls, each margin head
     against the aten floor, in every round, and the same figures in its JSON."""

@@ -33,6 +33,7 @@ def _positive(x) -> bool:
     return isinstance(x, float) and math.isfinite(x) and x > 0
 
 
+@pytest.mark.slow
 def test_runner_quick_train_writes_report_and_summary(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(BENCH / "run.py"), "--quick", "--only", "train", "--out", str(tmp_path)],

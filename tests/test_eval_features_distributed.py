@@ -125,6 +125,7 @@ LAUNCHED_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_processes_count_every_sample_exactly_once(tmp_path):
     script = tmp_path / "extract.py"
     script.write_text(LAUNCHED_SCRIPT)

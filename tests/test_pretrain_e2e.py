@@ -69,6 +69,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *words: str) -> N
         assert word in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_one_process_run_writes_everything(tmp_path):
     result = pretrain(tmp_path, "run.name=one", "train.epochs=2")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -99,6 +100,7 @@ def test_one_process_run_writes_everything(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_evaluate_a_run_next_to_raw_pixels(tmp_path):
     """``sslkit/evaluate.py RUN`` as a user types it: overrides before and after the --options."""
     trained = pretrain(tmp_path, "run.name=ev", "train.epochs=1", "train.max_steps=2", "eval.linear_epochs=0")
@@ -146,6 +148,7 @@ def evaluate(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env(), cwd=tmp_path)
 
 
+@pytest.mark.slow
 def test_evaluate_a_backbone_file_writes_next_to_it_not_next_to_the_recipe(tmp_path):
     backbone, recipe = _tiny_backbone_file(tmp_path)
     result = evaluate(
@@ -166,6 +169,7 @@ def test_evaluate_a_backbone_file_writes_next_to_it_not_next_to_the_recipe(tmp_p
     assert not (recipe.parent / "eval.json").exists()
 
 
+@pytest.mark.slow
 def test_evaluate_weights_of_another_width_name_the_first_mismatch_in_one_line(tmp_path):
     backbone, recipe = _tiny_backbone_file(tmp_path)
     result = evaluate(tmp_path, str(backbone), "--recipe", str(recipe), "model.width=8", "augment.image_size=8")
@@ -179,6 +183,7 @@ def test_evaluate_weights_of_another_width_name_the_first_mismatch_in_one_line(t
     assert not list(tmp_path.rglob("*eval.json"))
 
 
+@pytest.mark.slow
 def test_a_mistake_in_two_processes_is_the_workers_line_and_their_exit_code(tmp_path):
     """torchrun's ChildFailedError traceback (about 45 lines) followed the workers' one-line error."""
     from dist_utils import _free_port
@@ -209,6 +214,7 @@ def test_a_mistake_in_two_processes_is_the_workers_line_and_their_exit_code(tmp_
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sync_batchnorm", [False, True])
 def test_two_processes_with_accelerate_launch(tmp_path, sync_batchnorm):
     from dist_utils import _free_port
@@ -269,6 +275,7 @@ def _wait_for(path_glob: Path, pattern: str, process: subprocess.Popen, timeout:
     raise AssertionError(f"{pattern} did not appear in {timeout} s")
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     common = ["train.epochs=2", "train.checkpoint_every_steps=3", "train.knn_every_epochs=1"]
     reference = pretrain(tmp_path, "run.name=straight", *common)
@@ -309,6 +316,7 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
         assert torch.equal(straight[key], again[key]), key
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     command = [
         sys.executable,
@@ -348,6 +356,7 @@ def _one_run_per_directory(tmp_path: Path, run: Path) -> None:
     assert {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")} == before
 
 
+@pytest.mark.slow
 def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
     """A half-written checkpoint (.tmp-*) is ignored by resume and cleaned by the next save."""
     first = pretrain(
@@ -381,6 +390,7 @@ def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
     assert not half.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides, words",
     [
@@ -427,6 +437,7 @@ def test_recipe_mistakes_are_one_line_before_any_work(tmp_path, capsys, override
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_logged_loss_averages_the_batches_a_short_accumulation_window_had(tmp_path):
     """22 batches an epoch and grad_accum_steps=50: one step of 22 batches. Its logged loss is their
     mean (about the loss at init, as in a plain run's first step), not their sum over 50."""
@@ -452,6 +463,7 @@ def test_logged_loss_averages_the_batches_a_short_accumulation_window_had(tmp_pa
     assert 0.8 < accumulated / plain < 1.25, (accumulated, plain)  # the old division by 50: 0.44
 
 
+@pytest.mark.slow
 def test_corrupt_image_in_folder_names_the_file(tmp_path):
     from PIL import Image
 
@@ -476,6 +488,7 @@ def test_corrupt_image_in_folder_names_the_file(tmp_path):
     assert not list((tmp_path / "folder").glob("checkpoints/step-*"))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_checkpoint_intact(tmp_path):
     result = pretrain(
         tmp_path,

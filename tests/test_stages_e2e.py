@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from test_pretrain_e2e import assert_one_line_error, pretrain
+
+pytestmark = pytest.mark.slow  # every test runs sslkit/pretrain.py in a subprocess
 
 HOLDOUT = "data.holdout_classes=[5, 6, 7, 8, 9]"
 
