@@ -1,6 +1,5 @@
 """Schedules are pure functions of the step; LARS follows its update rule; groups split correctly."""
 
-
 import pytest
 import torch
 from torch import nn
