@@ -13,6 +13,10 @@ from sslkit.losses.proxy_anchor import proxy_anchor_loss
 from sslkit.losses.proxy_nca import proxy_nca_loss
 from sslkit.losses.supcon import supcon_loss
 
+# Called with labels: pair losses and heads. The others take two (N, D) embeddings: two views, or
+# queries and keys (whose rows must hold both views: N even).
+LABELLED = sorted(n for n, kind in KIND.items() if kind in ("label", "head"))
+
 
 @pytest.mark.parametrize("n", [1, 5, 512, 513, 1100])  # one row, inside one block, on and across block edges
 def test_symmetric_pair_product_matches_two_products(n):
@@ -45,7 +49,7 @@ def test_losses_give_the_same_gradient_in_row_blocks(monkeypatch, loss):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind != "two_view"))
+@pytest.mark.parametrize("name", LABELLED)
 def test_every_labelled_loss_says_labels_are_required(name):
     """``loss(embeddings, None)``, for every pair loss and head in the registry: one ValueError
     saying what is missing, not an AttributeError from deep inside."""
@@ -67,6 +71,8 @@ def test_every_loss_names_an_input_that_is_not_a_tensor(name):
         calls = [((x, None), "z2"), ((x.numpy(), x), "z1"), ((x, x), None)]
         with pytest.raises(ValueError, match="negatives"):
             loss(x, x, negatives=[[0.0] * 8])
+    elif KIND[name] == "query_key":
+        calls = [((x, None), "keys"), ((x.numpy(), x), "queries"), ((x, x), None)]
     else:
         labels = torch.tensor([0, 1, 0, 1])
         calls = [((x, [0, 1, 0, 1]), "labels"), ((x.numpy(), labels), "embeddings"), ((x, labels), None)]
@@ -78,7 +84,7 @@ def test_every_loss_names_an_input_that_is_not_a_tensor(name):
                 loss(*args)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind != "two_view"))
+@pytest.mark.parametrize("name", LABELLED)
 def test_an_empty_batch_is_zero_for_pair_losses_and_an_error_for_heads(name):
     """Pair losses have no pair to average in an empty batch and return 0 (backward works);
     a head's mean over no samples is undefined: one ValueError. (aten's fused row
@@ -95,7 +101,7 @@ def test_an_empty_batch_is_zero_for_pair_losses_and_an_error_for_heads(name):
         assert value.item() == 0.0 and x.grad.shape == (0, 8)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind != "two_view"))
+@pytest.mark.parametrize("name", LABELLED)
 @pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.int16])
 def test_every_labelled_loss_takes_any_integer_label_dtype(name, dtype):
     """Labels in int32, uint8 or int16 give the int64 loss (uint8 once indexed as a mask, and
@@ -114,7 +120,7 @@ def test_two_view_losses_refuse_an_integer_bank_as_they_refuse_integer_views(nam
         _build(name)(z, z, negatives=torch.ones(5, 8, dtype=torch.long))
 
 
-@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind == "two_view"))
+@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind not in ("label", "head")))
 def test_two_view_losses_take_views_of_different_float_dtypes(name):
     """A float64 view with a float32 one meets in float64 (the NCE loss once failed in its matmul)."""
     g = torch.Generator().manual_seed(0)
@@ -328,13 +334,14 @@ def test_every_loss_stays_finite_on_extreme_but_valid_batches(name, case):
     x = _EXTREME_BATCHES[case](torch.randn(8, 16, generator=g)).requires_grad_(True)
     labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
     loss = build(name, embedding_dim=16, num_classes=5) if KIND[name] == "head" else build(name)
-    if KIND[name] == "two_view":
+    if name not in LABELLED:
         z2 = (x.detach().float() * 1.01).to(x.dtype).requires_grad_(True)
         value, leaves = loss(x, z2), [x, z2]
     else:
         value, leaves = loss(x, labels), [x]
     value.backward()
-    grads = [t.grad for t in leaves] + [p.grad for p in loss.parameters() if p.grad is not None]
+    grads = [t.grad for t in leaves if t.grad is not None] + [p.grad for p in loss.parameters() if p.grad is not None]
+    assert x.grad is not None
     assert torch.isfinite(value), value
     assert all(torch.isfinite(grad).all() for grad in grads)
 
@@ -362,7 +369,7 @@ def test_every_loss_gives_the_same_value_and_gradients_for_non_contiguous_embedd
         source = base.clone().requires_grad_(True)
         x = make(source)
         assert make is not _STRIDED[layout] or not x.is_contiguous()
-        if KIND[name] == "two_view":
+        if name not in LABELLED:
             value = loss(x, make(source * 0.9 + 0.1))
         else:
             value = loss(x, labels)
@@ -416,7 +423,7 @@ def test_build_leaves_a_type_error_inside_a_constructor_alone(monkeypatch):
         build("ntxent", temperature=0.2)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind != "two_view"))
+@pytest.mark.parametrize("name", LABELLED)
 def test_every_labelled_loss_called_without_labels_says_they_are_required(name):
     """``loss(embeddings)`` with no labels argument at all: the same ValueError as labels=None,
     not a TypeError about a missing positional argument; a head's ``logits(embeddings)`` needs none."""
@@ -427,7 +434,7 @@ def test_every_labelled_loss_called_without_labels_says_they_are_required(name):
         assert loss.logits(x).shape == (4, 5)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, kind in KIND.items() if kind != "two_view"))
+@pytest.mark.parametrize("name", LABELLED)
 def test_embeddings_of_the_wrong_rank_or_dtype_get_their_own_message(name):
     loss, labels = _build(name), torch.tensor([0, 1, 0, 1])
     with pytest.raises(
@@ -470,9 +477,11 @@ def _uneven_batches(rank: int, world: int) -> dict:
         loss = build(name)
         results = []
         for n in (4 - rank, 4):  # uneven first: after the error the process group must still work
+            # Queries and keys stack both views: each view has n rows, as each view of a two-view loss.
+            n = 2 * n if KIND[name] == "query_key" else n
             x = torch.randn(n, 8, requires_grad=True)
             try:
-                value = loss(x, torch.randn(n, 8)) if KIND[name] == "two_view" else loss(x, torch.arange(n) % 2)
+                value = loss(x, torch.randn(n, 8)) if name not in LABELLED else loss(x, torch.arange(n) % 2)
                 value.backward()
                 results.append("ok")
             except ValueError as error:

@@ -147,3 +147,42 @@ def test_sphereface_annealing_follows_the_trainer_step_and_is_checkpointed():
     method.after_optimizer_step(99, 1000)
     assert int(method.loss.step) == 100 and method.loss.lambda_ < start
     assert int(method.state_dict()["loss.step"]) == 100
+
+
+def test_every_method_is_a_method_and_the_trainer_calls_need_no_probing():
+    """The interface is the base class: each attribute and hook is there with its default, so the
+    registry helpers and the trainer read them directly."""
+    from sslkit.methods.base import Method
+
+    defaults = {"needs_labels": False, "needs_indices": False, "min_batch_size": 1, "options": (), "num_views": 2}
+    assert {k: getattr(Method, k) for k in defaults} == defaults and Method.loss_names == ()
+    with pytest.raises(NotImplementedError):
+        Method.from_config(config_from_dict({}), models.build_backbone("resnet18", 4, True, 1), 10)
+    for name, cls in methods.METHODS.items():
+        assert issubclass(cls, Method), name
+        assert cls.loss_names and cls.num_views == 2, name
+        cfg = config_from_dict({"method": {"name": name}, "loss": {"name": cls.loss_names[0]}})
+        assert cls.notes(cfg, num_samples=10**9) == []  # every default suits a large training set
+    expected = {"simclr": 2, "supcon": 2, "supervised": 1, "moco": 1, "mocov3": 2, "nce": 1}
+    assert {name: cls.min_batch_size for name, cls in methods.METHODS.items()} == expected
+    assert [name for name, cls in methods.METHODS.items() if cls.needs_labels] == ["supcon", "supervised"]
+    assert [name for name, cls in methods.METHODS.items() if cls.needs_indices] == ["nce"]
+
+
+def test_base_hooks_do_nothing_and_embed_gives_backbone_features():
+    _, ds, augment, method = build("simclr")
+    images, _ = ds.__getitems__(list(range(4)))
+    view1, _ = augment(images)
+    before = {k: v.clone() for k, v in method.state_dict().items()}
+    method.after_optimizer_step(0, 10)
+    assert all(torch.equal(v, method.state_dict()[k]) for k, v in before.items())
+    method.eval()
+    torch.testing.assert_close(method.embed(view1), method.backbone(view1))
+    assert not method.backbone_frozen
+
+
+def test_build_method_passes_the_training_set_size_to_every_method():
+    """``num_samples`` goes to every ``from_config`` alike: the methods without per-sample state ignore it."""
+    cfg = config_from_dict({**CASES["simclr"], "model": TINY_MODEL})
+    method = methods.build_method(cfg, models.build_backbone("resnet18", 4, True, 1), 10, num_samples=123)
+    assert isinstance(method, methods.SimCLR)

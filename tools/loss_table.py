@@ -21,11 +21,13 @@ from sslkit import losses  # noqa: E402
 DOC = Path(__file__).resolve().parents[1] / "docs" / "losses.md"
 CALL = {
     "two_view": "`loss(z1, z2, negatives=None)`",
+    "query_key": "`loss(queries, keys)`, each `[view 1; view 2]`",
     "label": "`loss(embeddings, labels)`",
     "head": "`head(embeddings, labels)`, `head.logits(embeddings)`",
 }
 SECTION = {
     "two_view": "Self-supervised, two views",
+    "query_key": "Self-supervised, queries against a momentum encoder's keys (no gradient to the keys)",
     "label": "Pair based, with labels",
     "head": "Classification and proxy heads (own weights; built with `embedding_dim`, `num_classes`)",
 }
@@ -55,10 +57,21 @@ def defaults(cls) -> str:
     return ", ".join(shown) or "-"
 
 
-def render() -> str:
+def rows(table: dict[str, type]) -> list[str]:
+    """One table row per class, its registry names (aliases) together."""
     names_by_class: dict[type, list[str]] = {}
-    for name, cls in losses.LOSSES.items():
+    for name, cls in table.items():
         names_by_class.setdefault(cls, []).append(name)
+    out = []
+    for cls, names in names_by_class.items():
+        module = sys.modules[cls.__module__]
+        summary = (inspect.getdoc(module) or "").splitlines()[0]
+        cells = [" / ".join(f"`{n}`" for n in names), f"`{cls.__name__}`", summary, first_reference(module)]
+        out.append("| " + " | ".join([*cells, f"`{defaults(cls)}`"]) + " |")
+    return out
+
+
+def render() -> str:
     out = [
         "# Losses",
         "",
@@ -75,16 +88,17 @@ def render() -> str:
         "(`embedding_dim`, `num_classes` for a head), is a `ValueError` that lists the loss's arguments.",
         "",
         "Across processes, every loss but the heads gathers the other processes' embeddings (with gradient,",
-        "`gather_distributed=True` by default) and needs the same batch size on every process: a last partial",
-        "batch on one of them is a `ValueError` on all (use `DataLoader(drop_last=True)`, as sslkit's trainer",
-        "does), not an aborted process. The heads gather nothing: their class weights are parameters.",
+        "but MoCo v3's keys; `gather_distributed=True` by default) and needs the same batch size on every",
+        "process: a last partial batch on one of them is a `ValueError` on all (use `DataLoader(drop_last=True)`,",
+        "as sslkit's trainer does), not an aborted process. The heads gather nothing: their class weights are",
+        "parameters.",
         "",
         "Every head but `softmax` computes its loss in one fused autograd function that turns the (N, C)",
         "logits into their gradient in place, so its loss takes one backward pass: a second",
         "`backward(retain_graph=True)` is a `RuntimeError` saying so. Call the head again for another graph.",
         "",
     ]
-    for kind in ("two_view", "label", "head"):
+    for kind, table in losses.BY_KIND.items():
         out += [
             f"## {SECTION[kind]}",
             "",
@@ -92,16 +106,9 @@ def render() -> str:
             "",
             "| name | class | what | paper | defaults |",
             "|---|---|---|---|---|",
+            *rows(table),
+            "",
         ]
-        for cls, names in names_by_class.items():
-            if losses.KIND[names[0]] != kind:
-                continue
-            module = sys.modules[cls.__module__]
-            summary = (inspect.getdoc(module) or "").splitlines()[0]
-            out.append(
-                f"| {' / '.join(f'`{n}`' for n in names)} | `{cls.__name__}` | {summary} | {first_reference(module)} | `{defaults(cls)}` |"
-            )
-        out.append("")
     return "\n".join(out)
 
 

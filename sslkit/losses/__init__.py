@@ -1,14 +1,18 @@
 """Every sslkit loss, re-exported flat, and one registry: ``sslkit.losses.build(name, **kwargs)``.
 
-Three call forms (``KIND[name]`` says which):
+Four call forms (``KIND[name]`` says which):
 
 - ``"two_view"``: ``loss(z1, z2, negatives=None)`` — self-supervised, no labels.
+- ``"query_key"``: ``loss(queries, keys)`` — self-supervised against a momentum encoder's keys
+  (no gradient), both views stacked in each.
 - ``"label"``: ``loss(embeddings, labels)`` — pair-based metric learning.
 - ``"head"``: ``head(embeddings, labels)`` with its own weights, ``head.logits(embeddings)``,
   built with ``embedding_dim`` and ``num_classes``; ``head.param_groups()`` names parameters
   that want their own learning rate.
 
-The registry is a plain dict filled here, explicitly (no import side effects).
+The registry is :data:`BY_KIND`, one plain dict filled here, explicitly (no import side effects);
+``LOSSES`` (name -> class) and ``KIND`` (name -> call form) are derived from it. To add a loss,
+see ``docs/add-a-loss.md``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from sslkit.losses.dcl import DCLLoss, dcl_loss
 from sslkit.losses.dclw import DCLWLoss, dclw_loss
 from sslkit.losses.lifted import LiftedStructureLoss
 from sslkit.losses.lsoftmax import LSoftmaxHead
+from sslkit.losses.mocov3 import MoCoV3Loss, mocov3_loss
 from sslkit.losses.nce import NCELoss, nce_loss
 from sslkit.losses.normsoftmax import NormSoftmaxHead
 from sslkit.losses.npair import NPairLoss
@@ -42,65 +47,48 @@ from sslkit.losses.sphereface import SphereFaceHead
 from sslkit.losses.supcon import SupConLoss, supcon_loss
 from sslkit.losses.triplet import TripletLoss
 
-LOSSES: dict[str, type[nn.Module]] = {
-    "ntxent": NTXentLoss,
-    "infonce": NTXentLoss,
-    "dcl": DCLLoss,
-    "dclw": DCLWLoss,
-    "nce": NCELoss,
-    "contrastive": ContrastiveLoss,
-    "triplet": TripletLoss,
-    "lifted": LiftedStructureLoss,
-    "lifted_structure": LiftedStructureLoss,
-    "npair": NPairLoss,
-    "angular": AngularLoss,
-    "soft_nn": SoftNearestNeighborsLoss,
-    "supcon": SupConLoss,
-    "circle": CircleLoss,
-    "proxy_nca": ProxyNCAHead,
-    "proxy_anchor": ProxyAnchorHead,
-    "softmax": SoftmaxHead,
-    "normsoftmax": NormSoftmaxHead,
-    "coco": CoCoHead,
-    "lsoftmax": LSoftmaxHead,
-    "sphereface": SphereFaceHead,
-    "cosface": CosFaceHead,
-    "amsoftmax": CosFaceHead,
-    "arcface": ArcFaceHead,
-    "aamsoftmax": ArcFaceHead,
-    "adacos": AdaCosHead,
-    "adacos_dynamic": AdaCosDynamicHead,
+# The registry, by call form: the one place a loss is added. LOSSES and KIND are views of it.
+BY_KIND: dict[str, dict[str, type[nn.Module]]] = {
+    "two_view": {
+        "ntxent": NTXentLoss,
+        "infonce": NTXentLoss,
+        "dcl": DCLLoss,
+        "dclw": DCLWLoss,
+        "nce": NCELoss,
+    },
+    "query_key": {
+        "mocov3": MoCoV3Loss,
+    },
+    "label": {
+        "contrastive": ContrastiveLoss,
+        "triplet": TripletLoss,
+        "lifted": LiftedStructureLoss,
+        "lifted_structure": LiftedStructureLoss,
+        "npair": NPairLoss,
+        "angular": AngularLoss,
+        "soft_nn": SoftNearestNeighborsLoss,
+        "supcon": SupConLoss,
+        "circle": CircleLoss,
+    },
+    "head": {
+        "proxy_nca": ProxyNCAHead,
+        "proxy_anchor": ProxyAnchorHead,
+        "softmax": SoftmaxHead,
+        "normsoftmax": NormSoftmaxHead,
+        "coco": CoCoHead,
+        "lsoftmax": LSoftmaxHead,
+        "sphereface": SphereFaceHead,
+        "cosface": CosFaceHead,
+        "amsoftmax": CosFaceHead,
+        "arcface": ArcFaceHead,
+        "aamsoftmax": ArcFaceHead,
+        "adacos": AdaCosHead,
+        "adacos_dynamic": AdaCosDynamicHead,
+    },
 }
 
-KIND: dict[str, str] = {
-    "ntxent": "two_view",
-    "infonce": "two_view",
-    "dcl": "two_view",
-    "dclw": "two_view",
-    "nce": "two_view",
-    "contrastive": "label",
-    "triplet": "label",
-    "lifted": "label",
-    "lifted_structure": "label",
-    "npair": "label",
-    "angular": "label",
-    "soft_nn": "label",
-    "supcon": "label",
-    "circle": "label",
-    "proxy_nca": "head",
-    "proxy_anchor": "head",
-    "softmax": "head",
-    "normsoftmax": "head",
-    "coco": "head",
-    "lsoftmax": "head",
-    "sphereface": "head",
-    "cosface": "head",
-    "amsoftmax": "head",
-    "arcface": "head",
-    "aamsoftmax": "head",
-    "adacos": "head",
-    "adacos_dynamic": "head",
-}
+LOSSES: dict[str, type[nn.Module]] = {name: cls for table in BY_KIND.values() for name, cls in table.items()}
+KIND: dict[str, str] = {name: kind for kind, table in BY_KIND.items() for name in table}
 
 
 def build(name: str, **kwargs) -> nn.Module:
@@ -133,7 +121,8 @@ def _argument_error(name: str, kwargs: dict) -> str:
     if unknown:
         listed = ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in arguments.values())
         plural = "s" if len(unknown) > 1 else ""
-        return f"loss {name!r} takes no argument{plural} {_and([repr(key) for key in unknown])}; its arguments are: {listed}"
+        named = _and([repr(key) for key in unknown])
+        return f"loss {name!r} takes no argument{plural} {named}; its arguments are: {listed}"
     missing = [key for key, p in arguments.items() if p.default is p.empty and key not in kwargs]
     meanings = [_MEANING[key] for key in missing if key in _MEANING]
     return f"loss {name!r} needs {_and(missing)}" + (f" ({_and(meanings)})" if meanings else "")
@@ -198,6 +187,7 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> dict:
 
 
 __all__ = [
+    "BY_KIND",
     "LOSSES",
     "KIND",
     "build",
@@ -210,6 +200,8 @@ __all__ = [
     "dclw_loss",
     "NCELoss",
     "nce_loss",
+    "MoCoV3Loss",
+    "mocov3_loss",
     "ContrastiveLoss",
     "TripletLoss",
     "LiftedStructureLoss",

@@ -1,21 +1,8 @@
 """Methods: how a batch of augmented views (and maybe labels) becomes a loss.
 
-A method is an ``nn.Module`` holding everything that trains — backbone, projection head,
-and the loss (with any parameters of its own, such as a classification head) — so one
-``accelerator.prepare(method)`` and one optimizer cover every parameter.
-
-Interface: ``method(view1, view2, labels) -> loss``; ``method.backbone`` is the encoder to
-evaluate and export; ``method.needs_labels`` says whether the dataset must be labelled;
-``Method.loss_names`` lists the registry losses it trains with (checked by :func:`check_loss`
-when a recipe is loaded); ``Method.min_batch_size`` (optional, default 1) is 2 for the methods
-whose negatives are the other images of the batch (checked by :func:`check_batch_size`);
-``Method.options`` (optional, default none) names the ``method.*`` keys it reads, so that a key
-set for another method is noted when training starts (:func:`unused_options`); ``Method.notes(cfg, num_samples)``
-(optional) returns notes on settings that run but defeat the method on this dataset (:func:`notes`);
-``Method.from_config(cfg, backbone, num_classes)`` builds it from a recipe. Optional:
-``method.after_optimizer_step(step, total_steps)``, called by the trainer after every optimizer
-step (``step`` counts the steps before this one), for state the optimizer does not own — MoCo's
-momentum encoder and queue.
+Every method subclasses :class:`~sslkit.methods.base.Method`, whose docstring is the interface
+(what the trainer calls and the attributes it reads, with their defaults), and is registered
+by name in :data:`METHODS`. To add one, see ``docs/add-a-method.md``.
 """
 
 from __future__ import annotations
@@ -26,13 +13,14 @@ from torch import nn
 
 from sslkit import losses
 from sslkit.errors import UserError
+from sslkit.methods.base import Method
 from sslkit.methods.moco import MoCo, MoCoV3
 from sslkit.methods.nce import MemoryBankNCE
 from sslkit.methods.simclr import SimCLR
 from sslkit.methods.supcon import SupCon
 from sslkit.methods.supervised import Supervised
 
-METHODS: dict[str, type[nn.Module]] = {
+METHODS: dict[str, type[Method]] = {
     "simclr": SimCLR,
     "supcon": SupCon,
     "supervised": Supervised,
@@ -43,7 +31,12 @@ METHODS: dict[str, type[nn.Module]] = {
 
 
 # What each method's loss is called with, in words, for the error below.
-_LOSS_FORMS = {"two_view": "a two-view loss", "label": "a label loss", "head": "a head"}
+_LOSS_FORMS = {
+    "two_view": "a two-view loss",
+    "query_key": "a query-key loss",
+    "label": "a label loss",
+    "head": "a head",
+}
 
 
 def check_loss(method_name: str, loss_name: str, source: str = "recipe") -> None:
@@ -59,25 +52,21 @@ def check_loss(method_name: str, loss_name: str, source: str = "recipe") -> None
     others = [name for name, method in METHODS.items() if loss_name in method.loss_names]
     hint = f"; loss.name '{loss_name}' trains with method.name={' or '.join(others)}" if others else ""
     if len(kinds) == 1 and len(accepted) > 2:  # a whole family: say which, and list it
-        needs = f"needs {_LOSS_FORMS[kinds.pop()]}, got loss.name '{loss_name}'; choose one of: {', '.join(sorted(accepted))}"
+        choices = ", ".join(sorted(accepted))
+        needs = f"needs {_LOSS_FORMS[kinds.pop()]}, got loss.name '{loss_name}'; choose one of: {choices}"
     else:
         needs = f"trains with loss.name {' or '.join(accepted)}, got '{loss_name}'"
     raise UserError(f"{source}: method '{method_name}' {needs}{hint}")
 
 
-def build_method(cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> nn.Module:
+def build_method(cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> Method:
     """The method named by ``cfg.method.name`` around ``backbone``, with ``cfg.loss``.
 
-    Methods with ``needs_indices`` keep per-sample state and also get the training set's size.
+    ``num_samples``, the training set's size, is for methods that keep per-sample state
+    (``needs_indices``); the others ignore it.
     """
     check_loss(cfg.method.name, cfg.loss.name)
-    method = METHODS[cfg.method.name]
-    if getattr(method, "needs_indices", False):
-        return method.from_config(cfg, backbone, num_classes, num_samples=num_samples)
-    return method.from_config(cfg, backbone, num_classes)
-
-
-__all__ = ["METHODS", "build_method", "check_loss", "SimCLR", "SupCon", "Supervised"]
+    return METHODS[cfg.method.name].from_config(cfg, backbone, num_classes, num_samples=num_samples)
 
 
 def check_batch_size(method_name: str, batch_size: int, source: str = "recipe") -> None:
@@ -87,11 +76,12 @@ def check_batch_size(method_name: str, batch_size: int, source: str = "recipe") 
     softmax runs over its positive alone, the loss is exactly 0 and nothing trains, silently.
     MoCo (queue), NCE (memory bank) and the supervised heads train on a batch of one.
     """
-    needed = getattr(METHODS[method_name], "min_batch_size", 1)
+    needed = METHODS[method_name].min_batch_size
     if batch_size < needed:
         raise UserError(
             f"{source}: method '{method_name}' contrasts each image with the other images of its batch; "
-            f"train.batch_size={batch_size} leaves none (the loss would be exactly 0): use train.batch_size >= {needed}"
+            f"train.batch_size={batch_size} leaves none (the loss would be exactly 0): "
+            f"use train.batch_size >= {needed}"
         )
 
 
@@ -104,7 +94,7 @@ def unused_options(cfg) -> str:
     when its value differs from the default: a default has no effect under any method.
     """
     defaults = type(cfg.method)()
-    used = set(getattr(METHODS[cfg.method.name], "options", ()))
+    used = set(METHODS[cfg.method.name].options)
     unused = [
         f.name
         for f in dataclasses.fields(cfg.method)
@@ -112,14 +102,32 @@ def unused_options(cfg) -> str:
     ]
     if not unused:
         return ""
-    owners = lambda key: (
-        " or ".join(name for name, method in METHODS.items() if key in getattr(method, "options", ())) or "no method"
-    )
+
+    def owners(key: str) -> str:
+        return " or ".join(name for name, method in METHODS.items() if key in method.options) or "no method"
+
     listed = ", ".join(f"method.{key}={getattr(cfg.method, key)} (read by {owners(key)})" for key in unused)
-    return f"method '{cfg.method.name}' does not read {listed}; {'it has' if len(unused) == 1 else 'they have'} no effect on this run"
+    effect = "it has" if len(unused) == 1 else "they have"
+    return f"method '{cfg.method.name}' does not read {listed}; {effect} no effect on this run"
 
 
 def notes(cfg, num_samples: int) -> list[str]:
     """The chosen method's notes on its settings for a training set of ``num_samples`` images (``Method.notes``)."""
-    method = METHODS[cfg.method.name]
-    return method.notes(cfg, num_samples) if hasattr(method, "notes") else []
+    return METHODS[cfg.method.name].notes(cfg, num_samples)
+
+
+__all__ = [
+    "METHODS",
+    "Method",
+    "build_method",
+    "check_loss",
+    "check_batch_size",
+    "unused_options",
+    "notes",
+    "SimCLR",
+    "SupCon",
+    "Supervised",
+    "MoCo",
+    "MoCoV3",
+    "MemoryBankNCE",
+]

@@ -7,16 +7,12 @@ References:
     [3] MoCo CIFAR-10 demo (the single-GPU colab),
         https://colab.research.google.com/github/facebookresearch/moco/blob/colab-notebook/colab/moco_cifar10_demo.ipynb
 
-Both keep the key (momentum) encoder as frozen submodules: they are saved in the
-``state_dict`` and move with ``.to(device)``, but carry ``requires_grad=False``, so the
-optimizer's parameter groups and DDP's reducer leave them alone. The trainer calls
-``after_optimizer_step`` after every optimizer step, which moves them towards the online
-encoder with the momentum of :func:`sslkit.optim.cosine_momentum`.
+Both keep the key (momentum) encoder of :class:`~sslkit.methods.momentum.MomentumMethod`:
+frozen copies of the backbone and projector that ``after_optimizer_step`` moves towards the
+online encoder after every optimizer step. The MoCo v3 loss is :mod:`sslkit.losses.mocov3`.
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 import torch.nn.functional as F
@@ -24,12 +20,11 @@ from torch import nn
 
 from sslkit import distributed, losses
 from sslkit.errors import UserError
-from sslkit.losses._common import check_positive, full_precision, upcast
-from sslkit.methods.common import encode
-from sslkit.methods.momentum import freeze, update_momentum
+from sslkit.losses._common import upcast
+from sslkit.losses.mocov3 import MoCoV3Loss
+from sslkit.methods.momentum import MomentumMethod, check_momentum_options
 from sslkit.methods.queue import KeyQueue
 from sslkit.models import build_mlp
-from sslkit.optim import cosine_momentum
 
 # --------------------------------------------------------------------------- BatchNorm in one process
 
@@ -48,14 +43,11 @@ class SplitBatchNorm(nn.BatchNorm2d):
 
     Contiguous blocks, not the MoCo demo's interleaved groups (``view(-1, C * splits, H, W)``):
     a block is a view of the batch in any memory format, so each group is one ``batch_norm``
-    call on a slice and the outputs are concatenated, where the interleaved view is a copy for
-    a channels_last batch and hands the next layers an NCHW tensor. Measured on a 2-core CPU
-    (the Fashion-MNIST MoCo recipe at width 32, batch 256, 8 splits): a step takes 0.76x the time
-    of the interleaved form on one thread (601 against 817 ms), 0.78x on two (363 against 460
-    ms), where plain BatchNorm takes 502 / 308 ms; the interleaved form spent about 270 ms of
-    its step on layout copies, an NCHW max-pool and BatchNorm over the regrouped channels.
-    Blocks are also what the GPUs hold in MoCo's own multi-GPU training: with both views in
-    one batch, a block holds images of one view.
+    call on a slice and the outputs are concatenated. The interleaved view is a copy of a
+    channels_last batch and hands the next layers an NCHW tensor, so a step pays for layout
+    copies, an NCHW max-pool and BatchNorm over the regrouped channels, which contiguous blocks
+    avoid. Blocks are also what the GPUs hold in MoCo's own multi-GPU training: with both views
+    in one batch, a block holds images of one view.
 
     In evaluation mode it is plain BatchNorm2d; its ``state_dict`` keys are BatchNorm2d's, so an
     exported backbone loads into a model built with ordinary BatchNorm.
@@ -123,19 +115,10 @@ def _mlp_without_batch_norm(in_dim: int, hidden_dim: int, out_dim: int, num_laye
     return nn.Sequential(*layers)
 
 
-def _check_momentum(cfg) -> None:
-    m = cfg.method
-    if not 0.0 <= m.momentum <= m.momentum_final <= 1.0:
-        raise UserError(
-            f"method.momentum {m.momentum} and method.momentum_final {m.momentum_final} must satisfy "
-            f"0 <= momentum <= momentum_final <= 1 (MoCo: 0.99 -> 1.0)"
-        )
-
-
 # --------------------------------------------------------------------------- MoCo v2
 
 
-class MoCo(nn.Module):
+class MoCo(MomentumMethod):
     """MoCo v2 [1]: InfoNCE of queries against their keys and a queue of past keys.
 
     ``q = g(f(x))`` from the online backbone ``f`` and head ``g``; ``k`` from their momentum
@@ -160,9 +143,8 @@ class MoCo(nn.Module):
         view1, view2: (B, C, H, W); returns a scalar loss.
     """
 
-    needs_labels = False
     loss_names = ("ntxent", "infonce")  # InfoNCE against the queue
-    options = ("momentum", "momentum_final", "queue_size", "symmetric", "bn_splits")  # the method.* keys it reads
+    options = (*MomentumMethod.options, "queue_size", "symmetric", "bn_splits")
 
     def __init__(
         self,
@@ -181,18 +163,15 @@ class MoCo(nn.Module):
         if bn_splits > 1:
             split_batch_norm(backbone, bn_splits)
         self.backbone, self.projector, self.loss = backbone, projector, loss
-        self.momentum_backbone = freeze(copy.deepcopy(backbone))
-        self.momentum_projector = freeze(copy.deepcopy(projector))
+        self.copy_momentum_encoder(momentum, momentum_final)
         out_dim = next(m for m in reversed(projector) if isinstance(m, nn.Linear)).out_features
         self.queue = KeyQueue(queue_size, out_dim)
-        self.momentum, self.momentum_final = momentum, momentum_final
         self.symmetric, self.bn_splits = symmetric, bn_splits
-        self.backbone_frozen = False  # the trainer sets it during train.freeze_backbone_epochs
 
     @classmethod
-    def from_config(cls, cfg, backbone: nn.Module, num_classes: int) -> "MoCo":
+    def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> MoCo:
         m, model = cfg.method, cfg.model
-        _check_momentum(cfg)
+        check_momentum_options(cfg)
         if m.queue_size < 1:
             raise UserError(f"method.queue_size must be >= 1, got {m.queue_size} (MoCo v2: 65536)")
         local_batch = cfg.train.batch_size // distributed.world_size()
@@ -224,8 +203,8 @@ class MoCo(nn.Module):
             m.bn_splits,
         )
 
-    @staticmethod
-    def notes(cfg, num_samples: int) -> list[str]:
+    @classmethod
+    def notes(cls, cfg, num_samples: int) -> list[str]:
         """A queue longer than one epoch's keys holds older keys of each query's own image, as its negatives."""
         m = cfg.method
         keys_per_epoch = num_samples * (2 if m.symmetric else 1)  # symmetric: both views' keys are enqueued
@@ -233,94 +212,42 @@ class MoCo(nn.Module):
             return []
         return [
             f"method.queue_size={m.queue_size} is not below the {keys_per_epoch:,} keys an epoch adds "
-            f"({num_samples:,} images{', both views' if m.symmetric else ''}): the queue then holds older keys of each "
-            f"image as negatives of that same image; keep it below (the MoCo CIFAR demo: 4,096 of 100,000)"
+            f"({num_samples:,} images{', both views' if m.symmetric else ''}): the queue then holds older keys "
+            f"of each image as negatives of that same image; keep it below (the MoCo CIFAR demo: 4,096 of 100,000)"
         ]
 
     @torch.no_grad()
     def _keys(self, images: torch.Tensor) -> torch.Tensor:
         """Keys from the momentum encoder, its batch shuffled so BatchNorm groups differ from the queries'."""
         if self.bn_splits == 1:
-            return self.momentum_projector(self.momentum_backbone(images))
+            return self.momentum_encode(images)
         order = torch.randperm(images.shape[0], device=images.device)
-        keys = self.momentum_projector(self.momentum_backbone(images[order]))
+        keys = self.momentum_encode(images[order])
         return keys[torch.argsort(order)]  # back to the images' order
 
     def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if self.symmetric:
             # One pass for both views (faster than two); row i of keys is the other view of row i of queries.
-            queries = self.projector(encode(self.backbone, torch.cat([view1, view2]), self.backbone_frozen))  # (2B, D)
+            queries = self.projector(self.encode(torch.cat([view1, view2])))  # (2B, D)
             keys = self._keys(torch.cat([view2, view1]))  # (2B, D)
         else:
-            queries = self.projector(encode(self.backbone, view1, self.backbone_frozen))  # (B, D)
+            queries = self.projector(self.encode(view1))  # (B, D)
             keys = self._keys(view2)  # (B, D)
         # The mean over 2B queries is (l(q1, k2) + l(q2, k1)) / 2.
         loss = self.loss(queries, keys, negatives=self.queue.negatives())
         self.queue.enqueue(F.normalize(upcast(keys), dim=1))
         return loss
 
-    @torch.no_grad()
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        m = cosine_momentum(step, total_steps, self.momentum, self.momentum_final)
-        update_momentum(self.backbone, self.momentum_backbone, m)
-        update_momentum(self.projector, self.momentum_projector, m)
-
 
 # --------------------------------------------------------------------------- MoCo v3
 
 
-def moco_v3_loss(q: torch.Tensor, k: torch.Tensor, temperature: float = 0.2) -> torch.Tensor:
-    """``ctr(q, k)`` of MoCo v3 ([2], Algorithm 1): InfoNCE of each query against every key of the batch.
-
-    ::
-
-        ctr(q, k) = 2 T * mean_i -log( exp(q_i.k_i / T) / sum_j exp(q_i.k_j / T) )
-
-    with ``q``, ``k`` L2-normalised and ``j`` over the keys of all processes (gathered; the
-    positive of local query ``i`` is at ``rank * n + i``). The keys come from the momentum
-    encoder and carry no gradient, so a gather without gradient is right here, unlike NT-Xent,
-    whose candidates are trained embeddings and need :func:`sslkit.distributed.gather_with_grad`.
-
-    Shape:
-        q: (n, D) queries; k: (n, D) keys (detached); returns a scalar.
-    """
-    with full_precision(q.device):
-        q = F.normalize(upcast(q), dim=1)
-        keys = F.normalize(upcast(distributed.gather_no_grad(k.detach())).to(q.dtype), dim=1)  # (W n, D)
-        n = q.shape[0]
-        logits = (q / temperature) @ keys.T  # (n, W n)
-        positive = torch.arange(n, device=q.device) + distributed.local_offset(n)
-        # Why 2 T (moco-v3#31 asks; the authors did not answer): the gradient of cross-entropy
-        # with respect to the cosines is (softmax(s / T) - onehot) / T, so "* T" takes the 1/T out
-        # and the gradient's scale, hence the tuned learning rate, does not change with T. The 2
-        # makes ctr equal plain cross-entropy at T = 0.5. It is a constant scale, not part of InfoNCE.
-        return F.cross_entropy(logits, positive) * (2 * temperature)
-
-
-class MoCoV3Loss(nn.Module):
-    """:func:`moco_v3_loss` as a module, so the method holds its loss like every other (``method.loss``).
-
-    Args:
-        temperature: T > 0 (MoCo v3: 0.2 for ViT, solo-learn's CIFAR ResNet-18 0.2).
-    """
-
-    def __init__(self, temperature: float = 0.2) -> None:
-        super().__init__()
-        self.temperature = check_positive(temperature, "temperature")
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        return moco_v3_loss(q, k, self.temperature)
-
-    def extra_repr(self) -> str:
-        return f"temperature={self.temperature}"
-
-
-class MoCoV3(nn.Module):
+class MoCoV3(MomentumMethod):
     """MoCo v3 [2]: ``ctr(q1, k2) + ctr(q2, k1)`` with a predictor on the query side and no queue.
 
     Query ``q = h(g(f(x)))`` (backbone ``f``, projector ``g``, predictor ``h``); key
     ``k = g_m(f_m(x))`` from the momentum copies of ``f`` and ``g`` (no predictor); the loss is
-    :func:`moco_v3_loss` in both directions, summed as in [2]. The negatives are the other
+    :class:`~sslkit.losses.MoCoV3Loss`, both directions summed as in [2]. The negatives are the other
     keys of the batch (all processes), so BatchNorm needs no shuffling here: in one process every
     key shares the positive's statistics. (With several processes, [2] uses SyncBatchNorm so
     keys from other processes share them too: ``model.sync_batchnorm``.) Both views go
@@ -335,37 +262,37 @@ class MoCoV3(nn.Module):
         view1, view2: (B, C, H, W); returns a scalar loss.
     """
 
-    needs_labels = False
-    loss_names = ("ntxent", "infonce")  # InfoNCE against the other keys of the batch
+    # InfoNCE against the other keys of the batch. Recipes (and loss.name's default) call it
+    # ntxent or infonce, MoCo v3's InfoNCE: of those only the temperature is read.
+    loss_names = ("mocov3", "ntxent", "infonce")
     min_batch_size = 2  # one image has no other key: its softmax is over the positive alone, loss 0
-    options = ("momentum", "momentum_final", "predictor_hidden")  # the method.* keys it reads
+    options = (*MomentumMethod.options, "predictor_hidden")
 
     def __init__(
         self,
         backbone: nn.Module,
         projector: nn.Module,
         predictor: nn.Module,
-        temperature: float = 0.2,
+        loss: nn.Module | None = None,
         momentum: float = 0.99,
         momentum_final: float = 1.0,
     ) -> None:
         super().__init__()
         self.backbone, self.projector, self.predictor = backbone, projector, predictor
-        self.momentum_backbone = freeze(copy.deepcopy(backbone))
-        self.momentum_projector = freeze(copy.deepcopy(projector))
-        self.loss = MoCoV3Loss(temperature)
-        self.momentum, self.momentum_final = momentum, momentum_final
-        self.backbone_frozen = False  # the trainer sets it during train.freeze_backbone_epochs
+        self.copy_momentum_encoder(momentum, momentum_final)
+        self.loss = loss if loss is not None else MoCoV3Loss()
 
     @classmethod
-    def from_config(cls, cfg, backbone: nn.Module, num_classes: int) -> "MoCoV3":
+    def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> MoCoV3:
         # Multi-process note: without model.sync_batchnorm each process normalises its own keys;
         # keys gathered from other processes then carry other statistics than the positive.
         m, model = cfg.method, cfg.model
-        _check_momentum(cfg)
+        check_momentum_options(cfg)
         if m.predictor_hidden < 1:
             raise UserError(f"method.predictor_hidden must be >= 1, got {m.predictor_hidden} (MoCo v3: 4096)")
-        temperature = losses.build(cfg.loss.name, **cfg.loss.kwargs).temperature
+        loss = losses.build(cfg.loss.name, **cfg.loss.kwargs)
+        if not isinstance(loss, MoCoV3Loss):
+            loss = MoCoV3Loss(loss.temperature)
         projector = build_mlp(
             backbone.feature_dim,
             model.projector_hidden,
@@ -374,18 +301,9 @@ class MoCoV3(nn.Module):
             last_batch_norm=True,
         )
         predictor = build_mlp(model.projector_out, m.predictor_hidden, model.projector_out, 2)
-        return cls(backbone, projector, predictor, temperature, m.momentum, m.momentum_final)
+        return cls(backbone, projector, predictor, loss, m.momentum, m.momentum_final)
 
     def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        b = view1.shape[0]
-        features = encode(self.backbone, torch.cat([view1, view2]), self.backbone_frozen)
-        queries = self.predictor(self.projector(features))  # (2B, D)
-        with torch.no_grad():
-            keys = self.momentum_projector(self.momentum_backbone(torch.cat([view1, view2])))  # (2B, D)
-        return self.loss(queries[:b], keys[b:]) + self.loss(queries[b:], keys[:b])
-
-    @torch.no_grad()
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        m = cosine_momentum(step, total_steps, self.momentum, self.momentum_final)
-        update_momentum(self.backbone, self.momentum_backbone, m)
-        update_momentum(self.projector, self.momentum_projector, m)
+        images = torch.cat([view1, view2])
+        queries = self.predictor(self.projector(self.encode(images)))  # (2B, D)
+        return self.loss(queries, self.momentum_encode(images))  # ctr(q1, k2) + ctr(q2, k1)

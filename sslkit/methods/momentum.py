@@ -2,6 +2,7 @@
 
 The update is a named utility (as lightly's ``update_momentum``), called by a method's
 ``after_optimizer_step``, not hidden inside ``forward``: a reader sees when the target moves.
+:class:`MomentumMethod` is what MoCo v2 and v3 share: the key encoder, its keys and its update.
 
 References:
     [0] MoCo, He et al. 2020, https://arxiv.org/abs/1911.05722 (eq. 2)
@@ -9,8 +10,14 @@ References:
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
+
+from sslkit.errors import UserError
+from sslkit.methods.base import Method
+from sslkit.optim import cosine_momentum
 
 
 def freeze(module: nn.Module) -> nn.Module:
@@ -51,3 +58,45 @@ def update_momentum(online: nn.Module, target: nn.Module, m: float) -> None:
         torch._foreach_lerp_(target_params, online_params, 1.0 - m)
     if target_buffers:
         torch._foreach_copy_(target_buffers, online_buffers)
+
+
+def check_momentum_options(cfg) -> None:
+    """One line unless ``0 <= method.momentum <= method.momentum_final <= 1``."""
+    m = cfg.method
+    if not 0.0 <= m.momentum <= m.momentum_final <= 1.0:
+        raise UserError(
+            f"method.momentum {m.momentum} and method.momentum_final {m.momentum_final} must satisfy "
+            f"0 <= momentum <= momentum_final <= 1 (MoCo: 0.99 -> 1.0)"
+        )
+
+
+class MomentumMethod(Method):
+    """A method whose keys come from momentum copies of its ``backbone`` and ``projector`` (MoCo v2, v3).
+
+    The copies are frozen submodules ``momentum_backbone`` and ``momentum_projector``: saved in the
+    ``state_dict`` and moved by ``.to(device)``, but with ``requires_grad=False``, so the
+    optimizer's parameter groups and DDP's reducer leave them alone. After every optimizer step
+    they move towards the online modules with the momentum of :func:`sslkit.optim.cosine_momentum`,
+    from ``momentum`` at the first step to ``momentum_final`` at the last.
+
+    A subclass sets ``backbone`` and ``projector``, then calls :meth:`copy_momentum_encoder`.
+    """
+
+    options = ("momentum", "momentum_final")
+
+    def copy_momentum_encoder(self, momentum: float, momentum_final: float) -> None:
+        """Freeze copies of ``backbone`` and ``projector`` as they are now, the start of the key encoder."""
+        self.momentum_backbone = freeze(copy.deepcopy(self.backbone))
+        self.momentum_projector = freeze(copy.deepcopy(self.projector))
+        self.momentum, self.momentum_final = momentum, momentum_final
+
+    @torch.no_grad()
+    def momentum_encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Keys: ``g_m(f_m(images))`` from the momentum copies, without gradient."""
+        return self.momentum_projector(self.momentum_backbone(images))
+
+    @torch.no_grad()
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        m = cosine_momentum(step, total_steps, self.momentum, self.momentum_final)
+        update_momentum(self.backbone, self.momentum_backbone, m)
+        update_momentum(self.projector, self.momentum_projector, m)

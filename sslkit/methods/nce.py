@@ -12,11 +12,11 @@ from torch import nn
 
 from sslkit import distributed, losses
 from sslkit.errors import UserError
-from sslkit.methods.common import encode
+from sslkit.methods.base import Method
 from sslkit.models import build_mlp
 
 
-class MemoryBankNCE(nn.Module):
+class MemoryBankNCE(Method):
     """Each image is its own class; its "class weight" is a memory-bank entry of its past embeddings.
 
     ``v = normalize(g(f(x)))`` from the backbone ``f`` and projection ``g`` (NPID: one linear
@@ -43,10 +43,9 @@ class MemoryBankNCE(nn.Module):
         view1, view2: (B, C, H, W); indices: (B,) int64 in [0, num_samples); returns a scalar.
     """
 
-    needs_labels = False
     needs_indices = True
     loss_names = ("nce",)
-    options = ("num_negatives",)  # the method.* keys it reads
+    options = ("num_negatives",)
     # Equal on every process (same seed, same gathered updates): DDP need not re-send it each step.
     replicated_buffers = ("bank",)
 
@@ -66,15 +65,12 @@ class MemoryBankNCE(nn.Module):
             raise ValueError(f"bank_momentum must be in [0, 1), got {bank_momentum}")
         self.backbone, self.projector, self.loss = backbone, projector, loss
         self.num_negatives, self.bank_momentum = num_negatives, bank_momentum
-        self.backbone_frozen = False  # the trainer sets it during train.freeze_backbone_epochs
         dim = next(m for m in reversed(projector) if isinstance(m, nn.Linear)).out_features
         start = torch.rand(num_samples, dim, generator=torch.Generator().manual_seed(0)) * 2 - 1
         self.register_buffer("bank", F.normalize(start, dim=1))  # (num_samples, D)
 
     @classmethod
-    def from_config(
-        cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None
-    ) -> "MemoryBankNCE":
+    def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> MemoryBankNCE:
         if num_samples is None:
             raise UserError(
                 "method 'nce' needs the training set's size for its memory bank, and this trainer does not pass it"
@@ -101,7 +97,7 @@ class MemoryBankNCE(nn.Module):
         if indices is None:
             raise ValueError("MemoryBankNCE needs indices: each sample's position in the training set, shape (B,)")
         b = view1.shape[0]
-        features = encode(self.backbone, torch.cat([view1, view2]), self.backbone_frozen)
+        features = self.encode(torch.cat([view1, view2]))
         embeddings = F.normalize(self.projector(features).float(), dim=1)  # (2B, D)
         positives = self.bank[indices].repeat(2, 1)  # (2B, D)
         noise = self.bank[torch.randint(self.bank.shape[0], (self.num_negatives,), device=self.bank.device)]  # (K, D)

@@ -13,11 +13,11 @@ from torch import nn
 
 from sslkit import losses
 from sslkit.errors import UserError
-from sslkit.methods.common import encode
+from sslkit.methods.base import Method
 from sslkit.models import build_mlp
 
 
-class Supervised(nn.Module):
+class Supervised(Method):
     """``head(neck(f(v)), y)`` on both augmented views (2B samples a step).
 
     Shape:
@@ -25,15 +25,14 @@ class Supervised(nn.Module):
     """
 
     needs_labels = True
-    loss_names = tuple(name for name, kind in losses.KIND.items() if kind == "head")  # heads with their own weights
+    loss_names = tuple(losses.BY_KIND["head"])  # heads with their own weights
 
     def __init__(self, backbone: nn.Module, neck: nn.Module, head: nn.Module) -> None:
         super().__init__()
         self.backbone, self.neck, self.loss = backbone, neck, head
-        self.backbone_frozen = False
 
     @classmethod
-    def from_config(cls, cfg, backbone: nn.Module, num_classes: int) -> "Supervised":
+    def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> Supervised:
         kwargs = dict(cfg.loss.kwargs)
         stated = kwargs.pop("num_classes", num_classes)
         if stated != num_classes:
@@ -47,7 +46,8 @@ class Supervised(nn.Module):
         return cls(backbone, neck, head)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        return self.neck(encode(self.backbone, images, self.backbone_frozen))
+        """The neck's embeddings, the space the head's class weights live in."""
+        return self.neck(self.encode(images))
 
     def after_optimizer_step(self, step: int, total_steps: int) -> None:
         # Heads annealed by the step (SphereFace's lambda) follow the trainer's step.

@@ -1,0 +1,97 @@
+"""The interface every method implements: :class:`Method`, with its defaults in code."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Method(nn.Module):
+    """How a batch of augmented views (and maybe labels) becomes a loss.
+
+    A method holds everything that trains: backbone, heads and the loss (with any parameters of
+    its own, such as a classification head), so one ``accelerator.prepare(method)`` and one
+    optimizer cover every parameter. A subclass sets the class attributes that differ from
+    these defaults, implements :meth:`from_config` and ``forward``, and is registered by name
+    in :data:`sslkit.methods.METHODS`; see ``docs/add-a-method.md``.
+
+    ``forward(view1, view2, labels=None)`` returns the scalar loss (``labels`` is None unless
+    :attr:`needs_labels`; a method with :attr:`needs_indices` also takes ``indices``).
+
+    Attributes:
+        needs_labels: the dataset must be labelled; the trainer passes ``labels``.
+        needs_indices: the method keeps per-sample state (NPID's memory bank): the trainer passes
+            each sample's index into the training set as ``indices``.
+        loss_names: the registry losses (``loss.name``) it trains with, checked when a recipe is
+            loaded (:func:`sslkit.methods.check_loss`).
+        min_batch_size: the smallest global batch it can contrast. 2 for the methods whose negatives
+            are the batch's other images: with one image the loss is exactly 0 and nothing trains
+            (:func:`sslkit.methods.check_batch_size`).
+        options: the ``method.*`` recipe keys it reads, so that a key set for another method is
+            noted when training starts (:func:`sslkit.methods.unused_options`).
+        num_views: how many augmented views of each image the trainer passes (every method here
+            takes 2; a one-view method such as supervised fine-tuning would say 1).
+        backbone: the encoder that is evaluated and exported (set by the subclass).
+        backbone_frozen: the trainer sets it during ``train.freeze_backbone_epochs``; a method
+            encodes through :meth:`encode`, which then sends no gradient to the backbone.
+    """
+
+    needs_labels: bool = False
+    needs_indices: bool = False
+    loss_names: tuple[str, ...] = ()
+    min_batch_size: int = 1
+    options: tuple[str, ...] = ()
+    num_views: int = 2
+    backbone: nn.Module
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone_frozen = False
+
+    @classmethod
+    def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> Method:
+        """The method around ``backbone`` with the recipe's ``method.*``, ``model.*`` and ``loss`` settings.
+
+        Args:
+            cfg: the run's :class:`~sslkit.config.Config`.
+            backbone: the encoder, already built from ``cfg.model``.
+            num_classes: classes of the training set (heads size their weights with it).
+            num_samples: images in the training set, for methods that keep per-sample state; None
+                where the caller does not know it.
+
+        Raises:
+            UserError: one line for a setting the method cannot train with.
+        """
+        raise NotImplementedError(f"{cls.__name__} does not implement from_config")
+
+    @classmethod
+    def notes(cls, cfg, num_samples: int) -> list[str]:
+        """Notes on settings that run but defeat the method on a training set of ``num_samples`` images."""
+        return []
+
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        """Called by the trainer after every optimizer step, for state the optimizer does not own.
+
+        ``step`` counts the steps before this one. MoCo moves its momentum encoder here.
+        """
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Backbone features; while :attr:`backbone_frozen`, no gradient reaches the backbone and its
+        BatchNorm keeps its statistics.
+
+        Freezing this way (no graph through the backbone, rather than ``requires_grad_(False)``)
+        can be switched on and off between epochs under DDP, and the optimizer skips parameters
+        whose gradient is None, so momentum buffers are not touched while frozen.
+        """
+        if not self.backbone_frozen:
+            return self.backbone(images)
+        was_training = self.backbone.training
+        self.backbone.eval()
+        with torch.no_grad():
+            features = self.backbone(images)
+        self.backbone.train(was_training)
+        return features
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """The features evaluation uses: the backbone's output (a method with a neck may add it)."""
+        return self.backbone(images)
