@@ -29,8 +29,19 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from sslkit import distributed
 
+
+def _privateuse1_backend_name() -> str:
+    """The device type of an out-of-tree (PrivateUse1) backend, as torch.nn.SyncBatchNorm checks it.
+
+    torch's getter is private, hence guarded; without it, the name torch gives that backend until
+    a plugin renames it.
+    """
+    getter = getattr(torch._C, "_get_privateuse1_backend_name", None)
+    return getter() if getter is not None else "privateuseone"
+
+
 # Devices on which torch.nn.SyncBatchNorm has kernels (see its forward).
-_TORCH_SYNC_DEVICES = ("cuda", "xpu", "hpu", torch._C._get_privateuse1_backend_name())
+_TORCH_SYNC_DEVICES = ("cuda", "xpu", "hpu", _privateuse1_backend_name())
 
 
 def _global_moments(
@@ -49,9 +60,8 @@ def _global_moments(
         mean, variance: (C,) of this process; returns the global (C,), (C,) and the 0-d count n.
     """
     counts = torch.full_like(mean, count)
-    parts = distributed.gather_no_grad(
-        torch.stack([mean, variance * counts, counts]).unsqueeze(0), check=False
-    )  # (W, 3, C): one collective, one row each
+    # (W, 3, C): one collective, one row each
+    parts = distributed.gather_no_grad(torch.stack([mean, variance * counts, counts]).unsqueeze(0), check=False)
     means, sums, counts = parts[:, 0], parts[:, 1], parts[:, 2]
     total = counts.sum(0)  # (C,), every entry n
     global_mean = (counts * means).sum(0) / total
@@ -73,18 +83,16 @@ class _GlobalBatchNormFunction(torch.autograd.Function):
     through the shared moments (the sums are global), as torch's SyncBatchNorm computes it;
     the weight and bias gradients are local sums, which DDP then averages.
 
-    Hand-written so that torch's fused kernels do the passes over the activations. Measured on
-    a 2-core CPU (ResNet-18 width 16, 256 images of 28x28, one thread, collectives left out):
-    1.15x the forward + backward time of plain BatchNorm; autograd through ``torch.var_mean``
-    took 1.4x. In two CPU processes (Fashion-MNIST recipe) a step still runs at about 0.7x the
-    speed of per-process BatchNorm (690 against 950 img/s): the rest is the two collectives per
-    layer, at each of which a process waits for the other.
+    Hand-written so that torch's fused kernels do the passes over the activations, close to
+    plain BatchNorm's own cost; autograd through ``torch.var_mean`` makes more passes and graph
+    nodes. Across processes a step is still slower than with per-process BatchNorm: each layer
+    adds two collectives, at each of which a process waits for the others.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, num_batches_tracked):
-        # torch's fused training kernel for the local moments (torch.var_mean over (N, H, W) took
-        # 6x as long on the CPU); its output, normalised with them, is then moved to the global
+        # torch's fused training kernel for the local moments (much faster on the CPU than
+        # torch.var_mean over (N, H, W)); its output, normalised with them, is then moved to the global
         # ones by one affine map per channel: y = y_local * sigma_r / sigma * w + (mu_r - mu) / sigma * w + b.
         out, local_mean, local_inv_std = torch.native_batch_norm(x, None, None, None, None, True, 0.0, eps)
         local_variance = (local_inv_std.pow(-2) - eps).clamp_min(0)  # (C,)

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sslkit.losses import margin_softmax
 from sslkit.losses._workspace import Workspace
 from sslkit.losses.adacos import AdaCosHead
 from sslkit.losses.adacos_dynamic import AdaCosDynamicHead
@@ -314,6 +315,44 @@ def test_scaled_unit_rows_match_f_normalize_with_and_without_a_zero_row(zero_row
     assert torch.isfinite(x1.grad).all()
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs", [*HEADS, (ProxyAnchorHead, {}), (ProxyNCAHead, {})], ids=[*IDS, "ProxyAnchorHead", "ProxyNCAHead"]
+)
+@pytest.mark.parametrize("zero_row", [False, True])
+def test_public_fallback_of_the_fused_weight_norm_gives_the_same_values_and_gradients(
+    monkeypatch, cls, kwargs, zero_row
+):
+    """Without aten's private weight-norm ops (``FUSED_WEIGHT_NORM`` off, as where a torch lacks
+    them) every head gives the same loss, logits and gradients, for a CLS-token slice too (the
+    kernel reads storage whatever the strides) and with a zero embedding and a zero class weight."""
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.randn(7, 2, 8, dtype=torch.float64, generator=g)
+    if zero_row:
+        tokens[3] = 0
+    labels = torch.tensor([0, 1, 2, 3, 4, 5, 0])
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(margin_softmax, "FUSED_WEIGHT_NORM", fused)
+        torch.manual_seed(0)
+        head = cls(8, 6, **kwargs).double()
+        if zero_row:
+            with torch.no_grad():
+                next(head.parameters())[5] = 0  # class weights or proxies
+        source = tokens.clone().requires_grad_(True)
+        x = source[:, 0]  # not contiguous
+        loss = head(x, labels)
+        loss.backward()
+        grads = [p.grad for p in head.parameters() if p.grad is not None]
+        results.append((loss.detach(), head.logits(x).detach(), source.grad, grads))
+    (v0, l0, g0, p0), (v1, l1, g1, p1) = results
+    torch.testing.assert_close(v1, v0, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(l1, l0, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g1, g0, rtol=1e-10, atol=1e-12)
+    assert len(p1) == len(p0) > 0
+    for a, b in zip(p1, p0):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 def _naive_arcface(x, weight, labels, scale=64.0, margin=0.5):

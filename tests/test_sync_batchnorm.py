@@ -172,3 +172,14 @@ def test_every_batchnorm_of_a_method_is_converted_and_moco_split_batchnorm_is_re
     )
     with pytest.raises(UserError, match="bn_splits=1"):
         build_method(moco, build_backbone("resnet18", 4), 10, 100)
+
+
+def test_torch_sync_devices_without_torchs_private_backend_name_getter(monkeypatch):
+    """The PrivateUse1 backend's device type comes from a private torch getter, guarded: without it
+    the public default name is used, the name the getter gives while no plugin renames the backend."""
+    from sslkit import sync_batchnorm
+
+    private = sync_batchnorm._privateuse1_backend_name()
+    assert sync_batchnorm._TORCH_SYNC_DEVICES == ("cuda", "xpu", "hpu", private)
+    monkeypatch.delattr(torch._C, "_get_privateuse1_backend_name")
+    assert sync_batchnorm._privateuse1_backend_name() == private == "privateuseone"

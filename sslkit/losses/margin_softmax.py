@@ -27,12 +27,11 @@ half a dozen (N, C) temporaries; ``F.normalize`` on the (C, D) weights adds as m
   gradient into the softmax matrix so that the same two matmuls carry it. Its two large
   temporaries (the (N, C) logits and the (C, D) product before the weight gradient's radial
   part is removed) are reused from the head's :class:`~sslkit.losses._workspace.Workspace`,
-  so that a step does not fault fresh pages in for them. Measured at N=512, D=512, C=10,000, fp32, on a 2-core
-  CPU (``tools/bench/losses.py --only heads``): 1.13-1.21x the three bare matmuls
-  (pytorch-metric-learning's ArcFaceLoss: 2.4-2.7x). What is left over the matmuls is memory
-  passes: the weight norms, one ``addcmul``, one ``exp``, one row sum and the radial part of
-  the weight gradient (:func:`_unit_weight_grad`), 1-3.5 ms each (a 20 MiB array is not in
-  cache after a matmul of this size), and 2-3 ms of small per-row ops. Its one host sync
+  so that a step does not fault fresh pages in for them. What is left over the three matmuls
+  is memory passes (``tools/bench/losses.py --only heads`` times them against the bare matmuls
+  and pytorch-metric-learning): the weight norms, one ``addcmul``, one ``exp``, one row sum and
+  the radial part of the weight gradient (:func:`_unit_weight_grad`), each over an array too
+  large to still be in cache after the matmul, and a few small per-row ops. Its one host sync
   (the largest target logit and the range of the weight norms, to decide whether the softmax
   needs a row shift, and the smallest weight norm, for the backward) adds nothing to a
   training step, which syncs on the loss anyway. (Normalising the features is one more:
@@ -60,6 +59,12 @@ from sslkit.losses.head import Head
 
 _NORM_EPS = 1e-12
 
+# aten's fused weight-norm kernels (private ops, so guarded): one pass over memory where the same
+# maths in public ops takes several. Chosen once here; the tests also run the public fallback.
+FUSED_WEIGHT_NORM = hasattr(torch, "_weight_norm_interface") and hasattr(
+    torch.ops.aten, "_weight_norm_interface_backward"
+)
+
 
 def _unit_weight_grad(
     grad: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, degenerate: bool | None = None
@@ -73,9 +78,8 @@ def _unit_weight_grad(
 
     Where ``||W_j||`` is below eps (clamped, as in ``F.normalize``) the row has no radial part.
     This is weight normalisation's backward (Salimans & Kingma 2016, eq. 4) with the gain g set
-    to ``||W_j||``, so aten's fused kernel for it does the work: one pass over memory, where
-    ``vecdot`` then ``addcmul_`` make three (2.8 ms against 5.0 ms at C = 10,000, D = 512 on
-    two CPU cores).
+    to ``||W_j||``, so aten's fused kernel for it does the work (:data:`FUSED_WEIGHT_NORM`): one
+    pass over memory, where the public ops of the fallback make three.
 
     ``degenerate``: whether some row's norm is <= eps, when the caller already knows (a host
     sync fewer on an accelerator); None checks here.
@@ -84,9 +88,13 @@ def _unit_weight_grad(
         grad, weight: (C, D); norm: (C,) the rows' L2 norms, unclamped. Returns (C, D).
     """
     clamped = norm.clamp_min(_NORM_EPS).unsqueeze(1)  # (C, 1)
-    grad_weight, _ = torch.ops.aten._weight_norm_interface_backward(
-        grad.contiguous(), weight.contiguous(), clamped, clamped, 0
-    )
+    if FUSED_WEIGHT_NORM:  # the kernel reads storage whatever the strides: contiguous copies first
+        grad_weight, _ = torch.ops.aten._weight_norm_interface_backward(
+            grad.contiguous(), weight.contiguous(), clamped, clamped, 0
+        )
+    else:
+        radial = torch.linalg.vecdot(grad, weight, dim=1).unsqueeze(1) / (clamped * clamped)  # (C, 1)
+        grad_weight = grad - weight * radial
     if degenerate is None:
         degenerate = bool((norm <= _NORM_EPS).any())
     if degenerate:  # all-zero rows: rare, so one small check beats a where() pass
@@ -98,23 +106,24 @@ def _scaled_unit_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
     """``scale * x_i / max(||x_i||, eps)``, differentiable, in two fused kernels.
 
     This is weight normalisation (Salimans & Kingma 2016, eq. 2) of the rows with the gain g
-    set to ``scale``: aten's fused forward and backward for it take 0.33 ms against 1.7 ms for
-    the norm, clamp, reciprocal and products through autograd at N = D = 512 on two CPU
-    cores. It divides by ``||x_i||`` unclamped, so a batch with a (near-)zero row takes the
-    clamped way instead, as ``F.normalize`` does.
+    set to ``scale``: aten's fused forward and backward for it (:data:`FUSED_WEIGHT_NORM`)
+    replace the norm, clamp, reciprocal and products through autograd, several passes and graph
+    nodes. It divides by ``||x_i||`` unclamped, so a batch with a (near-)zero row takes the
+    clamped way instead, as ``F.normalize`` does; so does everything without the fused kernel.
 
     Shape:
         x: (N, D); returns (N, D).
     """
     if x.shape[0] == 0:  # aten's CPU kernel dies with SIGFPE (a division by zero) on no rows
         return x * scale
-    # aten's CPU kernel reads the first N*D numbers of storage whatever the strides (a CLS-token
-    # slice x[:, 0] came out wrong) and its backward refuses a non-contiguous input: copy first.
-    x = x.contiguous()
-    gain = torch.full((x.shape[0], 1), scale, dtype=x.dtype, device=x.device)
-    unit, norm = torch._weight_norm_interface(x, gain, 0)
-    if bool((norm > _NORM_EPS).all()):
-        return unit
+    if FUSED_WEIGHT_NORM:
+        # aten's CPU kernel reads the first N*D numbers of storage whatever the strides (a CLS-token
+        # slice x[:, 0] came out wrong) and its backward refuses a non-contiguous input: copy first.
+        x = x.contiguous()
+        gain = torch.full((x.shape[0], 1), scale, dtype=x.dtype, device=x.device)
+        unit, norm = torch._weight_norm_interface(x, gain, 0)
+        if bool((norm > _NORM_EPS).all()):
+            return unit
     return x * (torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(_NORM_EPS).reciprocal() * scale)
 
 
@@ -435,9 +444,10 @@ class _CosineMarginCE(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_features = (scaled @ weight).mul_(row_scale)  # (N, D)
         if ctx.needs_input_grad[1]:
+            # (C, D)
             grad_weight = _weight_grad_via_workspace(
                 scaled, features * row_scale, weight, norm, workspace, ctx.degenerate_weight
-            )  # (C, D)
+            )
         workspace.give_back("logits", scaled)  # read for the last time by the matmuls above
         return grad_features, grad_weight, None, grad_radius, None, None, None, None
 
