@@ -14,8 +14,8 @@ follow a worker's one-line error), which Accelerate then sees as a multi-CPU (gl
 ``--num_processes``, ``accelerate launch`` sets ``OMP_NUM_THREADS=1`` (its rule that spreads
 the cores over the processes only runs when it counts at least one process, and it counts the
 GPUs: none). ``accelerate launch sslkit/pretrain.py recipes/fashion_mnist_simclr.yaml`` then
-trained at 600-700 img/s on a 2-core CPU against 1100-1230 img/s for ``python
-sslkit/pretrain.py ...``: torch used one core of two.
+trained far slower than ``python sslkit/pretrain.py ...``: torch used one core of the machine's
+several.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _requested_processes(parent_cmdline: list[str]) -> int:
 
 
 def relaunch_cpu_processes() -> int | None:
-    """If started by ``accelerate launch --cpu --num_processes N>1`` as one process, run N and return their exit code."""
+    """If ``accelerate launch --cpu --num_processes N>1`` started one process, run N; return their exit code."""
     env = os.environ
     if (
         env.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true")

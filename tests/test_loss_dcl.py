@@ -39,7 +39,7 @@ def dcl_reference(z1, z2, temperature, negatives=None, weights=None):
         for i in range(n):
             anchor = views[k][i]
             denominator = sum(
-                torch.exp(anchor @ views[l][j] / temperature) for l in range(2) for j in range(n) if j != i
+                torch.exp(anchor @ views[v][j] / temperature) for v in range(2) for j in range(n) if j != i
             )
             losses.append(-w[i] * (z1[i] @ z2[i]) / temperature + torch.log(denominator))
     return torch.stack(losses).mean()

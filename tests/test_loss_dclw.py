@@ -48,7 +48,7 @@ def dclw_reference(z1, z2, temperature, sigma, negatives=None):
     for k in range(2):
         for i in range(n):
             denominator = sum(
-                torch.exp(views[k][i] @ views[l][j] / temperature) for l in range(2) for j in range(n) if j != i
+                torch.exp(views[k][i] @ views[v][j] / temperature) for v in range(2) for j in range(n) if j != i
             )
             losses.append(-w[i] * (z1[i] @ z2[i]) / temperature + torch.log(denominator))
     return torch.stack(losses).mean()

@@ -35,7 +35,7 @@ def lifted_reference(embeddings, labels, margin, normalize=True):
             if i == j or labels[i] != labels[j]:
                 continue
             exps = [torch.exp(margin - d(i, k)) for k in range(n) if labels[k] != labels[i]]
-            exps += [torch.exp(margin - d(j, l)) for l in range(n) if labels[l] != labels[j]]
+            exps += [torch.exp(margin - d(j, m)) for m in range(n) if labels[m] != labels[j]]
             if not exps:  # log(0) = -inf: the hinge is 0
                 terms.append(x.sum() * 0)
                 continue

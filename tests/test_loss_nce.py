@@ -1,7 +1,6 @@
 """NCE: value and gradient against a loop written from NPID eq. 5-8 (no peer library implements it),
 NPID's frozen normaliser, two real processes, and fp16/bf16 autocast."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F

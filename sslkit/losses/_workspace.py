@@ -5,10 +5,10 @@ Why by hand. On the CPU, PyTorch allocates with the C library's ``malloc``, and 
 so the same block allocated again next step is fresh memory: one page fault per 4 KiB page
 when it is first written. A margin-softmax head at N=512, D=512, C=10,000 allocates two 20 MiB
 temporaries per step (the (N, C) logits and the (C, D) weight gradient before its radial
-part is removed); run on its own between bare matmuls on a 2-core CPU it faulted 5,000-9,000
-pages a step, and 3,000-4,000 with the two buffers reused (the weight gradient it returns
-must be new memory). Accelerators have caching allocators already, so there
-:meth:`Workspace.take` just allocates and :meth:`Workspace.give_back` keeps nothing.
+part is removed); reusing the two buffers spares the page faults of their first write in
+every step (the weight gradient it returns must be new memory, and still faults its pages).
+Accelerators have caching allocators already, so there :meth:`Workspace.take` just allocates
+and :meth:`Workspace.give_back` keeps nothing.
 
 The buffers stay allocated between calls (the (N, C) and (C, D) sizes of the last one);
 :meth:`Workspace.clear` frees them.

@@ -24,7 +24,8 @@ class AdaCosHead(MarginSoftmaxHead):
         loss_i = -log( exp(s cos theta_y) / sum_j exp(s cos theta_j) )
 
     [0] chooses ``s`` so that the target probability rises steeply around ``theta_y = pi/4``
-    when the other classes are near-orthogonal (``cos theta_j`` about 0). For C = 10,000 this gives s = 13.0 (ArcFace uses 64).
+    when the other classes are near-orthogonal (``cos theta_j`` about 0). For C = 10,000 this
+    gives s = 13.0 (ArcFace uses 64).
     pytorch-metric-learning has no AdaCos; the dynamic variant is :class:`AdaCosDynamicHead`.
 
     Args:

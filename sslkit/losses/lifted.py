@@ -90,9 +90,8 @@ def lifted_structure_loss(
         log_zero = torch.finfo(x.dtype).min
         negative_lse = torch.where(has_negative[:, 0], logits.logsumexp(dim=1), dist.new_full((n,), log_zero))
         if gather_distributed and distributed.is_distributed():
-            candidate_lse = distributed.gather_with_grad(
-                negative_lse, check=False
-            )  # (N,); sizes checked with the embeddings
+            # (N,); sizes checked with the embeddings
+            candidate_lse = distributed.gather_with_grad(negative_lse, check=False)
         else:
             candidate_lse = negative_lse  # (N,)
 

@@ -16,7 +16,7 @@ class SphereFaceHead(LSoftmaxHead):
 
     The A-Softmax loss of [0] (arXiv 1704.08063), i.e. L-Softmax [1] with normalised weights::
 
-        loss_i = -log( exp(||x_i|| psi(theta_y)) / (exp(||x_i|| psi(theta_y)) + sum_{j != y} exp(||x_i|| cos theta_j)) )
+        loss_i = -log( e_y / (e_y + sum_{j != y} exp(||x_i|| cos theta_j)) ),   e_y = exp(||x_i|| psi(theta_y))
         psi(theta) = (-1)^k cos(m theta) - 2k,   theta in [k pi/m, (k+1) pi/m],  k in {0, ..., m-1}
 
     with the annealing the authors train with: the target uses
