@@ -45,14 +45,11 @@ class Supervised(Method):
         head = losses.build(cfg.loss.name, embedding_dim=m.projector_out, num_classes=num_classes, **kwargs)
         return cls(backbone, neck, head)
 
-    def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """The neck's embeddings, the space the head's class weights live in."""
-        return self.neck(self.encode(images))
-
     def after_optimizer_step(self, step: int, total_steps: int) -> None:
         # Heads annealed by the step (SphereFace's lambda) follow the trainer's step.
         if hasattr(self.loss, "set_step"):
             self.loss.set_step(step + 1)
 
     def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        return self.loss(self.embed(torch.cat([view1, view2])), torch.cat([labels, labels]))
+        embeddings = self.neck(self.encode(torch.cat([view1, view2])))  # the head's space, (2B, D)
+        return self.loss(embeddings, torch.cat([labels, labels]))
