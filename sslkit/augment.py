@@ -335,19 +335,24 @@ class TwoViewAugment(nn.Module):
         channels: input channels, 1 (grey) or 3 (RGB).
         mean, std: the dataset's per-channel statistics in [0, 1] units (used if
             ``cfg.normalize``).
+        num_views: 2, or 1 for methods that train on one view (fine-tuning: view 1's probabilities).
 
     Attributes:
         out_channels: channels of each view, equal to ``channels`` (see the module doc).
 
     Shape:
         images: (B, C, H, W) uint8 on any device.
-        returns: two (B, C, S, S) float32 tensors on the same device, S = ``cfg.image_size``.
+        returns: ``num_views`` (B, C, S, S) float32 tensors on the same device, S = ``cfg.image_size``.
     """
 
-    def __init__(self, cfg: AugmentConfig, channels: int, mean: Sequence[float], std: Sequence[float]) -> None:
+    def __init__(
+        self, cfg: AugmentConfig, channels: int, mean: Sequence[float], std: Sequence[float], num_views: int = 2
+    ) -> None:
         super().__init__()
         _check_channels(channels, mean, std, cfg.normalize)
-        self.cfg = cfg
+        if num_views not in (1, 2):
+            raise ValueError(f"num_views must be 1 or 2, got {num_views}")
+        self.cfg, self.num_views = cfg, num_views
         self.channels = channels
         self.out_channels = channels
         size = cfg.image_size
@@ -402,13 +407,13 @@ class TwoViewAugment(nn.Module):
         costs one flip of the source batch instead of a gather, flip and scatter of the views.
 
         Shape:
-            x: (B, C, H, W) float; returns (2B, C, S, S).
+            x: (B, C, H, W) float; returns (VB, C, S, S) for V views.
         """
-        batch, width = x.shape[0], x.shape[-1]
-        corners = self.crop_boxes((2 * batch, *x.shape[1:]))["src"]  # (2B, 4, 2): inclusive (x, y) pixel corners
-        boxes = torch.cat([corners[:, 0], corners[:, 2]], dim=1)  # (2B, 4): x0, y0, x1, y1
-        image_index = torch.arange(batch).repeat(2)  # (2B,): view 1 of every image, then view 2
-        flip = torch.rand(2 * batch) < self.cfg.hflip_p  # (2B,)
+        batch, width, views = x.shape[0], x.shape[-1], self.num_views
+        corners = self.crop_boxes((views * batch, *x.shape[1:]))["src"]  # (VB, 4, 2): inclusive (x, y) corners
+        boxes = torch.cat([corners[:, 0], corners[:, 2]], dim=1)  # (VB, 4): x0, y0, x1, y1
+        image_index = torch.arange(batch).repeat(views)  # (VB,): view 1 of every image, then view 2
+        flip = torch.rand(views * batch) < self.cfg.hflip_p  # (VB,)
         if flip.any():
             x = torch.cat([x, x.flip(-1)])  # (2B, C, H, W): image i mirrored at i + B
             image_index = torch.where(flip, image_index + batch, image_index)
@@ -417,17 +422,17 @@ class TwoViewAugment(nn.Module):
         return resized_crop(x, boxes, image_index, self.cfg.image_size)
 
     @torch.no_grad()
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         _check_images(images, self.channels)
         batch = images.shape[0]
         x = _to_unit_float(images)
-        x = self._crop_and_flip(x)  # (2B, C, S, S), view 1 first
-        for op, (p1, p2) in zip(self.steps, self.step_probabilities):
-            probability = torch.cat([torch.full((batch,), p1), torch.full((batch,), p2)])  # (2B,)
+        x = self._crop_and_flip(x)  # (VB, C, S, S), view 1 first
+        for op, probabilities in zip(self.steps, self.step_probabilities):
+            probability = torch.cat([torch.full((batch,), p) for p in probabilities[: self.num_views]])  # (VB,)
             x = _apply_to_some(op, x, probability)
         if self.normalize is not None:
             x = self.normalize(x)
-        return x[:batch], x[batch:]
+        return tuple(x.chunk(self.num_views))
 
     def extra_repr(self) -> str:
         probabilities = ", ".join(

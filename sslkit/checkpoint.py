@@ -93,6 +93,7 @@ _FIXED_ON_RESUME = (
     "loss.name",
     "data.name",
     "data.holdout_classes",
+    "data.label_",  # the labelled subset: label_fraction, labels_per_class, label_seed
     "data.image_size",
     "augment.image_size",
     "optim.name",
@@ -218,6 +219,24 @@ def export_backbone(backbone: torch.nn.Module, path: Path) -> Path:
     save_file(state, str(tmp))
     os.replace(tmp, path)
     return path
+
+
+def load_method_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """The whole method's weights (backbone, heads, classifier) from a run directory's latest checkpoint or
+    a checkpoint directory: Accelerate's ``model.safetensors``."""
+    path = Path(path)
+    found = [path] if (path / PROGRESS_FILE).is_file() else list_checkpoints(path)
+    if not found or not (found[-1] / "model.safetensors").is_file():
+        raise UserError(f"'{path}' holds no checkpoint with model.safetensors; give a run directory or a checkpoint")
+    return load_file(str(found[-1] / "model.safetensors"))
+
+
+def run_directory_of(path: str | Path) -> Path | None:
+    """The run directory (the folder with ``config.yaml``) of a run, a checkpoint in one, or a file in one."""
+    path = Path(path)
+    return next(
+        (folder for folder in (path, path.parent, path.parent.parent) if (folder / "config.yaml").is_file()), None
+    )
 
 
 def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:

@@ -77,6 +77,14 @@ class DataConfig:
             need none).
         holdout_classes: Class indices kept out of training; the runs add retrieval on them (Recall@K, MAP@R,
             NMI on unseen classes) next to kNN / linear accuracy on the seen ones.
+        label_fraction: Keep the labels of this fraction (0 < f <= 1) of the labelled training split, the same
+            number of images from every class (seeded by ``label_seed``); ``null``: every label. Supervised
+            methods train on that subset only, the others see its labels only (the rest become -1), and the
+            kNN memory and linear probe hold only the subset. The chosen indices are saved in the run
+            directory as ``label_subset.json``.
+        labels_per_class: Keep this many labelled images of every class instead (``null``: see
+            ``label_fraction``; set at most one of the two).
+        label_seed: The seed that picks the labelled subset; ``null``: ``run.seed``.
     """
 
     name: str = "digits"
@@ -86,6 +94,9 @@ class DataConfig:
     image_size: int | None = None
     num_workers: int = 0
     holdout_classes: list[int] = field(default_factory=list)
+    label_fraction: float | None = None
+    labels_per_class: int | None = None
+    label_seed: int | None = None
 
 
 @dataclass
@@ -183,6 +194,11 @@ class MethodConfig:
             in one process); 1: BatchNorm over the whole batch.
         predictor_hidden: mocov3: hidden width of the 2-layer predictor.
         num_negatives: nce: noise samples drawn from the memory bank per step (NPID: 4096).
+        teacher: distill: the fine-tuned run (a run directory or checkpoint) whose softened predictions the
+            student learns from.
+        distill_temperature: distill: the temperature of teacher and student softmaxes (SimCLRv2: 1).
+        distill_label_weight: distill: weight of the cross-entropy on the labelled images (``data.label_fraction``)
+            added to the distillation loss; 0: distillation alone, as SimCLRv2.
     """
 
     name: str = "simclr"
@@ -193,6 +209,9 @@ class MethodConfig:
     bn_splits: int = 8
     predictor_hidden: int = 4096
     num_negatives: int = 4096
+    teacher: str | None = None
+    distill_temperature: float = 1.0
+    distill_label_weight: float = 0.0
 
 
 @dataclass
@@ -303,6 +322,9 @@ class EvalConfig:
         compare_random_init: Also evaluate the same encoder at random init.
         compare_raw_pixels: Also evaluate raw pixels with the same kNN / linear probe (the floor to beat).
         batch_size: Batch size of the feature extraction.
+        label_fraction: The labelled subset the kNN memory and linear probe use, as ``data.label_fraction``;
+            ``null``: ``data.label_fraction``. Evaluates one run at several label fractions without retraining.
+        labels_per_class: As ``data.labels_per_class``, for evaluation only; ``null``: ``data.labels_per_class``.
     """
 
     knn_k: int = 200
@@ -314,6 +336,8 @@ class EvalConfig:
     compare_random_init: bool = False
     compare_raw_pixels: bool = False
     batch_size: int = 512
+    label_fraction: float | None = None
+    labels_per_class: int | None = None
 
 
 @dataclass
@@ -680,6 +704,22 @@ def _check_range(value: float, key: str, source: str, low: float | None = None, 
         raise UserError(f"{source}: '{key}' must be {bounds}, got {value}")
 
 
+def _check_label_subset(section, prefix: str, source: str) -> None:
+    """``label_fraction`` in (0, 1], ``labels_per_class`` >= 1, and not both (``data.*`` or ``eval.*``)."""
+    fraction, per_class = section.label_fraction, section.labels_per_class
+    if fraction is not None and not 0 < fraction <= 1:
+        raise UserError(
+            f"{source}: '{prefix}.label_fraction' must be in (0, 1] (0.01 keeps 1% of the labels), got {fraction}"
+        )
+    if per_class is not None:
+        _check_range(per_class, f"{prefix}.labels_per_class", source, 1)
+    if fraction is not None and per_class is not None:
+        raise UserError(
+            f"{source}: set {prefix}.label_fraction or {prefix}.labels_per_class, not both (got {fraction} and "
+            f"{per_class}); set the other to null, e.g. {prefix}.label_fraction=null {prefix}.labels_per_class={per_class}"
+        )
+
+
 def validate(cfg: Config, source: str = "recipe") -> None:
     """Check names against the registries and numbers against their valid ranges."""
     # Imported here: the registries import torch-heavy modules that plain YAML parsing does not need.
@@ -765,4 +805,9 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     for key, value in (("optim.lr", cfg.optim.lr), ("eval.knn_temperature", cfg.eval.knn_temperature)):
         if not value > 0:
             raise UserError(f"{source}: '{key}' must be > 0, got {value}")
+    _check_label_subset(cfg.data, "data", source)
+    _check_label_subset(cfg.eval, "eval", source)
+    if not cfg.method.distill_temperature > 0:
+        raise UserError(f"{source}: 'method.distill_temperature' must be > 0, got {cfg.method.distill_temperature}")
+    _check_range(cfg.method.distill_label_weight, "method.distill_label_weight", source, 0.0)
     cfg.loss.kwargs = losses.check_loss_kwargs(cfg.loss.name, cfg.loss.kwargs, source)

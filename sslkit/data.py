@@ -154,6 +154,10 @@ class ImageTensorDataset(Dataset):
         index = torch.as_tensor(indices, dtype=torch.int64)
         return ImageTensorDataset(self.images[index], self.labels[index], self.classes, self.info)
 
+    def with_labels(self, labels: torch.Tensor) -> ImageTensorDataset:
+        """The same images with other labels (-1: unlabelled), e.g. only a labelled subset's."""
+        return ImageTensorDataset(self.images, labels, self.classes, self.info)
+
     def select_classes(self, classes: Iterable[int], keep: bool = True) -> ImageTensorDataset:
         """The samples of ``classes`` (``keep=True``) or of every other class (``keep=False``).
 
@@ -196,6 +200,11 @@ class ImageFolderDataset(Dataset):
     def subset(self, indices: Sequence[int] | torch.Tensor) -> ImageFolderDataset:
         """A new dataset of the given samples (labels and class names unchanged)."""
         return ImageFolderDataset([self.samples[int(i)] for i in indices], self.classes, self.image_size)
+
+    def with_labels(self, labels: torch.Tensor) -> ImageFolderDataset:
+        """The same images with other labels (-1: unlabelled), e.g. only a labelled subset's."""
+        samples = [(path, int(label)) for (path, _), label in zip(self.samples, labels)]
+        return ImageFolderDataset(samples, self.classes, self.image_size)
 
     def select_classes(self, classes: Iterable[int], keep: bool = True) -> ImageFolderDataset:
         """The samples of ``classes`` (``keep=True``) or of every other class; labels unchanged."""

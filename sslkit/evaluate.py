@@ -16,6 +16,7 @@ if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[1])  # see sslkit/pretrain.py
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 
@@ -46,10 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def saved_config_for(target: Path) -> Path | None:
     """The run's config.yaml for a run directory, a checkpoint in one, or a file in one."""
-    for folder in (target, target.parent, target.parent.parent):
-        if (folder / "config.yaml").is_file():
-            return folder / "config.yaml"
-    return None
+    from sslkit.checkpoint import run_directory_of
+
+    run_dir = run_directory_of(target)
+    return run_dir / "config.yaml" if run_dir is not None else None
 
 
 def default_out(target: Path) -> Path:
@@ -171,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         accelerator = Accelerator(mixed_precision="no")
         if accelerator.device.type == "cpu":
             cpu_threads(None)  # accelerate launch may have pinned one thread (sslkit/launch.py)
-        splits = build_splits(cfg, train_split="train")  # as in training: held-out classes for retrieval
+        # As in training: held-out classes for retrieval, and the run's own labelled subset (label_subset.json
+        # beside its config.yaml) unless eval.label_fraction / eval.labels_per_class ask for another.
+        run_dir = saved.parent if (saved := saved_config_for(target)) is not None else None
+        splits = build_splits(cfg, train_split="train", run_dir=run_dir, for_evaluation=True)
         info = splits.info
         preprocess = EvalTransform(
             cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize
@@ -190,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     if accelerator.is_main_process:
         console.print(results_table(results, f"{target}: {cfg.data.name}"))
         report = {"target": str(target), "results": results["encoder"]}
+        if splits.subset is not None:  # the labelled images the kNN memory and the probe held
+            report["label_subset"] = {**dataclasses.asdict(splits.subset_spec), "images": len(splits.subset)}
         if "raw pixels" in results:
             report["raw_pixels"] = results["raw pixels"]
         out.write_text(json.dumps(report, indent=2))

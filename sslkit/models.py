@@ -42,6 +42,7 @@ class ScaledResNet(ResNet):
         self.bn1 = nn.BatchNorm2d(width)
         nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")
         self.feature_dim = 8 * width * block.expansion
+        self.in_channels = in_channels
         self.fc = nn.Identity()
 
     def _make_layer(self, block, planes, blocks, stride=1, dilate=False):

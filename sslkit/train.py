@@ -32,7 +32,7 @@ from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwa
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader, Sampler
 
-from sslkit import checkpoint, data, distributed, launch, methods, models, optim
+from sslkit import checkpoint, data, distributed, label_subset, launch, methods, models, optim
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, flatten, save_config, to_dict
 from sslkit.console import console, print_config, results_table
@@ -223,7 +223,7 @@ def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoa
     """The training loader (uint8 batches, ``local_batch`` per process) and the sampler that orders its epochs."""
     sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
     # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
-    needs_indices = getattr(methods.METHODS[cfg.method.name], "needs_indices", False)
+    needs_indices = methods.METHODS[cfg.method.name].needs_indices
     loader = DataLoader(
         data.WithIndices(train_set) if needs_indices else train_set,
         batch_size=local_batch,
@@ -314,12 +314,19 @@ def optimizer_step(accelerator, method, optimizer, views, labels, indices, lr: f
 # ---------------------------------------------------------------------- the steps of a run
 
 
-def announce(
-    cfg: Config, run_dir: Path, accelerator: Accelerator, notes: list[str], threads, num_samples: int
-) -> None:
-    """Create the run directory with its config.yaml, and print the config, the notes and the set-up line."""
+def announce(cfg: Config, run_dir: Path, accelerator: Accelerator, notes: list[str], threads, splits: Splits):
+    """Create the run directory with its config.yaml (and label subset), and print the config, the notes
+    and the set-up line."""
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
+    if splits.subset is not None:
+        label_subset.save(run_dir / label_subset.FILE_NAME, splits.subset_spec, splits.subset)
+        notes.append(
+            f"labels: {len(splits.subset)} labelled training images, {splits.subset_spec.describe()} "
+            f"(indices in {label_subset.FILE_NAME}); the kNN memory and linear probe use only these"
+        )
+    if cfg.method.name == "finetune" and not cfg.run.init_from:
+        notes.append("method.name=finetune without run.init_from trains from scratch (random init)")
     print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
     t, world = cfg.train, accelerator.num_processes
     if t.freeze_backbone_epochs >= t.epochs:
@@ -332,7 +339,7 @@ def announce(
             "train.mixed_precision=fp16 has no effect on the CPU (Accelerate runs fp32 there); "
             "train.mixed_precision=bf16 autocasts on CPUs that support it"
         )
-    notes += [note for note in (methods.unused_options(cfg), *methods.notes(cfg, num_samples)) if note]
+    notes += [note for note in (methods.unused_options(cfg), *methods.notes(cfg, len(splits.train))) if note]
     for note in notes:
         console.print(f"note: {note}", markup=False, highlight=False)
     count, source = threads
@@ -431,10 +438,12 @@ def end_epoch(cfg: Config, progress: LoopState, total_steps: int, evaluator: Run
         checkpoints.save(progress)
 
 
-def final_evaluation(cfg: Config, evaluator: RunEvaluator, backbone, start_state: dict | None, in_channels: int):
-    """The results table's rows: the trained encoder, its starting weights (``eval.compare_random_init``),
-    raw pixels (``eval.compare_raw_pixels``)."""
-    results = {"trained": evaluator.evaluate(backbone)}
+def final_evaluation(cfg: Config, evaluator: RunEvaluator, method, start_state: dict | None, in_channels: int):
+    """The results table's rows: the trained encoder (and the method's own classifier, if it has one), its
+    starting weights (``eval.compare_random_init``), raw pixels (``eval.compare_raw_pixels``)."""
+    results = {"trained": evaluator.evaluate(method.backbone)}
+    if method.classifier_metric:  # fine-tuning, the heads: the network's own test top-1
+        results["trained"][method.classifier_metric] = evaluator.classifier_top1(method)
     if start_state is not None:
         # Built only now: building it draws from the RNG, which training must not see.
         start = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, in_channels)
@@ -473,13 +482,14 @@ def train(cfg: Config) -> dict:
     set_seed(cfg.run.seed, device_specific=True)
 
     # ------------------------------------------------------------------ data
-    splits = build_splits(cfg)
+    splits = build_splits(cfg, run_dir=run_dir)  # a resumed run reads its label subset back
     info = splits.info
     local_batch = check_training_set(cfg, splits, accelerator.num_processes)
     train_loader, sampler = make_train_loader(cfg, splits.train, local_batch)
 
     # ------------------------------------------------------------------ model, loss, optimizer
-    augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
+    views = methods.METHODS[cfg.method.name].num_views
+    augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std, views).to(accelerator.device)
     preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize)
     # Before the method: MoCo copies the backbone into its momentum encoder when it is built.
     backbone = make_backbone(cfg, augment.out_channels, main)
@@ -491,7 +501,7 @@ def train(cfg: Config) -> dict:
         )
     # Only now, with the recipe, data, model and init_from known to be good, does the run directory appear.
     if main:
-        announce(cfg, run_dir, accelerator, notes, threads, len(splits.train))
+        announce(cfg, run_dir, accelerator, notes, threads, splits)
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
 
     # ------------------------------------------------------------------ prepare
@@ -531,8 +541,7 @@ def train(cfg: Config) -> dict:
                 window.add(loss)
                 if accelerator.sync_gradients:
                     # Methods with state outside the optimizer (MoCo's momentum encoder) update it here.
-                    if hasattr(unwrapped, "after_optimizer_step"):
-                        unwrapped.after_optimizer_step(progress.step, total)
+                    unwrapped.after_optimizer_step(progress.step, total)
                     progress.step += 1
                     window = log_step(cfg, window, progress, optimizer, log, bar, task, total)
                     if cfg.train.checkpoint_every_steps and progress.step % cfg.train.checkpoint_every_steps == 0:
@@ -547,7 +556,7 @@ def train(cfg: Config) -> dict:
     last_good = checkpoints.save_unless_saved(progress)
     if main:
         checkpoint.export_backbone(unwrapped.backbone, run_dir / "backbone.safetensors")
-    results = final_evaluation(cfg, evaluator, unwrapped.backbone, start_state, augment.out_channels)
+    results = final_evaluation(cfg, evaluator, unwrapped, start_state, augment.out_channels)
     final = {f"final_{k}": v for k, v in results["trained"].items()}
     log({"step": progress.step, "epoch": progress.epoch, **final}, progress.step)
     if main:

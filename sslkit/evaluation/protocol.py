@@ -6,7 +6,8 @@ and measures any backbone on them:
 - ``knn(backbone)``: weighted kNN top-1 on frozen features, the per-epoch monitor;
 - ``evaluate(backbone)``: kNN, the linear probe (``eval.linear_epochs`` > 0) and, with held-out
   classes, retrieval among them (Recall@K, MAP@R, NMI, prefixed ``unseen_``);
-- ``raw_pixels()``: the same kNN and probe on flattened pixels, the floor an encoder has to beat.
+- ``raw_pixels()``: the same kNN and probe on flattened pixels, the floor an encoder has to beat;
+- ``classifier_top1(method)``: the test top-1 of a method's own classifier (fine-tuning, the heads).
 
 Every test sample counts exactly once, in one process or several (:func:`.extract_features`).
 """
@@ -75,6 +76,15 @@ class RunEvaluator:
             results.update({f"unseen_{k}": v for k, v in retrieval_metrics(features, labels).items()})
         return results
 
+    def classifier_top1(self, method: nn.Module) -> float:
+        """Test top-1 of a method's own classifier: the argmax of ``method.logits`` over the whole test split.
+
+        Every test sample counts exactly once, in one process or several (the logits are gathered as
+        features are).
+        """
+        logits, labels = self._features(_Logits(method), self.test_loader)  # (N, C), (N,)
+        return (logits.argmax(dim=1) == labels).double().mean().item()
+
     def raw_pixels(self, linear: bool = True) -> dict[str, float]:
         """The same kNN (and probe) on flattened pixels in [0, 1]; {} for a dataset not held in memory."""
         memory, test = self.splits.memory, self.splits.test
@@ -82,3 +92,14 @@ class RunEvaluator:
             return {}
         train_x, test_x = memory.images.flatten(1).float() / 255, test.images.flatten(1).float() / 255
         return self._scores(train_x, memory.labels, test_x, test.labels, linear)
+
+
+class _Logits(nn.Module):
+    """``method.logits`` as an encoder, so logits are extracted (and gathered) as features are."""
+
+    def __init__(self, method: nn.Module) -> None:
+        super().__init__()
+        self.method = method
+
+    def forward(self, images):
+        return self.method.logits(images)

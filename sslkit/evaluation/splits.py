@@ -3,7 +3,8 @@
 Four roles, all from the recipe's ``data`` section:
 
 - ``train``: what the method trains on (``data.train_split``; STL-10 may train on ``unlabeled``);
-- ``memory``: the labelled training split, the kNN memory and the linear probe's training set;
+- ``memory``: the labelled training split (or its labelled subset, ``data.label_fraction``), the kNN
+  memory and the linear probe's training set;
 - ``test``: the labelled test split every accuracy is measured on;
 - ``unseen``: with ``data.holdout_classes``, those classes of the test split, kept out of the
   other three and used for retrieval among classes never trained on (the CUB / Cars protocol).
@@ -17,10 +18,12 @@ Four roles, all from the recipe's ``data`` section:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+import torch
 from torch.utils.data import Dataset
 
-from sslkit import data
+from sslkit import data, label_subset, methods
 from sslkit.errors import UserError
 
 
@@ -33,13 +36,26 @@ class Splits:
     test: Dataset
     unseen: Dataset | None
     info: data.DatasetInfo
+    subset: torch.Tensor | None = None
+    subset_spec: label_subset.LabelSpec | None = None
 
 
-def build_splits(cfg, train_split: str | None = None) -> Splits:
-    """The recipe's datasets; ``train_split`` overrides ``data.train_split`` (evaluation trains on nothing).
+def build_splits(cfg, train_split: str | None = None, run_dir: Path | None = None, for_evaluation: bool = False):
+    """The recipe's datasets, with its labelled subset (``data.label_fraction`` / ``labels_per_class``).
+
+    Args:
+        cfg: the recipe.
+        train_split: replaces ``data.train_split`` (evaluation trains on nothing: ``"train"``).
+        run_dir: the run's directory: a ``label_subset.json`` there of the same subset is read back.
+        for_evaluation: take the subset from ``eval.label_fraction`` / ``eval.labels_per_class`` when set.
+
+    Returns:
+        :class:`Splits`, whose ``subset`` holds the chosen indices into the labelled training split
+        (None: every label).
 
     Raises:
-        UserError: a dataset that cannot be loaded, or ``data.holdout_classes`` naming every class.
+        UserError: a dataset that cannot be loaded, ``data.holdout_classes`` naming every class, or a
+            subset the data cannot give.
     """
     d = cfg.data
     train_split = train_split or d.train_split
@@ -47,19 +63,33 @@ def build_splits(cfg, train_split: str | None = None) -> Splits:
     train_set, test_set = load(train_split), load("test")
     info = train_set.info
     # The kNN memory and the linear probe need labels: the labelled "train" split.
-    memory_set = train_set if train_split == "train" else load("train")
-    if not d.holdout_classes:
-        return Splits(train_set, memory_set, test_set, None, info)
+    labelled = train_set if train_split == "train" else load("train")
     if len(set(d.holdout_classes)) >= info.num_classes:
         raise UserError(
             f"data.holdout_classes holds out all {info.num_classes} classes of {d.name}, leaving none to train on; "
             f"keep at least one class out of the list (the README's road holds out 5 of 10)"
         )
+    seen = lambda ds: ds.select_classes(d.holdout_classes, keep=False) if d.holdout_classes else ds  # noqa: E731
     # Train (and measure kNN / linear accuracy) on the seen classes; retrieve among the unseen ones.
-    return Splits(
-        train=train_set.select_classes(d.holdout_classes, keep=False),
-        memory=memory_set.select_classes(d.holdout_classes, keep=False),
-        test=test_set.select_classes(d.holdout_classes, keep=False),
-        unseen=test_set.select_classes(d.holdout_classes, keep=True),
-        info=info,
-    )
+    unseen = test_set.select_classes(d.holdout_classes, keep=True) if d.holdout_classes else None
+    spec = label_subset.spec_for(cfg, for_evaluation)
+    candidates = torch.isin(labelled.labels, torch.tensor(d.holdout_classes, dtype=torch.int64), invert=True)
+    saved = run_dir / label_subset.FILE_NAME if run_dir is not None else None
+    subset = label_subset.labelled_subset(labelled.labels, spec, candidates.nonzero().flatten(), saved)
+    if subset is None:
+        return Splits(seen(train_set), seen(labelled), seen(test_set), unseen, info)
+    memory = labelled.subset(subset)
+    if methods.METHODS[cfg.method.name].needs_labels:
+        train = memory  # supervised methods see the labelled images only
+    elif train_split == "train":
+        train = seen(_keep_labels_of(train_set, subset))  # the others see every image, and only these labels
+    else:
+        train = seen(train_set)  # another split (STL-10's unlabelled images): no label of the subset is in it
+    return Splits(train, memory, seen(test_set), unseen, info, subset, spec)
+
+
+def _keep_labels_of(dataset, indices: torch.Tensor):
+    """``dataset`` with every label outside ``indices`` replaced by -1 (unlabelled)."""
+    labels = torch.full_like(dataset.labels, -1)
+    labels[indices] = dataset.labels[indices]
+    return dataset.with_labels(labels)

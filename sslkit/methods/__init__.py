@@ -14,6 +14,8 @@ from torch import nn
 from sslkit import losses
 from sslkit.errors import UserError
 from sslkit.methods.base import Method
+from sslkit.methods.distill import Distill
+from sslkit.methods.finetune import FineTune
 from sslkit.methods.moco import MoCo, MoCoV3
 from sslkit.methods.nce import MemoryBankNCE
 from sslkit.methods.simclr import SimCLR
@@ -27,6 +29,8 @@ METHODS: dict[str, type[Method]] = {
     "moco": MoCo,
     "mocov3": MoCoV3,
     "nce": MemoryBankNCE,
+    "finetune": FineTune,
+    "distill": Distill,
 }
 
 

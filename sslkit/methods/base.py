@@ -29,8 +29,11 @@ class Method(nn.Module):
             (:func:`sslkit.methods.check_batch_size`).
         options: the ``method.*`` recipe keys it reads, so that a key set for another method is
             noted when training starts (:func:`sslkit.methods.unused_options`).
-        num_views: how many augmented views of each image the trainer passes (every method here
-            takes 2; a one-view method such as supervised fine-tuning would say 1).
+        num_views: how many augmented views of each image the trainer passes: 2 for the contrastive
+            methods, 1 for fine-tuning and distillation (``forward(view, labels)``).
+        classifier_metric: for a method with a classifier of its own (``logits(images)`` returns
+            class scores), the name under which the final evaluation reports its test top-1
+            (``finetune_top1``, ``head_top1``); None for the others.
         backbone: the encoder that is evaluated and exported (set by the subclass).
         backbone_frozen: the trainer sets it during ``train.freeze_backbone_epochs``; a method
             encodes through :meth:`encode`, which then sends no gradient to the backbone.
@@ -42,6 +45,7 @@ class Method(nn.Module):
     min_batch_size: int = 1
     options: tuple[str, ...] = ()
     num_views: int = 2
+    classifier_metric: str | None = None
     backbone: nn.Module
 
     def __init__(self) -> None:

@@ -25,6 +25,7 @@ class Supervised(Method):
     """
 
     needs_labels = True
+    classifier_metric = "head_top1"
     loss_names = tuple(losses.BY_KIND["head"])  # heads with their own weights
 
     def __init__(self, backbone: nn.Module, neck: nn.Module, head: nn.Module) -> None:
@@ -44,6 +45,10 @@ class Supervised(Method):
         neck = build_mlp(backbone.feature_dim, m.projector_hidden, m.projector_out, m.projector_layers)
         head = losses.build(cfg.loss.name, embedding_dim=m.projector_out, num_classes=num_classes, **kwargs)
         return cls(backbone, neck, head)
+
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        """The head's class scores of preprocessed images (no margin), (B, num_classes)."""
+        return self.loss.logits(self.neck(self.backbone(images)))
 
     def after_optimizer_step(self, step: int, total_steps: int) -> None:
         # Heads annealed by the step (SphereFace's lambda) follow the trainer's step.

@@ -1,0 +1,122 @@
+"""Self-training: a student learns a fine-tuned teacher's predictions on every image, labelled or not.
+
+References:
+    [0] SimCLRv2, Chen et al. 2020, "Big Self-Supervised Models are Strong Semi-Supervised Learners",
+        https://arxiv.org/abs/2006.10029, section 2 eq. 2-3: the third step, distillation of the
+        fine-tuned network into a student on the unlabelled images, adds the most where labels are
+        fewest (its table 3).
+
+The loss on a batch of ``B`` images (eq. 2), with teacher and student logits ``t`` and ``s``::
+
+    L_distill = -1/B sum_i sum_y softmax(t_i / T)_y log softmax(s_i / T)_y
+
+plus, with ``method.distill_label_weight`` w > 0, ``w`` times the student head's own loss on the
+batch's labelled images (eq. 3 weighs the two; SimCLRv2 uses distillation alone). The teacher is
+a finished run with a classifier (``method.teacher``: ``finetune``, ``supervised`` or ``distill``),
+loaded with its own recipe's model, kept frozen and in eval mode; the student is this run's
+network, started from ``run.init_from``. Both see the same augmented view.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sslkit import losses
+from sslkit.errors import UserError
+from sslkit.methods.base import Method
+from sslkit.methods.finetune import build_head
+
+
+def load_teacher(source: str, num_classes: int, in_channels: int) -> Method:
+    """The classifier run at ``source`` (a run directory or a checkpoint in one), frozen, in eval mode."""
+    from sslkit import checkpoint, models
+    from sslkit.config import load_config
+    from sslkit.methods import METHODS  # here: the registry imports this module
+
+    run_dir = checkpoint.run_directory_of(source) if Path(source).exists() else None
+    if run_dir is None:
+        raise UserError(
+            f"method.teacher '{source}' is not a run directory (no config.yaml); give the run directory of a "
+            f"fine-tuned run, e.g. runs/finetune (method.name=finetune)"
+        )
+    cfg = load_config(run_dir / "config.yaml")
+    method_class = METHODS[cfg.method.name]
+    if not method_class.classifier_metric:
+        raise UserError(
+            f"method.teacher '{source}' was trained with method.name={cfg.method.name}, which has no classifier; "
+            f"give a fine-tuned run (method.name=finetune)"
+        )
+    m = cfg.model
+    teacher = method_class.from_config(
+        cfg, models.build_backbone(m.backbone, m.width, m.cifar_stem, in_channels), num_classes
+    )
+    try:
+        teacher.load_state_dict(checkpoint.load_method_state(source))
+    except RuntimeError as error:
+        raise UserError(
+            f"method.teacher '{source}' does not fit its own recipe for this data ({num_classes} classes, "
+            f"{in_channels} channels): {' '.join(str(error).split())[:300]}"
+        ) from None
+    return teacher.requires_grad_(False).eval()
+
+
+class Distill(Method):
+    """Student ``head(f(v))`` against the teacher's softened predictions on one augmented view ``v``.
+
+    Shape:
+        view: (B, C, H, W); labels: (B,) int, -1 for unlabelled images; returns a scalar loss.
+    """
+
+    num_views = 1
+    loss_names = tuple(losses.BY_KIND["head"])
+    options = ("teacher", "distill_temperature", "distill_label_weight")
+    classifier_metric = "finetune_top1"
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        head: nn.Module,
+        teacher: nn.Module,
+        temperature: float = 1.0,
+        label_weight: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.backbone, self.loss, self.teacher = backbone, head, teacher
+        self.temperature, self.label_weight = temperature, label_weight
+
+    @classmethod
+    def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> Distill:
+        m = cfg.method
+        if not m.teacher:
+            raise UserError(
+                "method.name=distill needs method.teacher: the run directory of a fine-tuned run "
+                "(method.name=finetune) whose predictions the student learns"
+            )
+        teacher = load_teacher(m.teacher, num_classes, backbone.in_channels)
+        head = build_head(cfg, backbone.feature_dim, num_classes)
+        return cls(backbone, head, teacher, m.distill_temperature, m.distill_label_weight)
+
+    def train(self, mode: bool = True) -> Distill:
+        super().train(mode)
+        self.teacher.eval()  # the teacher's BatchNorm keeps its statistics: its predictions stay its own
+        return self
+
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        """The student's class scores of preprocessed images, (B, num_classes)."""
+        return self.loss.logits(self.backbone(images))
+
+    def forward(self, view: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        with torch.no_grad():
+            targets = F.softmax(self.teacher.logits(view).float() / self.temperature, dim=1)  # (B, C)
+        features = self.encode(view)  # (B, D)
+        student = F.log_softmax(self.loss.logits(features).float() / self.temperature, dim=1)  # (B, C)
+        loss = -(targets * student).sum(dim=1).mean()
+        if self.label_weight > 0 and labels is not None:
+            labelled = labels >= 0
+            if bool(labelled.any()):
+                loss = loss + self.label_weight * self.loss(features[labelled], labels[labelled])
+        return loss
