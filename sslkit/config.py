@@ -716,7 +716,8 @@ def _check_label_subset(section, prefix: str, source: str) -> None:
     if fraction is not None and per_class is not None:
         raise UserError(
             f"{source}: set {prefix}.label_fraction or {prefix}.labels_per_class, not both (got {fraction} and "
-            f"{per_class}); set the other to null, e.g. {prefix}.label_fraction=null {prefix}.labels_per_class={per_class}"
+            f"{per_class}); set the other to null, e.g. "
+            f"{prefix}.label_fraction=null {prefix}.labels_per_class={per_class}"
         )
 
 
