@@ -135,3 +135,23 @@ def skip_broadcast_of_replicated_buffers(model: torch.nn.Module) -> list[str]:
     if names:
         torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
     return names
+
+
+def broadcast_buffers(model: torch.nn.Module) -> None:
+    """Give every process rank 0's buffers (BatchNorm's running statistics) before evaluating.
+
+    Under DDP each process's last forward updates its own running statistics after DDP's rank-0
+    broadcast, so after training they differ by process. Rank 0's are the ones a checkpoint
+    saves and a run exports; without this, each process would evaluate its share of the test
+    set with other statistics. The ``replicated_buffers`` are equal by construction and skipped.
+    """
+    if not is_distributed():
+        return
+    skip = {
+        f"{prefix}.{buffer}" if prefix else buffer
+        for prefix, module in model.named_modules()
+        for buffer in getattr(type(module), "replicated_buffers", ())
+    }
+    for name, buffer in model.named_buffers():
+        if name not in skip:
+            dist.broadcast(buffer, src=0)

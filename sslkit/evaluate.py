@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(results_table(results, f"{target}: {cfg.data.name}"))
         report = {"target": str(target), "results": results["encoder"]}
         if splits.subset is not None:  # the labelled images the kNN memory and the probe held
-            report["label_subset"] = {**dataclasses.asdict(splits.subset_spec), "images": len(splits.subset)}
+            spec, indices = dataclasses.asdict(splits.subset_spec), splits.subset.tolist()
+            report["label_subset"] = {**spec, "images": len(indices), "indices": indices}
         if "raw pixels" in results:
             report["raw_pixels"] = results["raw pixels"]
         out.write_text(json.dumps(report, indent=2))

@@ -429,6 +429,7 @@ def end_epoch(cfg: Config, progress: LoopState, total_steps: int, evaluator: Run
     progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
     every = cfg.train.knn_every_epochs
     if every and progress.epoch % every == 0 and progress.step < total_steps:  # the last epoch: final evaluation
+        distributed.broadcast_buffers(log.accelerator.unwrap_model(method))  # every process evaluates rank 0's
         knn = evaluator.knn(log.accelerator.unwrap_model(method).backbone)
         method.train()
         log({"step": progress.step, "epoch": progress.epoch, **knn}, progress.step)
@@ -556,6 +557,7 @@ def train(cfg: Config) -> dict:
     last_good = checkpoints.save_unless_saved(progress)
     if main:
         checkpoint.export_backbone(unwrapped.backbone, run_dir / "backbone.safetensors")
+    distributed.broadcast_buffers(unwrapped)  # every process evaluates the network the checkpoint holds
     results = final_evaluation(cfg, evaluator, unwrapped, start_state, augment.out_channels)
     final = {f"final_{k}": v for k, v in results["trained"].items()}
     log({"step": progress.step, "epoch": progress.epoch, **final}, progress.step)

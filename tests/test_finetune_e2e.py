@@ -1,0 +1,139 @@
+"""Fine-tuning with few labels, end to end as a user runs it: pretrain, fine-tune from it, train the
+same network from scratch on the same labelled images, distil; in one process and in two.
+
+Tiny runs (digits, a width-4 ResNet-18 on 8x8 crops) so the file stays around a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sslkit import data, models
+from sslkit.augment import EvalTransform
+from sslkit.config import load_config
+from sslkit.methods import METHODS
+
+ROOT = Path(__file__).resolve().parents[1]
+PRETRAIN, EVALUATE = ROOT / "sslkit" / "pretrain.py", ROOT / "sslkit" / "evaluate.py"
+TINY = [
+    "model.width=4",
+    "augment.image_size=8",
+    "train.threads=1",
+    "eval.linear_epochs=3",
+    "eval.batch_size=7",  # uneven last batches: two processes pad them, and no sample may count twice
+]
+SSL_TINY = ["model.projector_hidden=32", "model.projector_out=16", "train.batch_size=64", "train.epochs=1"]
+FINETUNE = ["data.label_fraction=0.1", "train.epochs=2", "train.batch_size=16", "optim.warmup_epochs=0"]
+
+pytestmark = pytest.mark.slow
+
+
+def run(tmp_path: Path, script: Path, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    command = [*(launcher or [sys.executable]), str(script), *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pretrained")
+    run(out, PRETRAIN, "quickstart", f"run.output_dir={out}", "run.name=ssl", *TINY, *SSL_TINY)
+    return out / "ssl"
+
+
+def hand_top1(run_dir: Path) -> tuple[float, int]:
+    """The fine-tuned classifier's test top-1, computed here from its checkpoint (argmax of its logits),
+    and how many of the 360 test images are near-ties (top-2 logits within 1e-4), whose argmax may
+    differ between batch compositions in the last float bits."""
+    cfg = load_config(run_dir / "config.yaml")
+    test = data.build_dataset("digits", "test")
+    info = test.info
+    backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, info.channels)
+    method = METHODS[cfg.method.name].from_config(cfg, backbone, info.num_classes)
+    checkpoint = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    method.load_state_dict(load_file(str(checkpoint / "model.safetensors")))
+    preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize)
+    with torch.no_grad():
+        logits = method.eval().logits(preprocess(test.images))  # (360, 10)
+    top2 = logits.topk(2, dim=1).values
+    near_ties = int((top2[:, 0] - top2[:, 1] < 1e-4).sum())
+    return (logits.argmax(dim=1) == test.labels).double().mean().item(), near_ties
+
+
+def assert_own_top1(run_dir: Path) -> None:
+    """results.json's finetune_top1 is the argmax accuracy over the 360 test images, each counted once."""
+    reported = results(run_dir)["finetune_top1"]
+    expected, near_ties = hand_top1(run_dir)
+    correct = reported * 360
+    assert correct == pytest.approx(round(correct), abs=1e-9)  # a count out of exactly 360 images
+    assert abs(round(correct) - expected * 360) <= near_ties, (reported, expected, near_ties)
+
+
+def results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())["results"]["trained"]
+
+
+def test_finetune_and_scratch_see_the_same_labels_and_score_their_own_classifier(pretrained, tmp_path):
+    common = ["quickstart_finetune", f"run.output_dir={tmp_path}", *TINY, *FINETUNE]
+    run(tmp_path, PRETRAIN, *common, "run.name=ft", f"run.init_from={pretrained}")
+    scratch = run(tmp_path, PRETRAIN, *common, "run.name=scratch")
+    assert "trains from scratch" in scratch.stdout
+    subsets = [json.loads((tmp_path / name / "label_subset.json").read_text()) for name in ("ft", "scratch")]
+    assert subsets[0] == subsets[1] and len(subsets[0]["indices"]) == 140
+    for name in ("ft", "scratch"):
+        assert_own_top1(tmp_path / name)
+
+
+def test_two_processes_count_every_test_sample_once(pretrained, tmp_path):
+    launcher = ["accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1"]
+    launcher += ["--mixed_precision", "no", "--dynamo_backend", "no"]
+    args = ["quickstart_finetune", f"run.output_dir={tmp_path}", "run.name=two", f"run.init_from={pretrained}"]
+    run(tmp_path, PRETRAIN, *args, *TINY, *FINETUNE, launcher=launcher)
+    assert_own_top1(tmp_path / "two")
+
+
+def test_resume_and_evaluate_read_the_saved_subset_back(pretrained, tmp_path):
+    args = ["quickstart_finetune", f"run.output_dir={tmp_path}", "run.name=r", *TINY, *FINETUNE]
+    run(tmp_path, PRETRAIN, *args, "train.epochs=1")
+    saved_file = tmp_path / "r" / "label_subset.json"
+    saved = json.loads(saved_file.read_text())
+    # Another valid subset of the same spec (the last 14 images of each class): a resumed run and
+    # evaluate.py must use the file, not a fresh draw.
+    labels = data.build_dataset("digits", "train").labels
+    edited = sorted(i for c in range(10) for i in (labels == c).nonzero().flatten()[-14:].tolist())
+    assert edited != saved["indices"]
+    saved_file.write_text(json.dumps({**saved, "indices": edited}))
+    run(tmp_path, PRETRAIN, *args, "train.epochs=2", "run.resume=auto")
+    assert json.loads(saved_file.read_text())["indices"] == edited
+    run(tmp_path, EVALUATE, str(tmp_path / "r"), "--out", str(tmp_path / "e.json"), "eval.batch_size=64")
+    assert json.loads((tmp_path / "e.json").read_text())["label_subset"]["indices"] == edited
+
+
+def test_distill_student_learns_from_a_finetuned_teacher(pretrained, tmp_path):
+    common = [f"run.output_dir={tmp_path}", *TINY, *FINETUNE]
+    run(tmp_path, PRETRAIN, "quickstart_finetune", *common, "run.name=teacher", f"run.init_from={pretrained}")
+    distill = [f"method.teacher={tmp_path / 'teacher'}", f"run.init_from={pretrained}", "train.batch_size=64"]
+    run(tmp_path, PRETRAIN, "quickstart_distill", *common, *distill, "run.name=student", "train.epochs=1")
+    student = tmp_path / "student"
+    assert_own_top1(student)
+    # The student trained on every image (1437 // 64 batches), not only the 140 labelled ones.
+    steps = [json.loads(line) for line in (student / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in steps) == 1437 // 64
+
+
+def test_distill_without_a_teacher_and_a_teacher_without_a_classifier_are_one_line(pretrained, tmp_path):
+    for teacher, words in ((None, "needs method.teacher"), (pretrained, "has no classifier")):
+        extra = [f"method.teacher={teacher}"] if teacher else []
+        command = [sys.executable, str(PRETRAIN), "quickstart_distill", f"run.output_dir={tmp_path}", *TINY, *extra]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert words in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "quickstart-distill").exists()  # nothing written
