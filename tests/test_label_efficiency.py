@@ -1,0 +1,565 @@
+"""tools/label_efficiency.py: the runs it plans, the mistakes that must fail up front, the aggregation
+(mean and std over seeds, best of the two scratch runs, tables and plot), and one real tiny comparison
+on digits with the bundled quick-start recipes (every run a subprocess), rerun to check it resumes.
+
+The comparison is driven through ``label_efficiency.main(argv)`` in this process; one test runs the
+command itself to check the one-line error and the exit status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import label_efficiency as le  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# Every run: a width-8 ResNet-18 on 8x8 crops of the digits, 2 epochs, one thread.
+TINY = [
+    "model.width=8",
+    "model.projector_hidden=32",
+    "model.projector_out=16",
+    "augment.image_size=8",
+    "train.epochs=2",
+    "train.log_every_steps=1",
+    "train.threads=1",
+    "eval.linear_epochs=5",
+    "eval.compare_random_init=false",
+    "eval.compare_raw_pixels=false",
+    "optim.warmup_epochs=0",
+]
+# The fine-tune, distill and scratch runs: bigger batches (fewer steps), no linear probe of their backbone
+# (their figure is their own classifier's).
+TINY_FINETUNE = ["train.epochs=2", "train.batch_size=128", "eval.linear_epochs=0"]
+COMPARISON = [
+    *TINY,
+    "--fractions",
+    "0.1,1",
+    "--seeds",
+    "1",
+    "--scratch-factor",
+    "2",
+    "--pretrain-override",
+    "train.epochs=1",
+    *(arg for override in TINY_FINETUNE for arg in ("--finetune-override", override)),
+]
+
+
+def run_tool(*argv: str, recipe: str = "quickstart") -> tuple[int, str, str]:
+    """``label_efficiency.main(argv)``; returns (status, stdout, stderr)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        patch.setenv("OMP_NUM_THREADS", "1")
+        status = le.main([recipe, *argv])
+    return status, stdout.getvalue(), stderr.getvalue()
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def block_matplotlib(monkeypatch) -> None:
+    """Make ``import matplotlib`` (and its submodules, even if already loaded) raise ImportError."""
+    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")] + ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+# --------------------------------------------------------------------------- a real tiny comparison
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory) -> tuple[Path, int, str]:
+    out = tmp_path_factory.mktemp("label_efficiency") / "digits"
+    status, stdout, stderr = run_tool(*COMPARISON, "--out", str(out))
+    return out, status, stdout + stderr
+
+
+RUNS = [
+    "pretrain",
+    "frozen-f0.1-s0",
+    "finetune-f0.1-s0",
+    "distill-f0.1-s0",
+    "scratch-f0.1-s0",
+    "scratch-long-f0.1-s0",
+    "frozen-f1-s0",
+    "finetune-f1-s0",
+    "scratch-f1-s0",
+    "scratch-long-f1-s0",
+]
+
+
+@pytest.mark.slow
+def test_every_road_runs_and_the_tables_hold_what_the_runs_wrote(comparison):
+    out, status, output = comparison
+    assert status == 0, output
+    rows = read_csv(out / "points.csv")
+    assert [(r["road"], r["fraction"], r["seed"], r["status"]) for r in rows] == [
+        ("linear", "0.1", "0", "ok"),
+        ("knn", "0.1", "0", "ok"),
+        ("finetune", "0.1", "0", "ok"),
+        ("distill", "0.1", "0", "ok"),
+        ("scratch", "0.1", "0", "ok"),
+        ("scratch-long", "0.1", "0", "ok"),
+        ("scratch-best", "0.1", "0", "ok"),
+        ("linear", "1", "0", "ok"),
+        ("knn", "1", "0", "ok"),
+        ("finetune", "1", "0", "ok"),
+        ("scratch", "1", "0", "ok"),
+        ("scratch-long", "1", "0", "ok"),
+        ("scratch-best", "1", "0", "ok"),
+    ]
+    runs = out / "runs"
+    for row in rows:
+        assert float(row["wall_s"]) > 0 and 0 <= float(row["top1"]) <= 1
+        if row["road"] in ("linear", "knn"):  # the frozen evaluation's JSON, as sslkit/evaluate.py wrote it
+            results = json.loads((out / "points" / f"{row['run']}.json").read_text())["results"]
+            assert float(row["top1"]) == pytest.approx(results[f"{row['road']}_top1"], rel=1e-5)
+        elif row["road"] != "scratch-best":  # the run's own classifier
+            trained = json.loads((runs / row["run"] / "results.json").read_text())["results"]["trained"]
+            assert row["metric"] == "finetune_top1"
+            assert float(row["top1"]) == pytest.approx(trained["finetune_top1"], rel=1e-5)
+    by = {(r["road"], r["fraction"]): r for r in rows}
+    for fraction in ("0.1", "1"):
+        best, short, long = (by[(road, fraction)] for road in ("scratch-best", "scratch", "scratch-long"))
+        assert float(best["top1"]) == max(float(short["top1"]), float(long["top1"]))
+        assert best["run"] in (short["run"], long["run"])
+        assert float(best["wall_s"]) == pytest.approx(float(short["wall_s"]) + float(long["wall_s"]), abs=0.2)
+
+    # What each run was given: the pretrained backbone, the labels, the teacher; scratch from random weights.
+    def config(name: str) -> dict:
+        import yaml
+
+        return yaml.safe_load((runs / name / "config.yaml").read_text())
+
+    assert config("finetune-f0.1-s0")["run"]["init_from"] == str(runs / "pretrain")
+    assert config("distill-f0.1-s0")["method"]["teacher"] == str(runs / "finetune-f0.1-s0")
+    assert config("scratch-f0.1-s0")["run"]["init_from"] is None
+    assert config("scratch-long-f0.1-s0")["train"]["epochs"] == 2 * config("scratch-f0.1-s0")["train"]["epochs"] == 4
+    assert config("finetune-f1-s0")["data"]["label_fraction"] == 1.0
+
+    # The same labelled images on every trained road at 10%: the comparison is fair.
+    subsets = {
+        name: json.loads((runs / name / "label_subset.json").read_text())
+        for name in ("finetune-f0.1-s0", "distill-f0.1-s0", "scratch-f0.1-s0", "scratch-long-f0.1-s0")
+    }
+    first = subsets["finetune-f0.1-s0"]
+    assert (first["fraction"], first["seed"]) == (0.1, 0) and len(first["indices"]) > 0
+    assert all(subset == first for subset in subsets.values())
+
+    summary = read_csv(out / "summary.csv")
+    assert [(r["fraction"], r["road"], r["n_ok"], r["n_failed"]) for r in summary] == [
+        (r["fraction"], r["road"], "1", "0") for r in rows
+    ]
+    assert all(s["top1_mean"] == r["top1"] and s["top1_std"] == "" for s, r in zip(summary, rows))  # one seed
+    assert (out / le.PLOT_FILE).read_bytes().startswith(PNG_MAGIC)
+    recorded = json.loads((out / "points.json").read_text())
+    assert [r["name"] for r in recorded["runs"]] == RUNS and recorded["fractions"] == ["0.1", "1"]
+    assert "[10/10] scratch-long-f1-s0: ok" in output and "mean ± std" in output
+    for name in RUNS:
+        assert (out / "logs" / f"{name}.err").is_file()
+
+
+@pytest.mark.slow
+def test_rerun_skips_every_finished_run_and_redoes_an_unfinished_one(comparison, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(comparison[0], out)
+    argv = [*COMPARISON, "--out", str(out)]  # OUT moved: the runs' paths to each other move with it
+    before = read_csv(out / "points.csv")
+    status, stdout, stderr = run_tool(*argv)
+    assert status == 0, stdout + stderr
+    assert stdout.count("done, skipped") == len(RUNS)
+    after = read_csv(out / "points.csv")
+    assert [r["skipped"] for r in after] == ["True"] * len(after)
+    # the skipped runs keep their figures and the wall times of the runs that made them
+    assert [(r["top1"], r["wall_s"]) for r in after] == [(r["top1"], r["wall_s"]) for r in before]
+
+    (out / "points" / "frozen-f1-s0.json").unlink()  # as if stopped while this evaluation ran
+    status, stdout, stderr = run_tool(*argv)
+    assert status == 0, stdout + stderr
+    assert stdout.count("done, skipped") == len(RUNS) - 1 and "frozen-f1-s0: ok" in stdout
+    assert (out / "points" / "frozen-f1-s0.json").is_file()
+
+
+@pytest.mark.slow
+def test_rerun_with_other_settings_into_the_same_out_is_refused(comparison):
+    out = comparison[0]
+    status, stdout, stderr = run_tool(*COMPARISON, "--finetune-override", "optim.lr=0.01", "--out", str(out))
+    assert status == 2
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "optim.lr=0.001" in lines[0] and "optim.lr=0.01" in lines[0], stderr
+    assert "done, skipped" not in stdout
+
+
+@pytest.mark.slow
+def test_aggregation_of_the_real_results_without_matplotlib(comparison, tmp_path, monkeypatch):
+    out = tmp_path / "copy"
+    shutil.copytree(comparison[0], out)
+    for name in ("summary.csv", "points.csv", le.PLOT_FILE):
+        (out / name).unlink()
+    records = json.loads((out / "points.json").read_text())["runs"]
+    block_matplotlib(monkeypatch)
+    summary = le.write_tables(out, records, {})
+    assert le.plot(summary, 1, out / le.PLOT_FILE) is None and not (out / le.PLOT_FILE).exists()
+    assert read_csv(out / "summary.csv") == read_csv(comparison[0] / "summary.csv")
+    assert read_csv(out / "points.csv") == read_csv(comparison[0] / "points.csv")
+
+
+# --------------------------------------------------------------------------- mistakes, up front
+
+
+def test_a_bad_fraction_gives_one_line_from_the_command(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "label_efficiency.py"), "quickstart", "--fractions", "0.1,1.5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "1.5" in lines[0] and "(0, 1]" in lines[0], result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--fractions", "0,0.1"], ["'0,0.1'", "(0, 1]"]),
+        (["--fractions", "0.1,2"], ["2 is outside (0, 1]"]),
+        (["--fractions", "0.1,ten"], ["'ten' is not a number"]),
+        (["--fractions", "0.1,0.10"], ["twice"]),
+        (["--fractions", "0.1", "--seeds", "0"], ["--seeds must be at least 1"]),
+        (["--fractions", "0.1", "--scratch-factor", "0"], ["--scratch-factor"]),
+        (["--fractions", "0.1", "data.label_fraction=0.5"], ["data.label_fraction", "--fractions"]),
+        (["--fractions", "0.1", "run.name=mine"], ["run.name", "--out"]),
+        (["--fractions", "0.1", "--finetune-override", "run.seed=3"], ["--finetune-override 'run.seed=3'"]),
+        (["--fractions", "0.1", "train.epohcs=3"], ["train.epohcs", "epochs"]),  # a typo, caught for the pretraining
+        (["--fractions", "0.1", "--finetune-override", "optim.lr=-1"], ["fine-tune recipe", "optim.lr"]),
+        (["--fractions", "0.1", "--finetune-recipe", "nosuch"], ["recipe 'nosuch' not found"]),
+        (["--fractions", "0.1", "--pretrained", "nowhere"], ["--pretrained 'nowhere'", "config.yaml"]),
+        (["--fractions", "0.1", "--pretrain-override", "train.epochs=3", "--pretrained", "x"], ["--pretrained"]),
+        (  # the pretrained backbone would not load into the fine-tuned network
+            ["--fractions", "0.1", "--pretrain-override", "model.width=8"],
+            ["run finetune-f0.1-s0: model.width=16", "pretrained encoder has model.width=8"],
+        ),
+        (
+            ["--fractions", "0.1", "--finetune-recipe", "fashion_mnist_finetune"],
+            ["data.name=fashion_mnist", "data.name=digits", "--finetune-recipe"],
+        ),
+    ],
+)
+def test_mistakes_fail_before_anything_runs(tmp_path, argv, words):
+    status, stdout, stderr = run_tool(*argv, "--out", str(tmp_path / "out"))
+    assert status == 2, stdout + stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_recipe_fails_before_anything_runs(tmp_path):
+    status, _, stderr = run_tool("--fractions", "0.1", "--out", str(tmp_path / "out"), recipe="nosuch")
+    assert status == 2 and "recipe 'nosuch' not found" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def make_plan(tmp_path: Path, **changes) -> le.Plan:
+    settings = dict(
+        recipe=Path("/r/pre.yaml"),
+        finetune_recipe=Path("/r/ft.yaml"),
+        distill_recipe=Path("/r/di.yaml"),
+        overrides=["train.threads=2"],
+        pretrain_overrides=["train.epochs=7"],
+        finetune_overrides=["train.epochs=5"],
+        fractions=[0.01, 1.0],
+        seeds=[3, 4],
+        out=tmp_path,
+        pretrained=None,
+        scratch_factor=3,
+        finetune_epochs=5,
+        launcher=None,
+    )
+    return le.Plan(**{**settings, **changes})
+
+
+def test_runs_in_order_with_the_users_commands(tmp_path):
+    runs = le.plan_runs(make_plan(tmp_path))
+    per_seed = ["frozen", "finetune", "distill", "scratch", "scratch-long"]
+    assert [r.name for r in runs] == [
+        "pretrain",
+        *(f"{kind}-f0.01-s{seed}" for seed in (3, 4) for kind in per_seed),
+        *(f"{kind}-f1-s{seed}" for seed in (3, 4) for kind in per_seed if kind != "distill"),  # nothing to distill on
+    ]
+    by = {r.name: r for r in runs}
+    pre, python = tmp_path / "runs" / "pretrain", sys.executable
+    tail = ["run.output_dir=" + str(tmp_path / "runs"), "run.resume=auto"]
+    assert by["pretrain"].command == [
+        python,
+        str(le.PRETRAIN),
+        "/r/pre.yaml",
+        "train.threads=2",
+        "train.epochs=7",
+        tail[0],
+        "run.name=pretrain",
+        tail[1],
+    ]
+    frozen = by["frozen-f0.01-s4"]
+    assert frozen.command == [
+        python,
+        str(le.EVALUATE),
+        str(pre),
+        "train.threads=2",
+        "eval.label_fraction=0.01",
+        "data.label_seed=4",
+        "run.seed=4",
+        "--out",
+        str(tmp_path / "points" / "frozen-f0.01-s4.json"),
+    ]
+    assert frozen.needs == ("pretrain",) and (frozen.fraction, frozen.seed) == (0.01, 4)
+    labels = ["data.label_fraction=0.01", "data.label_seed=4", "run.seed=4"]
+    assert by["finetune-f0.01-s4"].command[2:] == [
+        "/r/ft.yaml",
+        "train.threads=2",
+        "train.epochs=5",
+        f"run.init_from={pre}",
+        *labels,
+        tail[0],
+        "run.name=finetune-f0.01-s4",
+        tail[1],
+    ]
+    distill = by["distill-f0.01-s4"]
+    assert distill.command[2:6] == [
+        "/r/di.yaml",
+        "train.threads=2",
+        "train.epochs=5",
+        f"method.teacher={tmp_path / 'runs' / 'finetune-f0.01-s4'}",
+    ]
+    assert distill.needs == ("pretrain", "finetune-f0.01-s4")
+    scratch, long = by["scratch-f0.01-s4"], by["scratch-long-f0.01-s4"]
+    assert scratch.command[2:] == [
+        "/r/ft.yaml",
+        "train.threads=2",
+        "train.epochs=5",
+        "run.init_from=null",
+        *labels,
+        tail[0],
+        "run.name=scratch-f0.01-s4",
+        tail[1],
+    ]
+    assert long.command[4:7] == ["train.epochs=5", "train.epochs=15", "run.init_from=null"]  # the later one wins
+    assert scratch.needs == long.needs == ()  # they run even when the pretraining failed
+    assert by["scratch-f1-s3"].result == tmp_path / "runs" / "scratch-f1-s3" / "results.json"
+
+
+def test_pretrained_run_no_distill_factor_one_and_launcher(tmp_path):
+    pretrained = tmp_path / "mine"
+    plan = make_plan(
+        tmp_path, pretrained=pretrained, distill_recipe=None, scratch_factor=1, launcher="accelerate launch --cpu"
+    )
+    runs = le.plan_runs(plan)
+    assert [r.name for r in runs] == [
+        f"{kind}-f{f}-s{seed}" for f in ("0.01", "1") for seed in (3, 4) for kind in ("frozen", "finetune", "scratch")
+    ]
+    assert runs[0].command[:4] == ["accelerate", "launch", "--cpu", str(le.EVALUATE)]
+    assert runs[0].command[4] == str(pretrained) and runs[0].needs == ()
+    assert f"run.init_from={pretrained}" in runs[1].command and runs[1].needs == ()
+
+
+def test_a_pretraining_with_labels_gets_a_note(tmp_path):
+    assert le.labels_note(make_plan(tmp_path, recipe=le.find_recipe("quickstart"), pretrain_overrides=[])) is None
+    note = le.labels_note(make_plan(tmp_path, recipe=le.find_recipe("supcon"), pretrain_overrides=[]))
+    assert note.startswith("note: the pretraining (method.name=supcon) trains with labels, all of them")
+
+
+def test_pretrained_must_be_a_finished_run(tmp_path):
+    (tmp_path / "config.yaml").write_text("data: {name: digits}\n")
+    with pytest.raises(le.UserError, match="has not finished"):
+        le.pretrained_run(tmp_path)
+    (tmp_path / "results.json").write_text("{}")
+    assert le.pretrained_run(tmp_path) == tmp_path.resolve()
+
+
+def test_parse_fractions_sorts_and_names_them_plainly():
+    assert le.parse_fractions("1,0.01, 0.1") == [0.01, 0.1, 1.0]
+    assert [le.fraction_text(f) for f in le.parse_fractions("1.0,0.001")] == ["0.001", "1"]
+    assert le.run_name("scratch-long", 1.0, 0) == "scratch-long-f1-s0"
+
+
+def test_config_differences_compare_paths_resolved_and_runs_of_the_comparison_by_name(tmp_path):
+    wanted = {"run.init_from": str(tmp_path / "a" / ".." / "pre"), "run.output_dir": "x", "optim.lr": 0.1, "new": 1}
+    saved = {"run.init_from": str(tmp_path / "pre"), "run.output_dir": "/abs/x", "optim.lr": 0.1}
+    assert le.config_differences(wanted, saved) == []
+    assert le.config_differences({**wanted, "optim.lr": 0.2}, saved) == ["optim.lr"]
+    assert le.config_differences({**wanted, "run.init_from": "null"}, saved) == ["run.init_from"]
+    assert le.config_differences({"run.init_from": "null"}, {"run.init_from": None}) == []
+    # OUT moved from old/ to new/: its runs still start from its own pretraining and teacher
+    moved = {"run.output_dir": "/new/runs", "run.init_from": "/new/runs/pretrain", "method.teacher": "/new/runs/ft"}
+    before = {"run.output_dir": "/old/runs", "run.init_from": "/old/runs/pretrain", "method.teacher": "/old/runs/ft"}
+    assert le.config_differences(moved, before) == []
+    assert le.config_differences({**moved, "method.teacher": "/new/runs/ft2"}, before) == ["method.teacher"]
+    assert le.config_differences({**moved, "run.init_from": "/old/runs/pretrain"}, before) == ["run.init_from"]
+
+
+def test_a_failing_run_is_recorded_with_its_error_and_what_needs_it_is_not_run(tmp_path):
+    fail = le.Run(
+        name="finetune-f0.1-s0",
+        kind="finetune",
+        fraction=0.1,
+        seed=0,
+        command=[sys.executable, "-c", "import sys; print('error: the teacher ran away', file=sys.stderr); exit(2)"],
+        result=tmp_path / "runs" / "finetune-f0.1-s0" / "results.json",
+    )
+    record = le.run_or_skip(fail, tmp_path, None, {})
+    assert (record["status"], record["error"], record["skipped"]) == ("failed", "the teacher ran away", False)
+    assert record["wall_s"] > 0 and "the teacher ran away" in (tmp_path / "logs" / "finetune-f0.1-s0.err").read_text()
+    child = le.Run("distill-f0.1-s0", "distill", 0.1, 0, ["false"], tmp_path / "r.json", needs=("finetune-f0.1-s0",))
+    record = le.run_or_skip(child, tmp_path, None, {"finetune-f0.1-s0": "the teacher ran away"})
+    assert (record["status"], record["error"], record["wall_s"]) == (
+        "failed",
+        "not run: finetune-f0.1-s0 failed",
+        None,
+    )
+    assert not (tmp_path / "logs" / "distill-f0.1-s0.err").exists()
+
+
+# --------------------------------------------------------------------------- aggregation and plot
+
+
+def record(kind: str, fraction: float, seed: int, metrics: dict | None, wall: float | None = 10.0) -> dict:
+    return {
+        "name": "pretrain" if kind == "pretrain" else le.run_name(kind, fraction, seed),
+        "kind": kind,
+        "fraction": fraction,
+        "seed": seed,
+        "status": "failed" if metrics is None else "ok",
+        "skipped": False,
+        "error": "boom" if metrics is None else None,
+        "wall_s": wall,
+        "metrics": metrics or {},
+    }
+
+
+def ft(top1: float) -> dict:
+    return {"knn_top1": 0.0, "finetune_top1": top1}
+
+
+RECORDS = [
+    record("pretrain", None, None, {"knn_top1": 0.9}, wall=100.0),
+    record("frozen", 0.1, 0, {"knn_top1": 0.80, "linear_top1": 0.70}),
+    record("finetune", 0.1, 0, ft(0.60)),
+    record("scratch", 0.1, 0, ft(0.30)),
+    record("scratch-long", 0.1, 0, ft(0.40), wall=30.0),
+    record("frozen", 0.1, 1, {"knn_top1": 0.82, "linear_top1": 0.90}),
+    record("finetune", 0.1, 1, None),
+    record("scratch", 0.1, 1, ft(0.50)),
+    record("scratch-long", 0.1, 1, ft(0.45), wall=30.0),
+    record("frozen", 1.0, 0, {"knn_top1": 0.95}),  # eval.linear_epochs=0: no linear_top1
+    record("finetune", 1.0, 0, ft(0.97)),
+    record("scratch", 1.0, 0, ft(0.90)),
+    record("scratch-long", 1.0, 0, None),
+]
+
+
+def test_rows_are_roads_and_scratch_best_is_the_better_of_the_two():
+    rows = le.point_rows(RECORDS)
+    by = {(r["road"], r["fraction"], r["seed"]): r for r in rows}
+    assert len(rows) == 18  # per fraction and seed: linear, knn, finetune, scratch, scratch-long, scratch-best
+    assert (by[("linear", 0.1, 1)]["top1"], by[("knn", 0.1, 1)]["top1"]) == (0.90, 0.82)
+    assert by[("linear", 0.1, 1)]["run"] == "frozen-f0.1-s1"
+    best = by[("scratch-best", 0.1, 0)]
+    assert (best["top1"], best["run"], best["wall_s"]) == (0.40, "scratch-long-f0.1-s0", 40.0)
+    assert (by[("scratch-best", 0.1, 1)]["top1"], by[("scratch-best", 0.1, 1)]["run"]) == (0.50, "scratch-f0.1-s1")
+    failed = by[("scratch-best", 1.0, 0)]
+    assert failed["status"] == "failed" and failed["top1"] is None and "scratch-long-f1-s0 failed" in failed["error"]
+    missing = by[("linear", 1.0, 0)]
+    assert missing["status"] == "failed" and "no linear_top1" in missing["error"]
+    assert by[("finetune", 0.1, 1)]["error"] == "boom"
+
+
+def test_without_long_scratch_runs_scratch_best_is_the_scratch_run():
+    records = [r for r in RECORDS if r["kind"] != "scratch-long"]
+    rows = le.point_rows(records, long_runs=False)
+    assert [r["road"] for r in rows][-2:] == ["scratch", "scratch-best"]
+    best = [r for r in rows if r["road"] == "scratch-best"]
+    assert [(r["top1"], r["run"], r["wall_s"]) for r in best] == [
+        (0.30, "scratch-f0.1-s0", 10.0),
+        (0.50, "scratch-f0.1-s1", 10.0),
+        (0.90, "scratch-f1-s0", 10.0),
+    ]
+    # with long runs planned, a scratch run alone (its long run still to come) gives no best yet
+    assert not [r for r in le.point_rows(records) if r["road"] == "scratch-best"]
+
+
+def test_summary_is_mean_and_sample_std_over_the_seeds_that_succeeded():
+    summary = le.summarize(le.point_rows(RECORDS))
+    assert [(r["fraction"], r["road"]) for r in summary][:6] == [(0.1, road) for road in le.ROADS if road != "distill"]
+    by = {(r["fraction"], r["road"]): r for r in summary}
+    linear = by[(0.1, "linear")]
+    assert linear["top1_mean"] == pytest.approx(0.80) and linear["top1_std"] == pytest.approx(
+        statistics.stdev([0.7, 0.9])
+    )
+    assert by[(0.1, "scratch-best")]["top1_mean"] == pytest.approx(0.45)
+    assert by[(0.1, "scratch-best")]["wall_s_mean"] == pytest.approx(40.0)
+    finetune = by[(0.1, "finetune")]
+    assert (finetune["n_ok"], finetune["n_failed"], finetune["top1_mean"], finetune["top1_std"]) == (1, 1, 0.60, None)
+    assert by[(1.0, "scratch-best")]["top1_mean"] is None
+
+
+def test_tables_table_and_plot_from_records(tmp_path):
+    summary = le.write_tables(tmp_path, RECORDS, {"recipe": "r.yaml"})
+    rows = read_csv(tmp_path / "summary.csv")
+    assert rows[0] == {
+        "fraction": "0.1",
+        "road": "linear",
+        "n_ok": "2",
+        "n_failed": "0",
+        "top1_mean": "0.8",
+        "top1_std": f"{statistics.stdev([0.7, 0.9]):.6g}",
+        "wall_s_mean": "10",
+    }
+    points = read_csv(tmp_path / "points.csv")
+    assert len(points) == 18 and points[0]["fraction"] == "0.1" and points[-1]["fraction"] == "1"
+    saved = json.loads((tmp_path / "points.json").read_text())
+    assert saved["recipe"] == "r.yaml" and len(saved["runs"]) == len(RECORDS) and len(saved["points"]) == 18
+
+    table = le.summary_table(summary, RECORDS[0])
+    assert [c.header for c in table.columns] == [
+        "labels",
+        *(r.replace("-", "\n") for r in le.ROADS if r != "distill"),
+    ]
+    assert "100 s" in table.caption
+
+    figure = le.plot(summary, 2, tmp_path / le.PLOT_FILE)
+    assert (tmp_path / le.PLOT_FILE).read_bytes().startswith(PNG_MAGIC)
+    axes = figure.axes[0]
+    assert axes.get_xscale() == "log" and "std over 2 seeds" in axes.get_title()
+    assert [t.get_text() for t in axes.get_legend().get_texts()] == [
+        "linear probe (frozen)",
+        "fine-tune",
+        "scratch (better of 1x and 3x epochs)",
+    ]
+    line, _, _ = axes.containers[2]
+    assert list(line.get_xdata()) == [0.1, 1.0] and list(line.get_ydata())[0] == pytest.approx(0.45)
+
+
+def test_the_plot_is_skipped_without_matplotlib(tmp_path, monkeypatch):
+    block_matplotlib(monkeypatch)
+    summary = le.write_tables(tmp_path, RECORDS, {})
+    assert le.plot(summary, 2, tmp_path / le.PLOT_FILE) is None
+    assert not (tmp_path / le.PLOT_FILE).exists() and (tmp_path / "summary.csv").is_file()
