@@ -4,7 +4,7 @@
         [--pretrained RUN_DIR] [--finetune-recipe R] [--distill-recipe R] [--no-distill]
         [--scratch-factor 3] [--launcher "..."] [--pretrain-override K=V ...] [--finetune-override K=V ...]
         [key.sub=value ...]
-    python tools/label_efficiency.py quickstart --fractions 0.01,0.1,1 --seeds 3 train.threads=2
+    python tools/label_efficiency.py quickstart --fractions 0.05,0.1,1 --seeds 3 train.threads=2
 
 RECIPE is a self-supervised pretraining recipe. It is pretrained once (or ``--pretrained RUN_DIR``
 names a finished run to start from), then, for every label fraction f and seed s, the same
