@@ -1,6 +1,6 @@
 """Multi-class N-pair loss: one positive per anchor, the other classes' positives as negatives.
 
-Pairwise softmax cross-entropy over a batch (PSCE, the "image x image" softmax of seed 000,
+Pairwise softmax cross-entropy over a batch (PSCE, the "image x image" softmax,
 ``-sum_i sum_{j: y_j = y_i} log softmax_k(z_i . z_k)_j``) is this family: N-pair is PSCE with one
 positive per anchor and raw dot products as logits, and SupCon is PSCE with every positive and a
 temperature. Classification softmax cross-entropy against class weights (CSCE) solves the same
@@ -112,7 +112,7 @@ def npair_loss(
 class NPairLoss(nn.Module):
     """Multi-class N-pair loss of Sohn [0]: softmax cross-entropy over one positive per class.
 
-    A member of the pairwise softmax cross-entropy family (PSCE in seed 000, next to SupCon);
+    A member of the pairwise softmax cross-entropy family (PSCE, next to SupCon);
     see the module docstring and :func:`npair_loss` for how the batch is read.
 
     Args:
