@@ -155,17 +155,28 @@ def test_every_method_is_a_method_and_the_trainer_calls_need_no_probing():
     from sslkit.methods.base import Method
 
     defaults = {"needs_labels": False, "needs_indices": False, "min_batch_size": 1, "options": (), "num_views": 2}
+    defaults["classifier_metric"] = None
     assert {k: getattr(Method, k) for k in defaults} == defaults and Method.loss_names == ()
     with pytest.raises(NotImplementedError):
         Method.from_config(config_from_dict({}), models.build_backbone("resnet18", 4, True, 1), 10)
     for name, cls in methods.METHODS.items():
         assert issubclass(cls, Method), name
-        assert cls.loss_names and cls.num_views == 2, name
+        assert cls.loss_names and cls.num_views == (1 if name in ("finetune", "distill") else 2), name
         cfg = config_from_dict({"method": {"name": name}, "loss": {"name": cls.loss_names[0]}})
         assert cls.notes(cfg, num_samples=10**9) == []  # every default suits a large training set
-    expected = {"simclr": 2, "supcon": 2, "supervised": 1, "moco": 1, "mocov3": 2, "nce": 1}
+        assert bool(cls.classifier_metric) == hasattr(cls, "logits"), name  # a reported classifier has logits
+    expected = {
+        "simclr": 2,
+        "supcon": 2,
+        "supervised": 1,
+        "moco": 1,
+        "mocov3": 2,
+        "nce": 1,
+        "finetune": 1,
+        "distill": 1,
+    }
     assert {name: cls.min_batch_size for name, cls in methods.METHODS.items()} == expected
-    assert [name for name, cls in methods.METHODS.items() if cls.needs_labels] == ["supcon", "supervised"]
+    assert [name for name, cls in methods.METHODS.items() if cls.needs_labels] == ["supcon", "supervised", "finetune"]
     assert [name for name, cls in methods.METHODS.items() if cls.needs_indices] == ["nce"]
 
 

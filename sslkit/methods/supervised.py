@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from sslkit import losses
-from sslkit.errors import UserError
 from sslkit.methods.base import Method
+from sslkit.methods.finetune import build_head
 from sslkit.models import build_mlp
 
 
@@ -34,17 +34,9 @@ class Supervised(Method):
 
     @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> Supervised:
-        kwargs = dict(cfg.loss.kwargs)
-        stated = kwargs.pop("num_classes", num_classes)
-        if stated != num_classes:
-            raise UserError(
-                f"loss.num_classes is {stated} but dataset '{cfg.data.name}' has {num_classes} classes; "
-                f"remove loss.num_classes (it is taken from the dataset) or use the dataset it was meant for"
-            )
         m = cfg.model
         neck = build_mlp(backbone.feature_dim, m.projector_hidden, m.projector_out, m.projector_layers)
-        head = losses.build(cfg.loss.name, embedding_dim=m.projector_out, num_classes=num_classes, **kwargs)
-        return cls(backbone, neck, head)
+        return cls(backbone, neck, build_head(cfg, m.projector_out, num_classes))
 
     def logits(self, images: torch.Tensor) -> torch.Tensor:
         """The head's class scores of preprocessed images (no margin), (B, num_classes)."""
