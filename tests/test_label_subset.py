@@ -122,3 +122,14 @@ def test_a_saved_subset_from_another_dataset_is_refused(tmp_path):
     (tmp_path / label_subset.FILE_NAME).write_text(json.dumps({**spec.__dict__, "indices": [0, 99999]}))
     with pytest.raises(UserError, match="outside this run's labelled training split"):
         build_splits(cfg, run_dir=tmp_path)
+
+
+def test_held_out_classes_stay_out_of_a_self_supervised_run_with_few_labels():
+    cfg = load_config("quickstart", ["data.labels_per_class=5", "data.holdout_classes=[8,9]"])
+    splits = build_splits(cfg)
+    full = build_splits(load_config("quickstart", ["data.holdout_classes=[8,9]"]))
+    assert len(splits.train) == len(full.train)  # no held-out image came back as "unlabelled"
+    assert torch.equal(splits.train.images, full.train.images)
+    assert int((splits.train.labels >= 0).sum()) == 40 and not bool(
+        torch.isin(splits.train.labels, torch.tensor([8, 9])).any()
+    )

@@ -73,16 +73,18 @@ def build_splits(cfg, train_split: str | None = None, run_dir: Path | None = Non
     # Train (and measure kNN / linear accuracy) on the seen classes; retrieve among the unseen ones.
     unseen = test_set.select_classes(d.holdout_classes, keep=True) if d.holdout_classes else None
     spec = label_subset.spec_for(cfg, for_evaluation)
-    candidates = torch.isin(labelled.labels, torch.tensor(d.holdout_classes, dtype=torch.int64), invert=True)
+    seen_rows = torch.isin(labelled.labels, torch.tensor(d.holdout_classes, dtype=torch.int64), invert=True)
+    seen_rows = seen_rows.nonzero().flatten()  # the labelled split's images of seen classes
     saved = run_dir / label_subset.FILE_NAME if run_dir is not None else None
-    subset = label_subset.labelled_subset(labelled.labels, spec, candidates.nonzero().flatten(), saved)
+    subset = label_subset.labelled_subset(labelled.labels, spec, seen_rows, saved)
     if subset is None:
         return Splits(seen(train_set), seen(labelled), seen(test_set), unseen, info)
     memory = labelled.subset(subset)
     if methods.METHODS[cfg.method.name].needs_labels:
         train = memory  # supervised methods see the labelled images only
     elif train_split == "train":
-        train = seen(_keep_labels_of(train_set, subset))  # the others see every image, and only these labels
+        # The others see every image of the seen classes, and only the subset's labels.
+        train = _keep_labels_of(train_set, subset).subset(seen_rows)
     else:
         train = seen(train_set)  # another split (STL-10's unlabelled images): no label of the subset is in it
     return Splits(train, memory, seen(test_set), unseen, info, subset, spec)
