@@ -296,7 +296,7 @@ def init_backbone(backbone: torch.nn.Module, source: str | Path) -> list[str]:
     """Load a previous run's backbone into ``backbone`` (``run.init_from``); returns the keys it did not use.
 
     Missing keys (the new backbone expects weights the source lacks) or a shape that does not
-    fit are the user's to fix (a different ``model.backbone`` / ``width`` / stem): one line.
+    fit are the user's to fix (a different ``model.backbone`` / ``width`` / stem / ``kwargs``): one line.
     """
     if not Path(source).exists():  # name the key and where a relative path was looked for
         raise UserError(
@@ -314,8 +314,8 @@ def init_backbone(backbone: torch.nn.Module, source: str | Path) -> list[str]:
             else f"{len(missing)} weights missing, e.g. {missing[0]}"
         )
         raise UserError(
-            f"run.init_from '{source}' does not fit this model.backbone / model.width / model.cifar_stem: {detail}; "
-            f"use the same model settings as the run it comes from"
+            f"run.init_from '{source}' does not fit this model.backbone / model.width / model.cifar_stem / "
+            f"model.kwargs: {detail}; use the same model settings as the run it comes from"
         )
     backbone.load_state_dict({k: v for k, v in state.items() if k in own})
     return sorted(unused)

@@ -153,10 +153,17 @@ class ModelConfig:
     """Backbone and projection head.
 
     Attributes:
-        backbone: A torchvision ResNet: ``resnet18``, ``resnet34`` or ``resnet50``.
-        cifar_stem: A 3x3 stride-1 first convolution and no max-pool, for small images (SimCLR's CIFAR
-            stem); false: torchvision's 7x7 stride-2 convolution and max-pool.
-        width: Channels of the first stage (torchvision: 64); every stage scales with it. 16 trains on a CPU.
+        backbone: ``resnet18``, ``resnet34`` or ``resnet50``: sslkit's torchvision ResNets (with ``width`` and
+            ``cifar_stem``); any other name is a timm model (``vit_small_patch16_224``, ``convnext_tiny``,
+            ``timm.list_models()``), built without pretrained weights and with ``kwargs``. A ``timm/`` prefix
+            (``timm/resnet50``) picks timm's model where sslkit has one of the same name.
+        cifar_stem: sslkit's ResNets: a 3x3 stride-1 first convolution and no max-pool, for small images
+            (SimCLR's CIFAR stem); false: torchvision's 7x7 stride-2 convolution and max-pool.
+        width: sslkit's ResNets: channels of the first stage (torchvision: 64); every stage scales with it. 16
+            trains on a CPU.
+        kwargs: timm models: arguments of ``timm.create_model`` (``{img_size: 32, patch_size: 4}`` for a ViT on
+            32x32 images; ``depth``, ``embed_dim``, ...); a ViT's patch size must divide
+            ``augment.image_size``.
         projector_hidden: Hidden width of the MLP projection head.
         projector_out: Output (embedding) size of the projection head: what the loss sees.
         projector_layers: Linear layers in the projection head (1: a single linear map).
@@ -168,6 +175,7 @@ class ModelConfig:
     backbone: str = "resnet18"
     cifar_stem: bool = True
     width: int = 64
+    kwargs: dict[str, Any] = field(default_factory=dict)
     projector_hidden: int = 2048
     projector_out: int = 128
     projector_layers: int = 2
@@ -733,7 +741,6 @@ def validate(cfg: Config, source: str = "recipe") -> None:
             f"choose where runs go with run.output_dir"
         )
     _check_choice(cfg.data.name, data.DATASETS, "data.name", source)
-    _check_choice(cfg.model.backbone, models.BACKBONES, "model.backbone", source)
     _check_choice(cfg.method.name, methods.METHODS, "method.name", source)
     _check_choice(cfg.loss.name, losses.LOSSES, "loss.name", source)
     # Before any data is read: tools/ablate.py checks every point of a sweep up front.
@@ -781,6 +788,8 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         ("eval.knn_k", cfg.eval.knn_k),
     ):
         _check_range(value, key, source, 1)
+    # A timm model is built on the meta device here: a name, argument or image size it cannot take is one line now.
+    models.check_backbone(cfg.model, cfg.augment.image_size, source)
     methods.check_batch_size(cfg.method.name, cfg.train.batch_size, source)
     _check_range(cfg.eval.linear_epochs, "eval.linear_epochs", source, 0)
     if cfg.train.threads is not None:  # null: automatic (see sslkit/launch.py)

@@ -97,9 +97,10 @@ def load_backbone(backbone, target: Path, cfg) -> None:
     """Load ``target``'s backbone weights into ``backbone``, or raise one line saying why they do not fit."""
     from sslkit import checkpoint
     from sslkit.errors import UserError
+    from sslkit.models import describe
 
     state = checkpoint.load_backbone_state(target)
-    model = f"model.backbone={cfg.model.backbone} width={cfg.model.width} cifar_stem={cfg.model.cifar_stem}"
+    model = describe(cfg.model)
     own = backbone.state_dict()
     if (problem := state_mismatch(state, own)) is not None:
         ours, theirs = own.get("conv1.weight"), state.get("conv1.weight")
@@ -180,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         preprocess = EvalTransform(
             cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize
         ).to(accelerator.device)
-        m = cfg.model
-        backbone = models.build_backbone(m.backbone, m.width, m.cifar_stem, preprocess.out_channels)
+        backbone = models.backbone_from_config(cfg.model, preprocess.out_channels)
         load_backbone(backbone, target, cfg)
         backbone = backbone.to(accelerator.device)
         evaluator = RunEvaluator(cfg, splits, preprocess, accelerator)

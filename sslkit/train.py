@@ -241,7 +241,7 @@ def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoa
 
 def make_backbone(cfg: Config, in_channels: int, main: bool) -> torch.nn.Module:
     """The recipe's backbone, with ``run.init_from``'s weights when it names a run."""
-    backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, in_channels)
+    backbone = models.backbone_from_config(cfg.model, in_channels)
     if cfg.run.init_from:
         unused = checkpoint.init_backbone(backbone, cfg.run.init_from)
         if main:
@@ -339,6 +339,7 @@ def announce(cfg: Config, run_dir: Path, accelerator: Accelerator, notes: list[s
             "train.mixed_precision=fp16 has no effect on the CPU (Accelerate runs fp32 there); "
             "train.mixed_precision=bf16 autocasts on CPUs that support it"
         )
+    notes += models.notes(cfg.model)
     notes += [note for note in (methods.unused_options(cfg), *methods.notes(cfg, len(splits.train))) if note]
     for note in notes:
         console.print(f"note: {note}", markup=False, highlight=False)
@@ -447,7 +448,7 @@ def final_evaluation(cfg: Config, evaluator: RunEvaluator, method, start_state: 
         results["trained"][method.classifier_metric] = evaluator.classifier_top1(method)
     if start_state is not None:
         # Built only now: building it draws from the RNG, which training must not see.
-        start = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, in_channels)
+        start = models.backbone_from_config(cfg.model, in_channels)
         start.load_state_dict(start_state)
         row = "start (init_from)" if cfg.run.init_from else "random init"
         results[row] = evaluator.evaluate(start.to(evaluator.accelerator.device))
@@ -461,9 +462,9 @@ def write_results(cfg: Config, run_dir: Path, results: dict, progress: LoopState
     backbone_file = run_dir / "backbone.safetensors"
     summary = {"results": results, "step": progress.step, "checkpoint": str(last_good), "backbone": str(backbone_file)}
     (run_dir / "results.json").write_text(json.dumps(summary, indent=2))
-    console.print(
-        results_table(results, f"{cfg.run.name}: {cfg.data.name}, {cfg.model.backbone} (width {cfg.model.width})")
-    )
+    m = cfg.model
+    backbone = m.backbone if models.timm_name(m.backbone) else f"{m.backbone} (width {m.width})"
+    console.print(results_table(results, f"{cfg.run.name}: {cfg.data.name}, {backbone}"))
     report = write_report(run_dir)
     console.print(
         f"run directory: {run_dir}  (report: {report.name}; "

@@ -50,10 +50,7 @@ def load_teacher(source: str, num_classes: int, in_channels: int) -> Method:
             f"method.teacher '{source}' was trained with method.name={cfg.method.name}, which has no classifier; "
             f"give a fine-tuned run (method.name=finetune)"
         )
-    m = cfg.model
-    teacher = method_class.from_config(
-        cfg, models.build_backbone(m.backbone, m.width, m.cifar_stem, in_channels), num_classes
-    )
+    teacher = method_class.from_config(cfg, models.backbone_from_config(cfg.model, in_channels), num_classes)
     try:
         teacher.load_state_dict(checkpoint.load_method_state(source))
     except RuntimeError as error:

@@ -275,7 +275,7 @@ def build_simclr(cfg: Config, channels: int, loss: torch.nn.Module):
     from sslkit import models, optim
     from sslkit.methods import SimCLR
 
-    backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, channels)
+    backbone = models.backbone_from_config(cfg.model, channels)
     m = cfg.model
     method = SimCLR(
         backbone, models.build_mlp(backbone.feature_dim, m.projector_hidden, m.projector_out, m.projector_layers), loss
@@ -387,7 +387,7 @@ def load_backbone(cfg: Config, channels: int, path: str) -> torch.nn.Module:
 
     from sslkit import models
 
-    backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, channels)
+    backbone = models.backbone_from_config(cfg.model, channels)
     backbone.load_state_dict(load_file(path))
     return backbone
 

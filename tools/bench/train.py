@@ -141,7 +141,7 @@ def build_pieces(cfg: Config, total_steps: int) -> Pieces:
     loader, sampler = train.make_train_loader(cfg, splits.train, cfg.train.batch_size // accelerator.num_processes)
 
     augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
-    backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, augment.out_channels)
+    backbone = models.backbone_from_config(cfg.model, augment.out_channels)
     method = train.make_method(cfg, backbone, info.num_classes, len(splits.train), accelerator.device.type)
     optimizer, lr = train.make_optimizer(cfg, method)
     method, optimizer, loader = train.prepare_for_training(accelerator, method, optimizer, loader)
