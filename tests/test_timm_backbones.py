@@ -26,6 +26,7 @@ timm = pytest.importorskip("timm")
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN, EVALUATE = ROOT / "sslkit" / "pretrain.py", ROOT / "sslkit" / "evaluate.py"
+EXPORT = ROOT / "sslkit" / "export.py"
 
 VIT = "vit_tiny_patch16_224"
 VIT_KWARGS = {"img_size": 16, "patch_size": 4, "depth": 2, "embed_dim": 32, "num_heads": 2}
@@ -227,6 +228,34 @@ def test_simclr_on_a_vit_exports_a_backbone_timm_loads(simclr_vit):
     images = torch.randn(5, 1, 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(theirs(images), ours(images), rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["safetensors", "timm", "onnx"])
+def test_every_export_of_a_vit_loads_back_and_reproduces_its_features(simclr_vit, tmp_path, fmt):
+    """sslkit-export checks its own output; this checks it again, loading each file as its users would."""
+    out = tmp_path / {"safetensors": "vit.safetensors", "timm": "vit-timm", "onnx": "vit.onnx"}[fmt]
+    result = run(tmp_path, EXPORT, str(simclr_vit), "--format", fmt, "--out", str(out))
+    assert "loaded back" in result.stdout and out.exists() and not list(tmp_path.glob("*.tmp"))
+    ours = models.backbone_from_config(load_config(simclr_vit / "config.yaml").model, 1).eval()
+    ours.load_state_dict(load_file(simclr_vit / "backbone.safetensors"))
+    images = torch.randn(4, 1, 16, 16)
+    if fmt == "safetensors":
+        theirs = timm.create_model(VIT, pretrained=False, num_classes=0, in_chans=1, **VIT_KWARGS).eval()
+        theirs.load_state_dict(load_file(out))
+    elif fmt == "timm":
+        theirs = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
+    else:
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+        assert session.get_inputs()[0].name == "images" and session.get_outputs()[0].name == "features"
+
+        def theirs(x):
+            return torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
+
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(images), ours(images), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow
