@@ -24,6 +24,7 @@ import importlib.util
 import inspect
 import os
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -170,6 +171,8 @@ class ModelConfig:
         channels_last: Run the model in channels-last (NHWC) memory format, the layout GPU convolutions prefer.
         sync_batchnorm: BatchNorm statistics over the global batch of every process (SimCLR's global BN,
             MoCo v3's SyncBN; :mod:`sslkit.sync_batchnorm`); the same as plain BatchNorm in one process.
+        freeze_patch_embed: Patch-embedding models (ViT, ...): keep the patch projection at its random
+            initialisation, never trained (MoCo v3's stability trick, Chen et al. 2021 section 4.2).
     """
 
     backbone: str = "resnet18"
@@ -181,6 +184,7 @@ class ModelConfig:
     projector_layers: int = 2
     channels_last: bool = False
     sync_batchnorm: bool = False
+    freeze_patch_embed: bool = False
 
 
 @dataclass
@@ -201,6 +205,8 @@ class MethodConfig:
         bn_splits: moco: BatchNorm statistics over this many sub-batches, keys shuffled between them (ShuffleBN
             in one process); 1: BatchNorm over the whole batch.
         predictor_hidden: mocov3: hidden width of the 2-layer predictor.
+        predictor_last_batch_norm: mocov3: an affine-free BatchNorm after the predictor's last layer, as MoCo v3's
+            ViT code has it (its ResNet code has none).
         num_negatives: nce: noise samples drawn from the memory bank per step (NPID: 4096).
         teacher: distill: the fine-tuned run (a run directory or checkpoint) whose softened predictions the
             student learns from.
@@ -216,6 +222,7 @@ class MethodConfig:
     symmetric: bool = True
     bn_splits: int = 8
     predictor_hidden: int = 4096
+    predictor_last_batch_norm: bool = False
     num_negatives: int = 4096
     teacher: str | None = None
     distill_temperature: float = 1.0
@@ -262,6 +269,11 @@ class OptimConfig:
         head_lr_scale: A loss head's learning rate is the scheduled rate times this times what the head
             declares (Proxy-Anchor's proxies: 100).
         min_lr_ratio: The cosine decays to ``lr * min_lr_ratio``.
+        layer_decay: Layer-wise learning-rate decay of the backbone (BEiT, MAE fine-tuning; 0.65-0.75 for a
+            ViT): backbone layer ``i`` of ``0..L`` trains at ``layer_decay ** (L - i)`` times its rate, the heads
+            at 1; 1: off. Layers as timm groups them (``group_matcher``): the stem (patch embedding) is 0, each
+            block one more, the last block and final norm ``L``; for sslkit's ResNets the stem, then each
+            residual block.
     """
 
     name: str = "sgd"
@@ -276,6 +288,7 @@ class OptimConfig:
     backbone_lr_scale: float = 1.0
     head_lr_scale: float = 1.0
     min_lr_ratio: float = 0.0
+    layer_decay: float = 1.0
 
 
 @dataclass
@@ -295,7 +308,14 @@ class TrainConfig:
         checkpoint_every_steps: Also save every N optimizer steps, for long epochs; 0: off.
         knn_every_epochs: Run the online kNN monitor every N epochs; 0: off.
         keep_checkpoints: How many of the latest checkpoints to keep.
-        tensorboard: Also log to TensorBoard in the run directory (needs the tensorboard package).
+        trackers: Experiment trackers that also get the metrics and the resolved config, through Accelerate:
+            ``tensorboard`` (logs in the run directory), ``wandb`` (Weights & Biases; ``WANDB_MODE=offline``
+            keeps it local), or any other tracker Accelerate supports; each needs its package installed.
+        compile: Compile the method with ``torch.compile`` (through Accelerate, after DDP wraps it).
+        compile_backend: ``torch.compile``'s backend: ``inductor`` generates fused kernels; ``aot_eager``
+            only traces (checks a model compiles, without the code generation).
+        compile_mode: ``torch.compile``'s mode: ``default``, ``reduce-overhead`` (CUDA graphs) or
+            ``max-autotune``.
         threads: ``torch.set_num_threads`` per process; ``null``: torch's default, except where
             ``accelerate launch`` on a machine without a GPU pinned one thread: then each process gets its
             share of the cores (:mod:`sslkit.launch`).
@@ -312,7 +332,10 @@ class TrainConfig:
     checkpoint_every_steps: int = 0
     knn_every_epochs: int = 1
     keep_checkpoints: int = 2
-    tensorboard: bool = False
+    trackers: list[str] = field(default_factory=list)
+    compile: bool = False
+    compile_backend: str = "inductor"
+    compile_mode: str = "default"
     threads: int | None = None
 
 
@@ -468,12 +491,18 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     raise UserError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
 
 
+# Keys that were renamed, and how to write them now.
+RENAMED = {"train.tensorboard": "train.trackers: [tensorboard] (train.trackers=[tensorboard] on the command line)"}
+
+
 def _fill(instance: Any, values: dict, prefix: str, source: str) -> None:
     """Set fields of a dataclass ``instance`` from ``values``, strictly."""
     hints = typing.get_type_hints(type(instance))
     names = [f.name for f in dataclasses.fields(instance)]
     for key, value in values.items():
         path = f"{prefix}{key}"
+        if path in RENAMED:
+            raise UserError(f"{source}: '{path}' is now {RENAMED[path]}")
         if key not in names:
             raise UserError(
                 f"{source}: unknown key '{path}'; valid keys in '{prefix.rstrip('.') or 'recipe'}': {', '.join(names)}"
@@ -729,6 +758,46 @@ def _check_label_subset(section, prefix: str, source: str) -> None:
         )
 
 
+# Accelerate's tracker names and the package each needs.
+TRACKERS = {
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "comet_ml": "comet_ml",
+    "aim": "aim",
+    "mlflow": "mlflow",
+    "clearml": "clearml",
+    "dvclive": "dvclive",
+    "swanlab": "swanlab",
+    "trackio": "trackio",
+}
+
+
+def _check_trackers(trackers: list[str], source: str) -> None:
+    """Known tracker names, each with its package installed (Accelerate would only warn and log nothing)."""
+    for name in trackers:
+        _check_choice(name, TRACKERS, "train.trackers", source)
+        if importlib.util.find_spec(TRACKERS[name]) is None:
+            raise UserError(
+                f"{source}: train.trackers has {name}, but the {TRACKERS[name]} package is not installed: "
+                f"pip install {TRACKERS[name]} (or remove {name} from train.trackers)"
+            )
+
+
+def _check_compile(backend: str, source: str) -> None:
+    """A backend ``torch.compile`` knows, on a torch and Python that it supports."""
+    import torch
+
+    _check_choice(backend, torch.compiler.list_backends(exclude_tags=()), "train.compile_backend", source)
+    # torch.compile raises on Python versions its dynamo does not support yet (a new Python before its torch).
+    # A private function, without a public one; where it is gone, the first compiled step is the check.
+    is_supported = getattr(getattr(torch, "_dynamo", None), "is_dynamo_supported", lambda: True)
+    if not is_supported():
+        raise UserError(
+            f"{source}: train.compile=true, but torch {torch.__version__} cannot compile on Python "
+            f"{sys.version.split()[0]} here; set train.compile=false"
+        )
+
+
 def validate(cfg: Config, source: str = "recipe") -> None:
     """Check names against the registries and numbers against their valid ranges."""
     # Imported here: the registries import torch-heavy modules that plain YAML parsing does not need.
@@ -807,10 +876,13 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         ("train.checkpoint_every_epochs", cfg.train.checkpoint_every_epochs),
     ):
         _check_range(value, key, source, 1)
-    if cfg.train.tensorboard and importlib.util.find_spec("tensorboard") is None:
+    _check_trackers(cfg.train.trackers, source)
+    if cfg.train.compile:
+        _check_compile(cfg.train.compile_backend, source)
+    _check_choice(cfg.train.compile_mode, ("default", "reduce-overhead", "max-autotune"), "train.compile_mode", source)
+    if not 0 < cfg.optim.layer_decay <= 1:
         raise UserError(
-            f"{source}: train.tensorboard=true needs the tensorboard package, which is not installed: "
-            f"pip install tensorboard (or leave train.tensorboard false)"
+            f"{source}: 'optim.layer_decay' must be in (0, 1] (1: off; BEiT uses 0.65), got {cfg.optim.layer_decay}"
         )
     for key, value in (("optim.lr", cfg.optim.lr), ("eval.knn_temperature", cfg.eval.knn_temperature)):
         if not value > 0:

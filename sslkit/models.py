@@ -56,6 +56,11 @@ class ScaledResNet(ResNet):
         self.in_channels = in_channels
         self.fc = nn.Identity()
 
+    def group_matcher(self, coarse: bool = False) -> dict[str, str]:
+        """Parameter groups from the input up, in timm's form (its ResNets have the same names): the stem, then
+        each residual block (each stage when ``coarse``). Layer-wise lr decay reads them (:mod:`sslkit.optim`)."""
+        return {"stem": r"^conv1|^bn1", "blocks": r"^layer(\d+)" if coarse else r"^layer(\d+)\.(\d+)"}
+
     def _make_layer(self, block, planes, blocks, stride=1, dilate=False):
         if planes == 64:  # the first stage: its input is the stem's output
             self.inplanes = self._width
@@ -125,7 +130,18 @@ def backbone_from_config(model_cfg, in_channels: int) -> nn.Module:
     name = timm_name(model_cfg.backbone)
     if name is None:
         return build_backbone(model_cfg.backbone, model_cfg.width, model_cfg.cifar_stem, in_channels)
-    return build_timm_backbone(name, in_channels, model_cfg.kwargs)
+    backbone = build_timm_backbone(name, in_channels, model_cfg.kwargs)
+    if model_cfg.freeze_patch_embed:
+        freeze_patch_embedding(backbone)
+    return backbone
+
+
+def freeze_patch_embedding(backbone: nn.Module) -> None:
+    """Keep a ViT's patch projection at its random initialisation (MoCo v3, Chen et al. 2021, section 4.2):
+    the instability of ViT training shows first as gradient spikes in this layer, and a fixed random
+    projection removes them at no cost in accuracy. Its parameters get no gradient and no optimizer
+    state; they stay in the ``state_dict`` (and the momentum encoder's copy stays equal to them)."""
+    backbone.patch_embed.proj.requires_grad_(False)
 
 
 def describe(model_cfg) -> str:
@@ -166,6 +182,11 @@ def check_backbone(model_cfg, image_size: int, source: str = "recipe") -> None:
     """
     name = timm_name(model_cfg.backbone)
     kwargs = model_cfg.kwargs
+    if name is None and model_cfg.freeze_patch_embed:
+        raise UserError(
+            f"{source}: model.freeze_patch_embed=true needs a patch-embedding backbone (a timm ViT), but "
+            f"model.backbone '{model_cfg.backbone}' is sslkit's ResNet; remove it or choose a ViT"
+        )
     if name is None:
         if kwargs:
             raise UserError(
@@ -194,6 +215,11 @@ def check_backbone(model_cfg, image_size: int, source: str = "recipe") -> None:
         except _MetaUnsupported:
             return  # checked when training builds it
         _check_image_size(model, model_cfg, image_size, source)
+        if model_cfg.freeze_patch_embed and not hasattr(getattr(model, "patch_embed", None), "proj"):
+            raise UserError(
+                f"{source}: model.freeze_patch_embed=true needs a model with a patch projection "
+                f"(patch_embed.proj, as timm's ViTs have), and {model_cfg.backbone} has none; remove it"
+            )
         try:
             features = model(torch.empty(2, 3, image_size, image_size))
         except Exception as error:  # whatever the model says about this input, in one line

@@ -106,20 +106,25 @@ def _is_bias_or_norm(name: str, param: nn.Parameter) -> bool:
 
 
 def parameter_groups(
-    module: nn.Module, weight_decay: float, exclude_bias_and_norm: bool, lr_scales: dict[str, float] | None = None
+    module: nn.Module,
+    weight_decay: float,
+    exclude_bias_and_norm: bool,
+    lr_scales: dict[str, float] | None = None,
+    no_weight_decay: set[str] = frozenset(),
 ) -> list[dict]:
     """Split parameters into groups by weight decay and by per-parameter learning-rate scale.
 
     ``lr_scales`` maps a parameter's name (as in ``module.named_parameters()``) to a
-    multiplier of the scheduled lr (a head's proxies at 100x). Biases and norm parameters get
-    no weight decay (and no LARS adaptation) when ``exclude_bias_and_norm``.
+    multiplier of the scheduled lr (a head's proxies at 100x). Biases and norm parameters, and
+    the names in ``no_weight_decay`` (a ViT's position embedding and class token), get no weight
+    decay (and no LARS adaptation) when ``exclude_bias_and_norm``.
     """
     lr_scales = lr_scales or {}
     groups: dict[tuple[bool, float], dict] = {}
     for name, param in module.named_parameters():
         if not param.requires_grad:
             continue
-        plain = exclude_bias_and_norm and _is_bias_or_norm(name, param)
+        plain = exclude_bias_and_norm and (_is_bias_or_norm(name, param) or name in no_weight_decay)
         scale = lr_scales.get(name, 1.0)
         group = groups.setdefault(
             (plain, scale),
@@ -134,6 +139,38 @@ def parameter_groups(
         group["params"].append(param)
         group["names"].append(name)
     return list(groups.values())
+
+
+def model_no_weight_decay(backbone: nn.Module) -> set[str]:
+    """The parameters a timm model says to keep out of weight decay (``no_weight_decay()``: a ViT's
+    ``pos_embed`` and ``cls_token``); none for models that do not say."""
+    declared = getattr(backbone, "no_weight_decay", None)
+    if not callable(declared):
+        return set()
+    own = {name for name, _ in backbone.named_parameters()}
+    return {name for name in declared() if name in own}
+
+
+def layer_decay_scales(backbone: nn.Module, decay: float) -> dict[str, float]:
+    """Layer-wise learning-rate decay (BEiT, Bao et al. 2021; MAE fine-tuning): each backbone parameter's lr
+    multiplier ``decay ** (L - i)``, for its layer ``i`` of ``0..L``.
+
+    The layers are timm's ``group_matcher(coarse=False)`` groups, numbered from the input: for a ViT the
+    stem (patch embedding, class token, position embedding) is 0, block ``k`` is ``k + 1``, and the last
+    block shares ``L`` with the final norm (full rate, as the heads on top); for a ResNet the stem is 0 and
+    each residual block one more. timm's own grouping (``timm.models.group_parameters``), so that a
+    backbone decays here exactly as timm's ``param_groups_layer_decay`` decays it (a test checks that).
+    """
+    from timm.models import group_parameters
+
+    if decay == 1.0:
+        return {}
+    matcher = getattr(backbone, "group_matcher", None)
+    if not callable(matcher):
+        raise ValueError(f"{type(backbone).__name__} has no group_matcher(): its layers are unknown")
+    layer_of = group_parameters(backbone, matcher(coarse=False), reverse=True)
+    top = max(layer_of.values())
+    return {name: decay ** (top - layer) for name, layer in layer_of.items()}
 
 
 def build_optimizer(

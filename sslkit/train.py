@@ -19,6 +19,7 @@ therefore continues with the same batches, augmentations and updates.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -118,8 +119,9 @@ class LogWindow:
     accumulate fewer batches than that (Accelerate steps at the loader's end).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, finite: FiniteLoss) -> None:
         self.start, self.data_wait, self.batches, self.loss_sum = time.perf_counter(), 0.0, 0, 0.0
+        self.finite = finite  # read with the loss, when a line is logged
 
     def timed(self, batches: Iterable) -> Iterator:
         """``batches``, adding the time spent waiting for each one to ``data_wait``."""
@@ -132,21 +134,63 @@ class LogWindow:
             self.data_wait += time.perf_counter() - fetch_start
             yield batch
 
-    def add(self, loss: float) -> None:
-        self.loss_sum, self.batches = self.loss_sum + loss, self.batches + 1
+    def add(self, loss: torch.Tensor) -> None:
+        """Add a batch's loss, on its device: summed there, read once per log line."""
+        self.loss_sum, self.batches = self.loss_sum + loss.detach().float(), self.batches + 1
 
-    def record(self, progress: LoopState, optimizer, batch_size: int) -> dict:
-        """The log line of this window; the scheduled lr is the first group's lr over its scale."""
+    def record(self, progress: LoopState, optimizer, batch_size: int, accelerator: Accelerator) -> dict:
+        """The log line of this window (every process calls it: the loss is averaged over processes); the
+        scheduled lr is the first group's lr over its scale."""
+        loss = accelerator.reduce(torch.as_tensor(self.loss_sum, device=accelerator.device), reduction="mean")
         elapsed = time.perf_counter() - self.start
         group = optimizer.param_groups[0]
         return {
             "step": progress.step,
             "epoch": progress.epoch,
-            "loss": self.loss_sum / self.batches,
+            "loss": loss.item() / self.batches,
             "lr": group["lr"] / group.get("lr_scale", 1.0),
             "images_per_s": self.batches * batch_size / elapsed,
             "data_wait_share": self.data_wait / elapsed,
         }
+
+
+class FiniteLoss:
+    """Stops the run on a non-finite loss, without making an accelerator wait for the host on every batch.
+
+    On the CPU each batch's loss is read as it is computed (nothing queues there, so reading costs
+    nothing) and the run stops before a bad loss reaches the weights. On an accelerator, reading it
+    would stall the device queue on every batch; there a count of non-finite losses stays on the
+    device and is read at every log line and before every checkpoint (:meth:`check`): at most
+    ``train.log_every_steps`` steps pass before the run stops, and :class:`Checkpointer` never saves
+    the weights they leave.
+    """
+
+    def __init__(self, accelerator: Accelerator, checkpoints: Checkpointer | None = None) -> None:
+        self.accelerator, self.checkpoints = accelerator, checkpoints
+        self.eager = accelerator.device.type == "cpu"
+        self.bad = torch.zeros((), device=accelerator.device)
+
+    def add(self, loss: torch.Tensor, progress: LoopState | None = None) -> None:
+        if self.eager:
+            # Every process agrees on the mean, so all of them stop together.
+            value = self.accelerator.reduce(loss.detach().float(), reduction="mean").item()
+            if not math.isfinite(value):
+                self._stop(f"loss became {value}", progress)
+        else:
+            self.bad += (~torch.isfinite(loss.detach())).float()  # no host sync
+
+    def check(self, progress: LoopState) -> None:
+        """Raise if a loss since the last check was non-finite (every process calls it at the same step)."""
+        if not self.eager and (bad := int(self.accelerator.reduce(self.bad, reduction="sum").item())):
+            self._stop(f"the loss was not finite in {bad} batch{'es' if bad > 1 else ''}", progress)
+
+    def _stop(self, what: str, progress: LoopState | None):
+        where = self.checkpoints.where() if self.checkpoints else "no checkpoint was written yet"
+        at = f" at step {progress.step} (epoch {progress.epoch})" if progress else ""
+        raise UserError(
+            f"{what}{at}; training stopped, {where}; "
+            f"try a lower optim.lr, a higher loss temperature, or train.mixed_precision=no"
+        )
 
 
 class Checkpointer:
@@ -187,11 +231,12 @@ def make_run_dir(cfg: Config) -> Path:
 
 
 def make_accelerator(cfg: Config, run_dir: Path | None = None) -> Accelerator:
-    """The Accelerator of a training run; ``run_dir`` is where TensorBoard logs go (none: no trackers)."""
+    """The Accelerator of a training run; ``run_dir`` is where trackers write (none: no trackers)."""
+    t = cfg.train
     return Accelerator(
-        mixed_precision=cfg.train.mixed_precision,
-        gradient_accumulation_steps=cfg.train.grad_accum_steps,
-        log_with="tensorboard" if cfg.train.tensorboard and run_dir is not None else None,
+        mixed_precision=t.mixed_precision,
+        gradient_accumulation_steps=t.grad_accum_steps,
+        log_with=list(t.trackers) if t.trackers and run_dir is not None else None,
         project_dir=str(run_dir) if run_dir is not None else None,
         # Our sampler already orders data by (seed, epoch): keep it rather than substituting Accelerate's.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False),
@@ -269,49 +314,96 @@ def make_optimizer(cfg: Config, method: torch.nn.Module) -> tuple[torch.optim.Op
     o = cfg.optim
     lr = optim.scaled_lr(o.lr, cfg.train.batch_size, o.lr_scaling)
     # Per-part learning rates: backbone x backbone_lr_scale, head x head_lr_scale x what the head declares.
-    lr_scales = {f"backbone.{name}": o.backbone_lr_scale for name, _ in method.backbone.named_parameters()}
+    # (and, with optim.layer_decay, each backbone layer below the top at layer_decay per layer)
+    try:
+        layers = optim.layer_decay_scales(method.backbone, o.layer_decay)
+    except ValueError as error:
+        raise UserError(f"optim.layer_decay={o.layer_decay}: {error}; set optim.layer_decay=1") from None
+    lr_scales = {
+        f"backbone.{name}": o.backbone_lr_scale * layers.get(name, 1.0)
+        for name, _ in method.backbone.named_parameters()
+    }
     if isinstance(getattr(method, "loss", None), torch.nn.Module):
         head_scales = _loss_lr_scales(method.loss)
         lr_scales.update({f"loss.{name}": scale * o.head_lr_scale for name, scale in head_scales.items()})
-    groups = optim.parameter_groups(method, o.weight_decay, o.exclude_bias_and_norm, lr_scales)
+    no_decay = {f"backbone.{name}" for name in optim.model_no_weight_decay(method.backbone)}
+    groups = optim.parameter_groups(method, o.weight_decay, o.exclude_bias_and_norm, lr_scales, no_decay)
     optimizer = optim.build_optimizer(o.name, groups, lr, o.momentum, o.weight_decay, o.betas, o.trust_coefficient)
     return optimizer, lr
 
 
-def prepare_for_training(accelerator: Accelerator, method: torch.nn.Module, optimizer, loader: DataLoader):
-    """``accelerator.prepare`` of the three, after telling DDP which buffers it need not re-send."""
+def prepare_for_training(
+    cfg: Config, accelerator: Accelerator, method: torch.nn.Module, optimizer, loader: DataLoader
+):
+    """``accelerator.prepare`` of the three, after telling DDP which buffers it need not re-send; with
+    ``train.compile``, the prepared method compiled.
+
+    Compiled after DDP wraps it, as torch recommends (DDP's buckets then split the graph at their
+    all-reduces), and by sslkit rather than Accelerate's ``dynamo_backend``: Accelerate keeps that
+    setting in process-wide state, so a second run in one process would keep the first run's choice.
+    ``accelerator.unwrap_model`` sees through the compiled wrapper, so checkpoints keep the method's keys.
+    """
     # MoCo's queue, NPID's bank: equal on every process already.
     distributed.skip_broadcast_of_replicated_buffers(method)
-    return accelerator.prepare(method, optimizer, loader)
+    method, optimizer, loader = accelerator.prepare(method, optimizer, loader)
+    if cfg.train.compile:
+        method = torch.compile(method, backend=cfg.train.compile_backend, mode=_compile_mode(cfg))
+    return method, optimizer, loader
 
 
-def optimizer_step(accelerator, method, optimizer, views, labels, indices, lr: float, checkpoints=None, progress=None):
-    """Forward, check, backward and (at the end of an accumulation window) step; returns the loss.
+def _compile_mode(cfg: Config) -> str | None:
+    # torch.compile takes no mode with a backend other than inductor.
+    return cfg.train.compile_mode if cfg.train.compile_backend == "inductor" else None
 
-    The check is the loop's one host sync per batch: every process agrees on the mean loss, and
-    a non-finite one stops the run (with ``checkpoints`` naming the last good checkpoint)
-    before it reaches the weights.
+
+def optimizer_step(
+    accelerator, method, optimizer, views, labels, indices, lr: float, finite: FiniteLoss, progress=None
+) -> torch.Tensor:
+    """Forward, check, backward and (at the end of an accumulation window) step; returns the loss (detached, on
+    the device: when to wait for the device to read it is the caller's choice).
+
+    ``finite`` stops the run on a non-finite loss (see :class:`FiniteLoss`), naming ``progress``'s step.
     """
     with accelerator.accumulate(method):
         with accelerator.autocast():
             loss = method(*views, labels, *indices)
-        loss_value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
-        if not math.isfinite(loss_value):
-            where = checkpoints.where() if checkpoints else "no checkpoint was written yet"
-            at = f" at step {progress.step} (epoch {progress.epoch})" if progress else ""
-            raise UserError(
-                f"loss became {loss_value}{at}; training stopped, {where}; "
-                f"try a lower optim.lr, a higher loss temperature, or train.mixed_precision=no"
-            )
+        finite.add(loss, progress)
         accelerator.backward(loss)
         if accelerator.sync_gradients:
             optim.set_learning_rate(optimizer, lr)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return loss_value
+    return loss.detach()
 
 
 # ---------------------------------------------------------------------- the steps of a run
+
+
+@contextlib.contextmanager
+def compile_failures(cfg: Config):
+    """With ``train.compile``, torch.compile's own failures (no C++ compiler for inductor, an op it cannot
+    trace) are one line that says how to train without it; every other exception passes unchanged."""
+    try:
+        yield
+    except Exception as error:
+        if not cfg.train.compile or not type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            raise
+        first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise UserError(
+            f"train.compile: torch.compile (backend {cfg.train.compile_backend}) failed: {type(error).__name__}: "
+            f"{first.strip()}; set train.compile=false, or train.compile_backend=aot_eager"
+        ) from None
+
+
+def start_trackers(cfg: Config, run_dir: Path, accelerator: Accelerator) -> None:
+    """``train.trackers`` get the resolved config as hyperparameters (lists as text: TensorBoard's hparams take
+    scalars only), under the project name ``sslkit``: TensorBoard writes to ``run_dir/sslkit``, W&B to
+    ``run_dir/wandb`` as a run named ``run.name`` in project ``sslkit``."""
+    if not cfg.train.trackers:
+        return
+    hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in flatten(to_dict(cfg)).items()}
+    init_kwargs = {"wandb": {"name": cfg.run.name, "dir": str(run_dir)}}
+    accelerator.init_trackers("sslkit", config=hparams, init_kwargs=init_kwargs)
 
 
 def announce(cfg: Config, run_dir: Path, accelerator: Accelerator, notes: list[str], threads, splits: Splits):
@@ -414,7 +506,8 @@ def log_step(
     if progress.step % cfg.train.log_every_steps and progress.step != total:
         bar.update(task, completed=progress.step)
         return window
-    r = window.record(progress, optimizer, cfg.train.batch_size)
+    window.finite.check(progress)  # before the line: a non-finite loss stops the run rather than being logged
+    r = window.record(progress, optimizer, cfg.train.batch_size, log.accelerator)
     log(r, progress.step)
     bar.update(task, completed=progress.step, epoch=r["epoch"], loss=r["loss"], lr=r["lr"], ips=r["images_per_s"])
     if log.accelerator.is_main_process and not console.is_terminal:  # a log file gets a line, a terminal the bar
@@ -422,7 +515,7 @@ def log_step(
             f"step {progress.step}/{total}  epoch {r['epoch']}  loss {r['loss']:.4f}  lr {r['lr']:.3g}  "
             f"{r['images_per_s']:.0f} img/s  data wait {r['data_wait_share']:.1%}"
         )
-    return LogWindow()
+    return LogWindow(window.finite)
 
 
 def end_epoch(cfg: Config, progress: LoopState, total_steps: int, evaluator: RunEvaluator, method, log, checkpoints):
@@ -507,7 +600,7 @@ def train(cfg: Config) -> dict:
     log = MetricsLog(run_dir / "metrics.jsonl", accelerator)
 
     # ------------------------------------------------------------------ prepare
-    method, optimizer, train_loader = prepare_for_training(accelerator, method, optimizer, train_loader)
+    method, optimizer, train_loader = prepare_for_training(cfg, accelerator, method, optimizer, train_loader)
     unwrapped = accelerator.unwrap_model(method)
     # The starting weights as every process now has them: DDP has just given all of them process 0's
     # (a copy taken before prepare would score a different network on each process's share of the data).
@@ -516,30 +609,27 @@ def train(cfg: Config) -> dict:
         start_state = {k: v.detach().clone() for k, v in unwrapped.backbone.state_dict().items()}
     schedule = Schedule.from_config(cfg, len(train_loader), lr)
     evaluator = RunEvaluator(cfg, splits, preprocess.to(accelerator.device), accelerator)
-    if cfg.train.tensorboard:
-        hparams = {k: v for k, v in flatten(to_dict(cfg)).items() if isinstance(v, (int, float, str, bool))}
-        accelerator.init_trackers(cfg.run.name, config=hparams)
+    start_trackers(cfg, run_dir, accelerator)
 
     # ------------------------------------------------------------------ resume
     progress, last_good = resume(cfg, run_dir, accelerator, schedule.total_steps)
     checkpoints = Checkpointer(accelerator, run_dir, method, cfg.train.keep_checkpoints, last_good)
+    finite = FiniteLoss(accelerator, checkpoints)
 
     # ------------------------------------------------------------------ loop
     total = schedule.total_steps
     bar, task = progress_bar(progress, total, main)
     method.train()
-    with bar:
+    with bar, compile_failures(cfg):
         while progress.step < total and progress.epoch < cfg.train.epochs:
             unwrapped.backbone_frozen = progress.epoch < cfg.train.freeze_backbone_epochs
-            window = LogWindow()
+            window = LogWindow(finite)
             for images, labels, *indices in window.timed(epoch_batches(train_loader, sampler, progress, accelerator)):
                 progress.batch_in_epoch += 1
                 with torch.no_grad():
                     views = augment(images)
                 lr_now = schedule.lr(progress.step, cfg)
-                loss = optimizer_step(
-                    accelerator, method, optimizer, views, labels, indices, lr_now, checkpoints, progress
-                )
+                loss = optimizer_step(accelerator, method, optimizer, views, labels, indices, lr_now, finite, progress)
                 window.add(loss)
                 if accelerator.sync_gradients:
                     # Methods with state outside the optimizer (MoCo's momentum encoder) update it here.

@@ -205,20 +205,36 @@ def test_loss_keys_given_on_the_command_line_are_kept_and_checked(tmp_path):
         load_config(path, ["loss.name=proxy_nca", "loss.margin=0.1"])
 
 
-def test_tensorboard_without_its_package_is_one_line(monkeypatch):
-    """train.tensorboard=true without tensorboard installed: Accelerate would only warn and log nothing."""
+@pytest.mark.parametrize("tracker", ["tensorboard", "wandb"])
+def test_a_tracker_without_its_package_is_one_line(monkeypatch, tracker):
+    """A tracker whose package is missing: Accelerate would only warn and log nothing."""
     import importlib.util
 
     from sslkit.config import config_from_dict
     from sslkit.errors import UserError
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a)
-    )
-    with pytest.raises(UserError, match="pip install tensorboard"):
-        config_from_dict({"train": {"tensorboard": True}})
-    config_from_dict({"train": {"tensorboard": False}})
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == tracker else real(name, *a))
+    with pytest.raises(UserError, match=f"pip install {tracker}"):
+        config_from_dict({"train": {"trackers": [tracker]}})
+    config_from_dict({"train": {"trackers": []}})
+
+
+@pytest.mark.parametrize(
+    "train, words",
+    [
+        ({"trackers": ["tensorbord"]}, ["train.trackers", "tensorbord", "tensorboard"]),
+        ({"tensorboard": True}, ["'train.tensorboard' is now train.trackers: [tensorboard]"]),
+        ({"compile_mode": "fast"}, ["train.compile_mode", "reduce-overhead"]),
+    ],
+)
+def test_tracker_and_compile_mistakes_are_one_line(train, words):
+    from sslkit.config import config_from_dict
+    from sslkit.errors import UserError
+
+    with pytest.raises(UserError) as info:
+        config_from_dict({"train": train})
+    assert all(word in str(info.value) for word in words), str(info.value)
 
 
 @pytest.mark.parametrize("module, positional", [("sslkit.pretrain", "recipe"), ("sslkit.evaluate", "target")])

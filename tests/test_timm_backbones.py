@@ -137,6 +137,35 @@ def test_every_method_trains_a_timm_backbone(method, loss, backbone):
     timm.create_model(name, num_classes=0, in_chans=1, **kwargs).load_state_dict(net.backbone.state_dict())
 
 
+def test_mocov3_with_a_frozen_patch_projection_trains_everything_else():
+    """MoCo v3's stability trick: the patch projection keeps its random weights (in both encoders), the rest
+    of the ViT and the heads learn; the predictor ends in an affine-free BatchNorm as in MoCo v3's ViT code."""
+    cfg = load_config(
+        "quickstart",
+        [*TINY_VIT, *HEADS, "method.name=mocov3", "model.freeze_patch_embed=true", "model.projector_layers=3"]
+        + ["method.predictor_hidden=32", "method.predictor_last_batch_norm=true", "train.batch_size=8"],
+    )
+    net = methods.build_method(cfg, models.backbone_from_config(cfg.model, 1), 10, num_samples=100)
+    from sslkit.train import make_optimizer
+
+    optimizer, _ = make_optimizer(cfg, net)
+    trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    patch = net.backbone.patch_embed.proj
+    assert not {id(patch.weight), id(patch.bias)} & trained
+    before = {name: p.detach().clone() for name, p in net.named_parameters()}
+    net(torch.randn(8, 1, 16, 16), torch.randn(8, 1, 16, 16)).backward()
+    optimizer.step()
+    net.after_optimizer_step(0, 10)
+    after = dict(net.named_parameters())
+    assert torch.equal(after["backbone.patch_embed.proj.weight"], before["backbone.patch_embed.proj.weight"])
+    assert not torch.equal(after["backbone.blocks.0.attn.qkv.weight"], before["backbone.blocks.0.attn.qkv.weight"])
+    momentum_patch = dict(net.momentum_backbone.named_parameters())["patch_embed.proj.weight"]
+    assert torch.equal(momentum_patch, patch.weight)
+    last = net.predictor[-1]
+    assert isinstance(last, torch.nn.BatchNorm1d) and not last.affine
+    assert len([m for m in net.projector if isinstance(m, torch.nn.Linear)]) == 3
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -166,6 +195,11 @@ def test_every_method_trains_a_timm_backbone(method, loss, backbone):
         ([f"model.backbone={VIT}", "model.kwargs={pretrained: true}"], ["without pretrained weights", "init_from"]),
         (["model.kwargs={depth: 2}"], ["model.kwargs", "sslkit's ResNet", "model.backbone=timm/resnet18"]),
         (["model.backbone=convnext_atto"], ["convnext_atto does not run on augment.image_size=16 images"]),
+        (["model.freeze_patch_embed=true"], ["model.freeze_patch_embed=true needs a patch-embedding backbone"]),
+        (
+            ["model.backbone=timm/resnet18", "model.freeze_patch_embed=true"],
+            ["needs a model with a patch projection", "timm/resnet18 has none"],
+        ),
         (
             [f"model.backbone={VIT}", "model.kwargs={img_size: 16, patch_size: 4, global_pool: ''}"],
             ["gives features of shape [17, 192]", "global_pool"],

@@ -256,7 +256,8 @@ class MoCoV3(MomentumMethod):
 
     Heads as in [2]'s ResNet code and solo-learn: projector ``projector_layers`` layers
     (``model.projector_*``; the paper's text says 3, its ResNet code uses 2) with an
-    affine-free BatchNorm after the last; predictor 2 layers, ``predictor_hidden`` wide.
+    affine-free BatchNorm after the last; predictor 2 layers, ``predictor_hidden`` wide (with an
+    affine-free BatchNorm after the last too in [2]'s ViT code: ``method.predictor_last_batch_norm``).
 
     Shape:
         view1, view2: (B, C, H, W); returns a scalar loss.
@@ -266,7 +267,7 @@ class MoCoV3(MomentumMethod):
     # ntxent or infonce, MoCo v3's InfoNCE: of those only the temperature is read.
     loss_names = ("mocov3", "ntxent", "infonce")
     min_batch_size = 2  # one image has no other key: its softmax is over the positive alone, loss 0
-    options = (*MomentumMethod.options, "predictor_hidden")
+    options = (*MomentumMethod.options, "predictor_hidden", "predictor_last_batch_norm")
 
     def __init__(
         self,
@@ -300,7 +301,9 @@ class MoCoV3(MomentumMethod):
             model.projector_layers,
             last_batch_norm=True,
         )
-        predictor = build_mlp(model.projector_out, m.predictor_hidden, model.projector_out, 2)
+        predictor = build_mlp(
+            model.projector_out, m.predictor_hidden, model.projector_out, 2, m.predictor_last_batch_norm
+        )
         return cls(backbone, projector, predictor, loss, m.momentum, m.momentum_final)
 
     def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:

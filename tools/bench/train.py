@@ -123,6 +123,7 @@ class Pieces:
     schedule: train.Schedule
     cfg: Config
     dataset_size: int
+    finite: train.FiniteLoss
 
 
 def build_pieces(cfg: Config, total_steps: int) -> Pieces:
@@ -144,10 +145,11 @@ def build_pieces(cfg: Config, total_steps: int) -> Pieces:
     backbone = models.backbone_from_config(cfg.model, augment.out_channels)
     method = train.make_method(cfg, backbone, info.num_classes, len(splits.train), accelerator.device.type)
     optimizer, lr = train.make_optimizer(cfg, method)
-    method, optimizer, loader = train.prepare_for_training(accelerator, method, optimizer, loader)
+    method, optimizer, loader = train.prepare_for_training(cfg, accelerator, method, optimizer, loader)
     schedule = train.Schedule.from_config(cfg, len(loader), lr, total_steps)
     method.train()
-    return Pieces(accelerator, loader, sampler, augment, method, optimizer, schedule, cfg, len(splits.train))
+    finite = train.FiniteLoss(accelerator)
+    return Pieces(accelerator, loader, sampler, augment, method, optimizer, schedule, cfg, len(splits.train), finite)
 
 
 def optimizer_step(
@@ -158,7 +160,8 @@ def optimizer_step(
     ``indices``: each sample's position in the training set, for methods that keep per-sample state (NPID).
     """
     p, lr = pieces, pieces.schedule.lr(step, pieces.cfg)
-    return train.optimizer_step(p.accelerator, p.method, p.optimizer, (view1, view2), labels, indices, lr)
+    loss = train.optimizer_step(p.accelerator, p.method, p.optimizer, (view1, view2), labels, indices, lr, p.finite)
+    return loss.item()
 
 
 def _synchronize(device: torch.device) -> None:
