@@ -126,7 +126,7 @@ RESERVED_KEYS = (
 # Paths: the same place may be spelled differently (relative, absolute); compared resolved.
 PATH_KEYS = ("run.init_from", "method.teacher")
 # What a trained run must share with the pretrained encoder: the network its backbone loads into, and the images.
-SAME_AS_PRETRAINED = ("data.name", "model.backbone", "model.width", "model.cifar_stem")
+SAME_AS_PRETRAINED = ("data.name", "model.backbone", "model.width", "model.cifar_stem", "model.kwargs")
 
 
 @dataclass
@@ -400,21 +400,22 @@ def check_runs(runs: list[Run], plan: Plan) -> None:
             (skipping or resuming it would mix two experiments).
     """
     if plan.pretrained is not None:
-        encoder = flatten(to_dict(load_config(plan.pretrained / "config.yaml", plan.overrides)))
+        encoder = to_dict(load_config(plan.pretrained / "config.yaml", plan.overrides))
     else:
-        encoder = flatten(to_dict(load_config(plan.recipe, [*plan.overrides, *plan.pretrain_overrides])))
+        encoder = to_dict(load_config(plan.recipe, [*plan.overrides, *plan.pretrain_overrides]))
     for run in runs:
         try:
             cfg = validation_config(run, plan)
         except UserError as error:
             raise UserError(f"run {run.name}: {error}") from None
         if run.kind in ("finetune", "distill", "scratch", "scratch-long"):
-            own, option = flatten(to_dict(cfg)), "--distill-recipe" if run.kind == "distill" else "--finetune-recipe"
+            own, option = to_dict(cfg), "--distill-recipe" if run.kind == "distill" else "--finetune-recipe"
             for key in SAME_AS_PRETRAINED:
-                if own[key] != encoder[key]:
+                section, name = key.split(".")
+                if (mine := own[section][name]) != (theirs := encoder[section][name]):
                     raise UserError(
-                        f"run {run.name}: {key}={own[key]}, but the pretrained encoder has {key}={encoder[key]}; "
-                        f"every road needs the same network on the same images: pass {key}={encoder[key]} "
+                        f"run {run.name}: {key}={mine}, but the pretrained encoder has {key}={theirs}; "
+                        f"every road needs the same network on the same images: pass {key}={theirs} "
                         f"(an override for every run) or another {option}"
                     )
         if run.run_dir is None or not (saved_path := run.run_dir / "config.yaml").is_file():

@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "dataset": cfg.data.name,
         "note": note,
-        "recipe": str(recipe.relative_to(ROOT) if recipe.resolve().is_relative_to(ROOT) else recipe),
+        "recipe": str(recipe.resolve().relative_to(ROOT) if recipe.resolve().is_relative_to(ROOT) else recipe),
         "overrides": overrides,
         "quick": args.quick,
         "steps": steps,
