@@ -160,9 +160,9 @@ class FiniteLoss:
     On the CPU each batch's loss is read as it is computed (nothing queues there, so reading costs
     nothing) and the run stops before a bad loss reaches the weights. On an accelerator, reading it
     would stall the device queue on every batch; there a count of non-finite losses stays on the
-    device and is read at every log line and before every checkpoint (:meth:`check`): at most
-    ``train.log_every_steps`` steps pass before the run stops, and :class:`Checkpointer` never saves
-    the weights they leave.
+    device and is read with the loss at every log line (:meth:`check`): at most
+    ``train.log_every_steps`` steps pass before the run stops, and :class:`Checkpointer`, which
+    checks the weights themselves, never saves what those steps leave.
     """
 
     def __init__(self, accelerator: Accelerator, checkpoints: Checkpointer | None = None) -> None:
