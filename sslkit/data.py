@@ -529,8 +529,9 @@ _BUILDERS = {
     "stl10": _stl10,
     "imagefolder": _imagefolder,
 }
-DATASETS: tuple[str, ...] = tuple(_BUILDERS)
+DATASETS: tuple[str, ...] = (*_BUILDERS, "webdataset")
 _SPLITS = {name: ("train", "test") for name in DATASETS} | {"stl10": ("train", "test", "unlabeled", "train+unlabeled")}
+_SPLITS["webdataset"] = ("train",)  # unlabelled shards; evaluation uses eval.data
 
 
 def build_dataset(
@@ -557,7 +558,7 @@ def build_dataset(
     Raises:
         UserError: an unknown name or split, missing or damaged files, or a misplaced ``image_size``.
     """
-    if name not in _BUILDERS:
+    if name not in DATASETS:
         raise UserError(f"unknown dataset '{name}'; choose one of: {', '.join(DATASETS)}")
     if split not in _SPLITS[name]:
         raise UserError(f"{name} has no split '{split}'; choose one of: {', '.join(_SPLITS[name])}")
@@ -575,6 +576,10 @@ def build_dataset(
         from sslkit import folders  # imports this module
 
         return folders.image_folder(split, root, max_size)
+    if name == "webdataset":
+        from sslkit import shards  # imports this module
+
+        return shards.shard_stream(root, max_size)
     return _BUILDERS[name](split, root, download, image_size)
 
 

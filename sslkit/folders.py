@@ -269,7 +269,7 @@ class CorruptCount:
 
             console.print(
                 f"epoch {epoch}: skipped {total} corrupt image{'s' if total > 1 else ''} "
-                f"(e.g. {', '.join(list(self.names)[:3])}), each replaced by the next good one",
+                f"(e.g. {', '.join(list(self.names)[:3])}), each replaced by another image",
                 markup=False,
                 highlight=False,
             )

@@ -32,7 +32,7 @@ from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwa
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader, Sampler
 
-from sslkit import checkpoint, data, distributed, folders, label_subset, launch, methods, models, optim
+from sslkit import checkpoint, data, distributed, folders, label_subset, launch, methods, models, optim, shards
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, flatten, save_config, to_dict
 from sslkit.console import console, print_config, results_table
@@ -221,6 +221,11 @@ def check_training_set(cfg: Config, splits: Splits, world: int) -> int:
 
 def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoader, EpochShuffleSampler]:
     """The training loader (uint8 batches, ``local_batch`` per process) and the sampler that orders its epochs."""
+    if isinstance(train_set, shards.ShardStream):  # tar shards: the stream splits and orders its own epochs
+        if methods.METHODS[cfg.method.name].needs_indices:
+            raise UserError(f"method '{cfg.method.name}' keeps per-sample state, which streamed shards cannot index")
+        loader = shards.stream_loader(train_set, local_batch, cfg.data.num_workers, cfg.run.seed)
+        return loader, loader
     sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
     # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
     needs_indices = methods.METHODS[cfg.method.name].needs_indices
@@ -381,6 +386,8 @@ def resume(cfg: Config, run_dir: Path, accelerator: Accelerator, total_steps: in
 def epoch_batches(train_loader, sampler: EpochShuffleSampler, progress: LoopState, accelerator: Accelerator):
     """The batches of ``progress.epoch`` that remain (all of them, unless resuming mid-epoch)."""
     skip = progress.batch_in_epoch
+    if isinstance(train_loader, shards.StreamLoader):  # it skips inside the stream, without decoding
+        return train_loader.epoch(progress.epoch, skip)
     loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
     # Accelerate's loader counts its own iterations and passes that count to the sampler as
     # the epoch when iteration starts; after a resume the count would be wrong, so set it.
