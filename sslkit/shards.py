@@ -23,6 +23,9 @@ Resume is exact: batch ``j`` of an epoch is batch ``j // W`` of worker ``j mod W
 after ``b`` batches has each worker pass over its first batches without decoding them, and
 continues with the same batches, in the same order, as a run that never stopped.
 
+The workers decode the images, or only read their bytes when they are decoded on a CUDA
+accelerator (``data.decode``, :mod:`sslkit.decode`).
+
 The number of samples in each shard is counted from the tar headers when the dataset is built
 (no image is decoded), so the shards must be local files.
 
@@ -43,7 +46,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from sslkit import decode
-from sslkit.batches import ImageBatch, pad_images
+from sslkit.batches import EncodedBatch, ImageBatch, pad_images
 from sslkit.data import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, collate_batch
 from sslkit.errors import UserError
 from sslkit.folders import IMAGE_EXTENSIONS
@@ -106,6 +109,7 @@ class ShardStream(IterableDataset):
         self.classes: list[str] = []
         self.batch_size, self.rank, self.world, self.workers, self.seed = 1, 0, 1, 1, 0
         self.epoch, self.skip = 0, 0
+        self.decode_on_device = False  # set by sslkit.folders.prepare_training_set on a CUDA device
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -148,16 +152,21 @@ class ShardStream(IterableDataset):
         rng = random.Random(f"{self.seed}-{self.epoch}-{slot}")
         return wds.shuffle(bufsize=SHUFFLE_BUFFER, initial=SHUFFLE_BUFFER, rng=rng)(samples)
 
-    def _image(self, sample: dict) -> tuple[torch.Tensor | None, str]:
+    @staticmethod
+    def _encoded(sample: dict) -> tuple[torch.Tensor, str]:
+        """A sample's image bytes (empty when it has no image member) and its name, ``shard:key``."""
         name = f"{sample.get('__url__', '?')}:{sample['__key__']}"
         for extension in _EXTENSIONS:
             if extension in sample:
-                data = torch.frombuffer(bytearray(sample[extension]), dtype=torch.uint8)
-                return decode.decode_rgb(data, self.max_size), name
-        return None, name
+                return torch.frombuffer(bytearray(sample[extension]), dtype=torch.uint8), name
+        return torch.empty(0, dtype=torch.uint8), name
 
-    def _batch(self, samples: list[dict]) -> tuple[ImageBatch, torch.Tensor]:
-        decoded = [self._image(sample) for sample in samples]
+    def _batch(self, samples: list[dict]) -> tuple[ImageBatch | EncodedBatch, torch.Tensor]:
+        labels = torch.full((len(samples),), -1, dtype=torch.int64)
+        encoded = [self._encoded(sample) for sample in samples]
+        if self.decode_on_device:
+            return EncodedBatch([data for data, _ in encoded], [name for _, name in encoded], self.max_size), labels
+        decoded = [(decode.decode_rgb(data, self.max_size), name) for data, name in encoded]
         good = [image for image, _ in decoded if image is not None]
         if not good:
             raise UserError(f"webdataset: no image of a batch could be decoded, e.g. {decoded[0][1]}")
@@ -168,7 +177,7 @@ class ShardStream(IterableDataset):
             last = image if image is not None else last
             images.append(last)
         pixels, sizes = pad_images(images)
-        return ImageBatch(pixels, sizes, corrupt), torch.full((len(images),), -1, dtype=torch.int64)
+        return ImageBatch(pixels, sizes, corrupt), labels
 
     def __iter__(self):
         info = get_worker_info()

@@ -188,3 +188,25 @@ def test_eval_data_gives_the_kNN_memory_and_test_split_of_an_unlabelled_run(tmp_
     splits = build_splits(cfg)
     assert len(splits.train) == 12 and (len(splits.memory), len(splits.test)) == (6, 4)
     assert splits.memory.labels.tolist() == [0, 0, 0, 1, 1, 1] and splits.info.num_classes == 2
+
+
+def test_bytes_for_the_device_decode_to_the_same_batch(tmp_path):
+    """The accelerator path (workers read bytes, the device decodes); on the CPU every file takes the fallback."""
+    write_folder(tmp_path, count=6)
+    dataset = build_dataset("imagefolder", root=str(tmp_path))
+    decoded, _ = dataset.__getitems__(list(range(6)))
+    dataset.decode_on_device = True
+    encoded, _ = dataset.__getitems__(list(range(6)))
+    assert isinstance(encoded, EncodedBatch)
+    again = encoded.to("cpu").decode()
+    assert torch.equal(again.pixels, decoded.pixels) and torch.equal(again.sizes, decoded.sizes)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs a CUDA device")
+def test_jpegs_decode_on_a_cuda_device_as_on_the_cpu():
+    jpegs = [_bytes(Image.fromarray(_rgb(30 + i, 50 - i, seed=i)), "JPEG") for i in range(4)]
+    png = _bytes(Image.fromarray(_rgb(9, 9)), "PNG")  # not a JPEG: decoded on the CPU and moved
+    images = decode.decode_on_device([*jpegs, png, torch.zeros(5, dtype=torch.uint8)], torch.device("cuda"))
+    assert images[-1] is None and all(image.device.type == "cuda" for image in images[:-1])
+    for data, image in zip([*jpegs, png], images):
+        assert (image.cpu().int() - decode.decode_rgb(data).int()).abs().max() <= 3  # IDCT rounding
