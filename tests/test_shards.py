@@ -127,3 +127,18 @@ def test_two_processes_with_two_workers_each_see_every_sample_once_an_epoch(tmp_
         assert sorted(seen[0] + seen[1]) == list(range(SHARDS * PER_SHARD)), epoch
     assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1]  # a new order every epoch
     assert np.unique([len(b) for rank in ranks for e in rank["epochs"] for b in e]).tolist() == [12]
+
+
+@pytest.mark.slow
+def test_pretrain_on_shards_from_the_command_line(tmp_path, pattern):
+    from test_pretrain_e2e import assert_one_line_error, pretrain
+
+    shards_run = ["data.name=webdataset", "data.num_workers=2", "train.batch_size=24", "train.epochs=2"]
+    result = pretrain(tmp_path, "run.name=shards", *shards_run, f"data.root={pattern}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "shards" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if "loss" in r] == list(range(1, 17))  # 192 samples / 24, two epochs
+    assert (tmp_path / "shards" / "backbone.safetensors").is_file()
+    missing = pretrain(tmp_path, "run.name=missing", *shards_run, f"data.root={tmp_path}/none-{{0..3}}.tar")
+    assert_one_line_error(missing, "no shard matches")
+    assert not (tmp_path / "missing").exists()
