@@ -18,7 +18,10 @@ DataLoader with ``--workers`` worker processes and batches of ``--batch`` images
 
 Each pipeline runs ``--rounds`` times, alternating, after a warm-up of two batches per epoch
 (worker start-up is excluded); images/s counts source images, each turned into two views, per
-wall-clock second; the table gives the median round. ``--threads`` is the torch thread count of
+wall-clock second; the table gives the median round. CPU ms / image is the CPU time of the
+training process and its loader workers over the timed batches (the steadier figure on a
+machine shared with other jobs). Every file is read once before timing, so both pipelines read
+from the page cache. ``--threads`` is the torch thread count of
 the training process (default 1, as the other benchmarks; each worker uses one).
 """
 
@@ -37,6 +40,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402  (a dependency of accelerate)
 import torch  # noqa: E402
 import torchvision  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -104,19 +108,25 @@ def sslkit_pipeline(folder: Path, batch: int, workers: int):
     return loader, augment
 
 
-def time_batches(batches, count: int, step=None) -> float:
-    """Seconds for ``count`` batches after two warm-up ones (worker start-up excluded)."""
+def cpu_seconds() -> float:
+    """CPU time of this process and its live children (the loader workers)."""
+    me = psutil.Process()
+    return sum(sum(p.cpu_times()[:2]) for p in [me, *me.children(recursive=True)])
+
+
+def time_batches(batches, count: int, step=None) -> tuple[float, float]:
+    """Wall and CPU seconds (this process and its workers) for ``count`` batches after two warm-up ones."""
     iterator = iter(batches)
     for _ in range(2):
         item = next(iterator)
         if step:
             step(item)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     for _ in range(count):
         item = next(iterator)
         if step:
             step(item)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu_seconds() - cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,11 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     write_folder(args.folder, args.images)
     ours, augment = sslkit_pipeline(args.folder, args.batch, args.workers)
     peer = torchvision_loader(args.folder, args.batch, args.workers)
+    for path in sorted(args.folder.rglob("*.jpg")):  # both read from the page cache, not the disk
+        path.read_bytes()
     seconds: dict[str, list[float]] = {"sslkit": [], "torchvision": []}
+    cpu: dict[str, list[float]] = {"sslkit": [], "torchvision": []}
     for _ in range(args.rounds):
-        seconds["sslkit"].append(time_batches(ours, args.batches, step=lambda batch: augment(batch[0])))
-        seconds["torchvision"].append(time_batches(peer, args.batches))
-    rate = {name: args.batches * args.batch / statistics.median(values) for name, values in seconds.items()}
+        for name, loader, step in (("sslkit", ours, lambda batch: augment(batch[0])), ("torchvision", peer, None)):
+            wall, used = time_batches(loader, args.batches, step)
+            seconds[name].append(wall)
+            cpu[name].append(used)
+    images = args.batches * args.batch
+    rate = {name: images / statistics.median(values) for name, values in seconds.items()}
+    cpu_ms = {name: 1e3 * statistics.median(values) / images for name, values in cpu.items()}
     result = {
         "images": args.images,
         "batch": args.batch,
@@ -159,16 +176,25 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__},
         "images_per_s": rate,
         "sslkit_speedup": rate["sslkit"] / rate["torchvision"],
+        "cpu_ms_per_image": cpu_ms,
+        "sslkit_cpu_saving": cpu_ms["torchvision"] / cpu_ms["sslkit"],
         "all_seconds": seconds,
+        "all_cpu_seconds": cpu,
     }
     table = Table(
         title=f"{args.images} JPEGs 200-600 px -> two 224 px views, batch {args.batch}, {args.workers} workers, "
         f"median of {args.rounds}"
     )
-    for column in ("pipeline", "images/s", "sslkit x"):
+    for column in ("pipeline", "images/s", "sslkit x (wall)", "CPU ms / image", "sslkit x (CPU)"):
         table.add_column(column, justify="right")
     for name in seconds:
-        table.add_row(name, f"{rate[name]:.1f}", f"{rate['sslkit'] / rate[name]:.2f}")
+        table.add_row(
+            name,
+            f"{rate[name]:.1f}",
+            f"{rate['sslkit'] / rate[name]:.2f}",
+            f"{cpu_ms[name]:.1f}",
+            f"{cpu_ms[name] / cpu_ms['sslkit']:.2f}",
+        )
     console = Console(width=max(100, Console().width))
     console.print(table)
     if args.out:
