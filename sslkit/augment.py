@@ -15,7 +15,10 @@ appendix A; BYOL [1] table 6 for the asymmetric blur and solarize)::
     Normalize(mean, std)                      if normalize
 
 kornia draws every random parameter (crop boxes with torchvision's RandomResizedCrop sampling,
-jitter factors and order, blur sigmas) and does the grayscale, blur and solarize. Three
+jitter factors and order, blur sigmas) and does the grayscale, blur and solarize. Images of
+different sizes (a padded :class:`~sslkit.batches.ImageBatch` from an image folder or tar shards)
+get their crop boxes from :mod:`sslkit.crops` instead, each drawn on its own image's size and
+aspect ratio and cut from its original pixels (:func:`crop_padded`). Three
 pieces are written here, each for a reason measured and given in its docstring and each tested
 against a reference: the crop (:func:`resized_crop`, one ``F.grid_sample`` or antialiased
 ``torchvision.ops.roi_align`` call), the colour jitter (:class:`ColorJitter`, torchvision's formulas) and

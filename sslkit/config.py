@@ -93,7 +93,8 @@ class DataConfig:
             keeping its aspect ratio (faster loading of large photos); ``null``: decode at full size.
         on_corrupt: ``imagefolder`` and ``webdataset``: what a corrupt or truncated image does. ``skip`` replaces it
             by another image, counts it and reports the count at the end of the epoch, and stops the run once more
-            than 1% of the images are corrupt; ``error`` stops at the first one.
+            than 1% of the images are corrupt; ``error`` stops at the first one. (With ``data.image_size`` set, a
+            corrupt image always stops the run.)
         decode: ``imagefolder`` and ``webdataset``: where JPEGs are decoded. ``auto``: on the accelerator when it
             is a CUDA device (nvJPEG, in batches; other formats fall back to the CPU), otherwise in the loader
             workers; ``cpu``: always in the loader workers.

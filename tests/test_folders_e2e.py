@@ -89,27 +89,34 @@ def test_an_unlabelled_folder_pretrains_and_resumes_exactly(tmp_path, folders):
     assert (tmp_path / "alone" / "backbone.safetensors").is_file() and _results(tmp_path / "alone") == {"trained": {}}
 
 
-@pytest.mark.slow
-def test_an_unlabelled_folder_in_two_processes(tmp_path, folders):
+def _two_processes() -> list[str]:
     from dist_utils import _free_port
 
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2"]
     launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    launcher += ["--main_process_port", str(_free_port())]
-    result = pretrain(
-        tmp_path,
-        "run.name=two",
-        *FOLDER,
-        f"data.root={folders / 'photos'}",
-        f"eval.data.root={folders / 'labelled'}",
-        "data.num_workers=1",
-        launcher=launcher,
-    )
+    return [*launcher, "--main_process_port", str(_free_port())]
+
+
+@pytest.mark.slow
+def test_an_unlabelled_folder_in_two_processes_resumes_exactly(tmp_path, folders):
+    common = [*FOLDER, f"data.root={folders / 'photos'}", f"eval.data.root={folders / 'labelled'}"]
+    common += ["data.num_workers=1", "train.checkpoint_every_steps=4", "train.keep_checkpoints=10"]
+    result = pretrain(tmp_path, "run.name=two", *common, launcher=_two_processes())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 processes" in result.stdout
     steps = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "loss" in r] == list(range(1, 15))  # 240 // 32 = 7 batches, 2 epochs
     assert "knn_top1" in _results(tmp_path / "two")["trained"]
+
+    shutil.copytree(tmp_path / "two", tmp_path / "again")  # resumed from step 4, mid-epoch, in two processes
+    for later in sorted((tmp_path / "again" / "checkpoints").glob("step-*"))[1:]:
+        shutil.rmtree(later)
+    (tmp_path / "again" / "backbone.safetensors").unlink()
+    resumed = pretrain(tmp_path, "run.name=again", *common, "run.resume=auto", launcher=_two_processes())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "step 4" in resumed.stdout
+    a, b = (load_file(tmp_path / name / "backbone.safetensors") for name in ("two", "again"))
+    assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
 
 
 @pytest.mark.slow
@@ -120,12 +127,11 @@ def test_bad_folders_are_one_line_and_write_nothing(tmp_path, folders):
     shutil.copytree(folders / "photos" / "misc", broken)
     for path in sorted(broken.glob("*.png"))[:3]:  # 3 of 80 corrupt: more than 1%
         path.write_bytes(path.read_bytes()[:50])
-    for root, words in (
-        (tmp_path / "missing", ["does not exist"]),
+    for root, words in (  # a missing root is the same kind of one-line check (tests/test_folders.py)
         (tmp_path / "empty", ["no images", "1 other files were ignored"]),
         (broken, ["more than 1%", "corrupt", ".png"]),
     ):
-        result = pretrain(tmp_path, f"run.name={root.name}", *FOLDER, f"data.root={root}", "train.batch_size=16")
+        result = pretrain(tmp_path, f"run.name=run-{root.name}", *FOLDER, f"data.root={root}", "train.batch_size=16")
         assert_one_line_error(result, *words)
-        assert not list((tmp_path / root.name).glob("checkpoints/step-*"))
-    assert not (tmp_path / "missing").exists() and not (tmp_path / "empty" / "config.yaml").exists()
+        assert not list((tmp_path / f"run-{root.name}").glob("checkpoints/step-*"))
+    assert not (tmp_path / "run-empty").exists()  # the run directory was never made
