@@ -1,6 +1,6 @@
 """A folder of unlabelled images of mixed sizes and modes, pretrained from the command line as a new
 user would: one process and two (``accelerate launch --cpu --num_processes 2``), a labelled
-evaluation set or none, an exact resume from a mid-epoch checkpoint, and bad folders that give one
+evaluation set or none, an exact two-process resume from a mid-epoch checkpoint, and bad folders that give one
 line and write nothing."""
 
 from __future__ import annotations
@@ -63,23 +63,12 @@ def _results(run) -> dict:
 
 
 @pytest.mark.slow
-def test_an_unlabelled_folder_pretrains_and_resumes_exactly(tmp_path, folders):
+def test_an_unlabelled_folder_pretrains_with_and_without_an_evaluation_set(tmp_path, folders):
     photos, labelled = folders / "photos", folders / "labelled"
-    common = [*FOLDER, f"data.root={photos}", "train.checkpoint_every_steps=3", "train.keep_checkpoints=10"]
-    straight = pretrain(tmp_path, "run.name=straight", *common, f"eval.data.root={labelled}")
+    straight = pretrain(tmp_path, "run.name=straight", *FOLDER, f"data.root={photos}", f"eval.data.root={labelled}")
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "knn_top1" in _results(tmp_path / "straight")["trained"]
-
-    # Resume from the step-3 checkpoint (mid-epoch: 7 batches an epoch) of a copy of the run.
-    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
-    for later in sorted((tmp_path / "resumed" / "checkpoints").glob("step-*"))[1:]:
-        shutil.rmtree(later)
-    (tmp_path / "resumed" / "backbone.safetensors").unlink()
-    resumed = pretrain(tmp_path, "run.name=resumed", *common, f"eval.data.root={labelled}", "run.resume=auto")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout and "step 3" in resumed.stdout
-    a, b = (load_file(tmp_path / name / "backbone.safetensors") for name in ("straight", "resumed"))
-    assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+    assert "kNN top-1" in straight.stdout  # the monitor ran after the first epoch
 
     # No evaluation set: a note, no kNN monitor or final evaluation, the backbone still exported.
     alone = pretrain(tmp_path, "run.name=alone", *FOLDER, f"data.root={photos}", "train.epochs=1")
