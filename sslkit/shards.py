@@ -77,6 +77,11 @@ def _key_and_extension(name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), extension.lower()
 
 
+def _image_member(sample: dict) -> str | None:
+    """The key of a sample's image member (``jpg``, ``PNG``, ...), None if it has none."""
+    return next((key for key in sample if key.lower() in _EXTENSIONS), None)
+
+
 def count_samples(path: str) -> int:
     """Samples (keys with an image member) in a tar shard, from its headers alone."""
     try:
@@ -115,13 +120,8 @@ class ShardStream(IterableDataset):
         return len(self.labels)
 
     def configure(self, batch_size: int, rank: int, world: int, workers: int, seed: int) -> None:
-        self.batch_size, self.rank, self.world, self.workers, self.seed = (
-            batch_size,
-            rank,
-            world,
-            max(1, workers),
-            seed,
-        )
+        self.batch_size, self.seed = batch_size, seed
+        self.rank, self.world, self.workers = rank, world, max(1, workers)  # 0 workers: the process reads
         if self.batches_per_worker() < 1:
             raise UserError(
                 f"webdataset: {len(self.shards)} shards of {min(self.counts)} to {max(self.counts)} samples cannot "
@@ -149,17 +149,15 @@ class ShardStream(IterableDataset):
         wds = _webdataset()
         sources = [{"url": url} for url in self.plan(self.epoch, slot)]
         samples = wds.tarfile_to_samples()(iter(sources))
+        samples = (sample for sample in samples if _image_member(sample) is not None)  # as count_samples counts
         rng = random.Random(f"{self.seed}-{self.epoch}-{slot}")
         return wds.shuffle(bufsize=SHUFFLE_BUFFER, initial=SHUFFLE_BUFFER, rng=rng)(samples)
 
     @staticmethod
     def _encoded(sample: dict) -> tuple[torch.Tensor, str]:
-        """A sample's image bytes (empty when it has no image member) and its name, ``shard:key``."""
+        """A sample's image bytes and its name, ``shard:key``."""
         name = f"{sample.get('__url__', '?')}:{sample['__key__']}"
-        for extension in _EXTENSIONS:
-            if extension in sample:
-                return torch.frombuffer(bytearray(sample[extension]), dtype=torch.uint8), name
-        return torch.empty(0, dtype=torch.uint8), name
+        return torch.frombuffer(bytearray(sample[_image_member(sample)]), dtype=torch.uint8), name
 
     def _batch(self, samples: list[dict]) -> tuple[ImageBatch | EncodedBatch, torch.Tensor]:
         labels = torch.full((len(samples),), -1, dtype=torch.int64)

@@ -8,6 +8,7 @@ batches say which samples they hold.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -142,3 +143,21 @@ def test_pretrain_on_shards_from_the_command_line(tmp_path, pattern):
     missing = pretrain(tmp_path, "run.name=missing", *shards_run, f"data.root={tmp_path}/none-{{0..3}}.tar")
     assert_one_line_error(missing, "no shard matches")
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_corrupt_image_in_a_shard_is_replaced_and_named(tmp_path):
+    import webdataset as wds
+
+    with wds.ShardWriter(str(tmp_path / "s-%06d.tar"), maxcount=100, verbose=0) as sink:
+        for i in range(4):
+            buffer = io.BytesIO()
+            Image.new("RGB", (5 + i, 4), (i, 0, 7)).save(buffer, "PNG")
+            data = buffer.getvalue() if i != 2 else b"\x89PNG truncated"
+            sink.write({"__key__": f"{i:06d}", "PNG" if i == 1 else "png": data, "txt": "a caption"})
+        sink.write({"__key__": "no-image", "txt": "a sample without an image is not counted"})
+    stream = build_dataset("webdataset", root=str(tmp_path / "s-000000.tar"))
+    assert len(stream) == 4
+    stream.configure(batch_size=4, rank=0, world=1, workers=0, seed=0)
+    (images, labels), *rest = list(stream)
+    assert not rest and len(images) == 4 and labels.tolist() == [-1] * 4
+    assert len(images.corrupt) == 1 and images.corrupt[0].endswith(":000002")
