@@ -38,6 +38,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -50,6 +51,10 @@ from torchvision.transforms.v2 import functional as TF
 
 from sslkit.batches import EncodedBatch, ImageBatch
 from sslkit.errors import UserError
+
+if TYPE_CHECKING:  # both modules import this one
+    from sslkit.folders import ImageFiles
+    from sslkit.shards import ShardStream
 
 # Where torchvision datasets live when data.root is not set.
 DEFAULT_ROOT = Path("~/.cache/sslkit/datasets").expanduser()
@@ -541,7 +546,7 @@ def build_dataset(
     download: bool = False,
     image_size: int | None = None,
     max_size: int | None = None,
-) -> ImageTensorDataset | ImageFolderDataset:
+) -> ImageTensorDataset | ImageFolderDataset | ImageFiles | ShardStream:
     """Load a dataset by name.
 
     Args:
