@@ -210,3 +210,13 @@ def test_jpegs_decode_on_a_cuda_device_as_on_the_cpu():
     assert images[-1] is None and all(image.device.type == "cuda" for image in images[:-1])
     for data, image in zip([*jpegs, png], images):
         assert (image.cpu().int() - decode.decode_rgb(data).int()).abs().max() <= 3  # IDCT rounding
+
+
+def test_an_evaluation_set_of_another_channel_count_is_one_line(tmp_path):
+    from sslkit.evaluation import build_splits
+
+    write_folder(tmp_path)
+    cfg = Config()
+    cfg.data.name, cfg.data.root, cfg.eval.data.name = "imagefolder", str(tmp_path), "digits"
+    with pytest.raises(UserError, match="eval.data digits has 1-channel images but the training data 3-channel"):
+        build_splits(cfg)

@@ -129,6 +129,12 @@ def _splits_with_evaluation_set(cfg, train_split: str, run_dir: Path | None, for
     max_size = d.max_size if name == "imagefolder" else None
     load = lambda split: data.build_dataset(name, split, e.root, d.download, None, max_size)  # noqa: E731
     memory, test = load("train"), load("test")
+    if memory.info.channels != train_set.info.channels:
+        raise UserError(
+            f"eval.data {name} has {memory.info.channels}-channel images but the training data "
+            f"{train_set.info.channels}-channel ones; evaluate on a dataset of the same kind (RGB image folders: "
+            f"eval.data.root with train/<class>/ and test/<class>/)"
+        )
     info = dataclasses.replace(train_set.info, num_classes=memory.info.num_classes)
     spec = label_subset.spec_for(cfg, for_evaluation)
     saved = run_dir / label_subset.FILE_NAME if run_dir is not None else None
