@@ -15,7 +15,10 @@ appendix A; BYOL [1] table 6 for the asymmetric blur and solarize)::
     Normalize(mean, std)                      if normalize
 
 kornia draws every random parameter (crop boxes with torchvision's RandomResizedCrop sampling,
-jitter factors and order, blur sigmas) and does the grayscale, blur and solarize. Three
+jitter factors and order, blur sigmas) and does the grayscale, blur and solarize. Images of
+different sizes (a padded :class:`~sslkit.batches.ImageBatch` from an image folder or tar shards)
+get their crop boxes from :mod:`sslkit.crops` instead, each drawn on its own image's size and
+aspect ratio and cut from its original pixels (:func:`crop_padded`). Three
 pieces are written here, each for a reason measured and given in its docstring and each tested
 against a reference: the crop (:func:`resized_crop`, one ``F.grid_sample`` or antialiased
 ``torchvision.ops.roi_align`` call), the colour jitter (:class:`ColorJitter`, torchvision's formulas) and
@@ -69,6 +72,8 @@ from kornia.augmentation.random_generator import ColorJitterGenerator, ResizedCr
 from torch import nn
 from torchvision.ops import roi_align
 
+from sslkit import crops
+from sslkit.batches import EncodedBatch, ImageBatch, as_image_batch
 from sslkit.config import AugmentConfig
 
 SUPPORTED_CHANNELS = (1, 3)
@@ -284,6 +289,33 @@ def _upsampling_crop(
     return F.grid_sample(sources, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
+def crop_padded(
+    batch: ImageBatch, boxes: torch.Tensor, image_index: torch.Tensor, size: int, chunk: int = 64
+) -> torch.Tensor:
+    """:func:`resized_crop` of boxes on a padded batch of images of different sizes.
+
+    The boxes lie inside each image's valid region, and :func:`sslkit.batches.pad_images`
+    repeats the edge row and column, so each crop reads exactly what it would read from its
+    image alone. The uint8 pixels become float ``chunk`` images at a time, trimmed to the
+    chunk's largest image: a whole batch of 256 images of 600 x 600 would be 1.1 GB as float.
+
+    Shape:
+        batch.pixels: (B, C, H, W) uint8; boxes: (N, 4) inclusive ``x0, y0, x1, y1``; image_index: (N,);
+        returns (N, C, size, size) float32 in [0, 1].
+    """
+    pixels, sizes = batch.pixels, batch.sizes
+    out = torch.empty(len(boxes), pixels.shape[1], size, size, device=pixels.device)  # (N, C, S, S)
+    for start in range(0, len(pixels), chunk):
+        chosen = ((image_index >= start) & (image_index < start + chunk)).nonzero().squeeze(1)  # (n,)
+        if chosen.numel() == 0:
+            continue
+        height, width = (sizes[start : start + chunk] + 1).amax(0).tolist()  # + the repeated edge
+        part = _to_unit_float(pixels[start : start + chunk, :, :height, :width])
+        crops_ = resized_crop(part, boxes[chosen], image_index[chosen] - start, size)
+        out.index_copy_(0, chosen.to(out.device, non_blocking=True), crops_)
+    return out
+
+
 def _apply_to_some(
     op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, probability: torch.Tensor
 ) -> torch.Tensor:
@@ -421,12 +453,38 @@ class TwoViewAugment(nn.Module):
             boxes = torch.where(flip[:, None], mirrored, boxes)
         return resized_crop(x, boxes, image_index, self.cfg.image_size)
 
+    def _crop_and_flip_sized(self, images: ImageBatch) -> torch.Tensor:
+        """:meth:`_crop_and_flip` for images of different sizes: each box drawn on its image's own size.
+
+        The boxes follow torchvision's ``RandomResizedCrop`` on each original image
+        (:func:`sslkit.crops.random_resized_boxes`) and are cut from its original pixels; the
+        flip then mirrors the chosen views (the folded flip needs one image width).
+
+        Shape:
+            images: B padded images; returns (VB, 3, S, S) float for V views.
+        """
+        views, count = self.num_views, len(images)
+        sizes = images.sizes.repeat(views, 1)  # (VB, 2)
+        boxes = crops.random_resized_boxes(sizes, tuple(self.cfg.crop_scale), tuple(self.cfg.crop_ratio))
+        image_index = torch.arange(count).repeat(views)  # (VB,): view 1 of every image, then view 2
+        x = crop_padded(images, boxes, image_index, self.cfg.image_size)
+        flip = (torch.rand(views * count) < self.cfg.hflip_p).nonzero().squeeze(1)  # (n,)
+        if flip.numel():
+            index = flip.to(x.device, non_blocking=True)
+            x.index_copy_(0, index, x.index_select(0, index).flip(-1))
+        return x
+
     @torch.no_grad()
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        _check_images(images, self.channels)
-        batch = images.shape[0]
-        x = _to_unit_float(images)
-        x = self._crop_and_flip(x)  # (VB, C, S, S), view 1 first
+    def forward(self, images: torch.Tensor | ImageBatch | EncodedBatch) -> tuple[torch.Tensor, ...]:
+        if isinstance(images, (ImageBatch, EncodedBatch)):
+            images = as_image_batch(images)
+            _check_images(images.pixels, self.channels)
+            batch = len(images)
+            x = self._crop_and_flip_sized(images)  # (VB, C, S, S), view 1 first
+        else:
+            _check_images(images, self.channels)
+            batch = images.shape[0]
+            x = self._crop_and_flip(_to_unit_float(images))  # (VB, C, S, S), view 1 first
         for op, probabilities in zip(self.steps, self.step_probabilities):
             probability = torch.cat([torch.full((batch,), p) for p in probabilities[: self.num_views]])  # (VB,)
             x = _apply_to_some(op, x, probability)
@@ -447,10 +505,13 @@ class EvalTransform(nn.Module):
     """Deterministic counterpart of :class:`TwoViewAugment` for kNN and linear evaluation.
 
     Resizes the whole image to S x S (bilinear, antialiased when shrinking), keeps the channel
-    count as :class:`TwoViewAugment` does, and normalises.
+    count as :class:`TwoViewAugment` does, and normalises. Images of different sizes
+    (:class:`~sslkit.batches.ImageBatch`) get the standard resize-shorter-side-to-S and
+    centre-crop-S instead (:func:`sslkit.crops.centre_boxes`), keeping their aspect ratio.
 
     Shape:
-        images: (B, C, H, W) uint8; returns (B, C, S, S) float32 on the same device.
+        images: (B, C, H, W) uint8, or a batch of B images of different sizes;
+        returns (B, C, S, S) float32 on the same device.
     """
 
     def __init__(
@@ -464,7 +525,13 @@ class EvalTransform(nn.Module):
         self.normalize = Normalize(mean, std) if normalize else None
 
     @torch.no_grad()
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor | ImageBatch | EncodedBatch) -> torch.Tensor:
+        if isinstance(images, (ImageBatch, EncodedBatch)):
+            images = as_image_batch(images)
+            _check_images(images.pixels, self.channels)
+            boxes = crops.centre_boxes(images.sizes)
+            x = crop_padded(images, boxes, torch.arange(len(images)), self.image_size)
+            return self.normalize(x) if self.normalize is not None else x
         _check_images(images, self.channels)
         x = _to_unit_float(images)
         size = self.image_size

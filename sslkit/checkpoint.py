@@ -95,6 +95,7 @@ _FIXED_ON_RESUME = (
     "data.holdout_classes",
     "data.label_",  # the labelled subset: label_fraction, labels_per_class, label_seed
     "data.image_size",
+    "data.max_size",
     "augment.image_size",
     "optim.name",
 )

@@ -65,15 +65,19 @@ class DataConfig:
 
     Attributes:
         name: The dataset: ``digits`` (scikit-learn's, bundled), ``fashion_mnist``, ``cifar10``, ``cifar100``,
-            ``stl10`` or ``imagefolder`` (see :mod:`sslkit.data`).
+            ``stl10``, ``imagefolder`` or ``webdataset`` (see :mod:`sslkit.data`).
         root: Where the files are; ``null`` is the dataset's standard place (``fashion_mnist``:
             ``/usr/share/datasets/fashion-mnist``; torchvision's datasets: ``~/.cache/sslkit/datasets``).
-            ``imagefolder`` needs it: ``root/train/<class>/`` and ``root/test/<class>/``.
+            ``imagefolder`` needs it: a folder of images at any depth (unlabelled), or labelled
+            ``root/train/<class>/`` and ``root/test/<class>/``. ``webdataset`` needs it: the tar shards, as a brace
+            pattern (``shards/train-{000000..000015}.tar``), a folder of ``.tar`` files, or paths joined by ``::``.
         train_split: The split to train on; STL-10 also takes ``unlabeled`` and ``train+unlabeled``
             (self-supervised methods only).
         download: Download a torchvision dataset (CIFAR, STL-10) when its files are missing; nothing
             downloads unless this is true.
-        image_size: ``imagefolder`` only, and required there: the square size decoded images are resized to.
+        image_size: ``imagefolder`` only: resize every image to this square at decode, the older behaviour
+            (labelled ``<class>/`` folders; the aspect ratio is lost). ``null``: images keep their size and aspect
+            ratio and the crops are drawn on the original image.
         num_workers: DataLoader worker processes (0: load in the training process; the in-memory datasets
             need none).
         holdout_classes: Class indices kept out of training; the runs add retrieval on them (Recall@K, MAP@R,
@@ -86,6 +90,15 @@ class DataConfig:
         labels_per_class: Keep this many labelled images of every class instead (``null``: see
             ``label_fraction``; set at most one of the two).
         label_seed: The seed that picks the labelled subset; ``null``: ``run.seed``.
+        max_size: ``imagefolder`` and ``webdataset``: shrink an image whose longer side exceeds this at decode,
+            keeping its aspect ratio (faster loading of large photos); ``null``: decode at full size.
+        on_corrupt: ``imagefolder`` and ``webdataset``: what a corrupt or truncated image does. ``skip`` replaces it
+            by another image, counts it and reports the count at the end of the epoch, and stops the run once more
+            than 1% of the images are corrupt; ``error`` stops at the first one. (With ``data.image_size`` set, a
+            corrupt image always stops the run.)
+        decode: ``imagefolder`` and ``webdataset``: where JPEGs are decoded. ``auto``: on the accelerator when it
+            is a CUDA device (nvJPEG, in batches; other formats fall back to the CPU), otherwise in the loader
+            workers; ``cpu``: always in the loader workers.
     """
 
     name: str = "digits"
@@ -98,6 +111,9 @@ class DataConfig:
     label_fraction: float | None = None
     labels_per_class: int | None = None
     label_seed: int | None = None
+    max_size: int | None = None
+    on_corrupt: str = "skip"
+    decode: str = "auto"
 
 
 @dataclass
@@ -340,6 +356,20 @@ class TrainConfig:
 
 
 @dataclass
+class EvalDataConfig:
+    """A labelled evaluation set other than the training data's own splits.
+
+    Attributes:
+        name: The evaluation dataset (any ``data.name`` with labelled ``train`` and ``test`` splits); ``null``:
+            ``imagefolder`` when ``root`` is set, otherwise the training dataset's own splits.
+        root: Where its files are (an ``imagefolder`` needs ``root/train/<class>/`` and ``root/test/<class>/``).
+    """
+
+    name: str | None = None
+    root: str | None = None
+
+
+@dataclass
 class EvalConfig:
     """Evaluation at the end of a run and in ``sslkit/evaluate.py``, on the frozen backbone's features.
 
@@ -356,6 +386,10 @@ class EvalConfig:
         label_fraction: The labelled subset the kNN memory and linear probe use, as ``data.label_fraction``;
             ``null``: ``data.label_fraction``. Evaluates one run at several label fractions without retraining.
         labels_per_class: As ``data.labels_per_class``, for evaluation only; ``null``: ``data.labels_per_class``.
+        data: The labelled evaluation set (:class:`EvalDataConfig`): its ``train`` split is the kNN memory and the
+            linear probe's training set, its ``test`` split measures them. Unset, the training dataset's own
+            splits are used; a training set without labels (an unlabelled image folder, shards) and no
+            ``eval.data`` skips the kNN monitor and the final evaluation.
     """
 
     knn_k: int = 200
@@ -369,6 +403,7 @@ class EvalConfig:
     batch_size: int = 512
     label_fraction: float | None = None
     labels_per_class: int | None = None
+    data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
 @dataclass
@@ -798,6 +833,16 @@ def _check_compile(backend: str, source: str) -> None:
         )
 
 
+def _check_image_files(cfg: Config, source: str, datasets: typing.Iterable[str]) -> None:
+    """``data.max_size``, ``data.on_corrupt``, ``data.decode`` and ``eval.data``."""
+    _check_choice(cfg.data.on_corrupt, ("skip", "error"), "data.on_corrupt", source)
+    _check_choice(cfg.data.decode, ("auto", "cpu"), "data.decode", source)
+    if cfg.data.max_size is not None:
+        _check_range(cfg.data.max_size, "data.max_size", source, 1)
+    if cfg.eval.data.name is not None:
+        _check_choice(cfg.eval.data.name, set(datasets) - {"webdataset"}, "eval.data.name", source)
+
+
 def validate(cfg: Config, source: str = "recipe") -> None:
     """Check names against the registries and numbers against their valid ranges."""
     # Imported here: the registries import torch-heavy modules that plain YAML parsing does not need.
@@ -888,6 +933,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         if not value > 0:
             raise UserError(f"{source}: '{key}' must be > 0, got {value}")
     _check_label_subset(cfg.data, "data", source)
+    _check_image_files(cfg, source, data.DATASETS)
     _check_label_subset(cfg.eval, "eval", source)
     if not cfg.method.distill_temperature > 0:
         raise UserError(f"{source}: 'method.distill_temperature' must be > 0, got {cfg.method.distill_temperature}")

@@ -13,9 +13,11 @@ Datasets, by ``data.name``:
 - ``fashion_mnist``: the standard IDX files, by default from ``/usr/share/datasets/fashion-mnist``.
 - ``cifar10``, ``cifar100``, ``stl10``: torchvision's on-disk formats; downloaded only when
   ``data.download`` is true.
-- ``imagefolder``: ``root/train/<class>/<image>`` and ``root/test/<class>/<image>``, decoded
-  lazily and resized to ``data.image_size``. Pretraining evaluates on the test split, so it needs
-  both; a plain ``root/<class>/<image>`` is a training split only (``build_dataset`` from Python).
+- ``imagefolder``: every image under ``root`` at any depth, at its own size and aspect ratio,
+  unlabelled, or labelled from ``root/train/<class>/`` and ``root/test/<class>/``
+  (:mod:`sslkit.folders`). With ``data.image_size`` set, the older behaviour: labelled
+  ``<class>/<image>`` folders, each image resized to that square.
+- ``webdataset``: tar shards streamed by the webdataset package (:mod:`sslkit.shards`).
 
 Whole in-memory datasets are small: CIFAR-10 is 150 MB as uint8, STL-10's unlabelled split
 2.6 GB. Only ``imagefolder`` decodes lazily, because an image folder can be any size.
@@ -36,6 +38,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -46,7 +49,12 @@ from torchvision.datasets.utils import download_and_extract_archive
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional as TF
 
+from sslkit.batches import EncodedBatch, ImageBatch
 from sslkit.errors import UserError
+
+if TYPE_CHECKING:  # both modules import this one
+    from sslkit.folders import ImageFiles
+    from sslkit.shards import ShardStream
 
 # Where torchvision datasets live when data.root is not set.
 DEFAULT_ROOT = Path("~/.cache/sslkit/datasets").expanduser()
@@ -265,7 +273,8 @@ def collate_batch(batch) -> tuple[torch.Tensor, torch.Tensor]:
     """DataLoader ``collate_fn``: pass a batch from ``__getitems__`` through, else stack samples.
 
     Args:
-        batch: ``(images, labels)`` already batched by ``__getitems__``, or a list of
+        batch: ``(images, labels)`` already batched by ``__getitems__`` (images a tensor or, for
+            images of different sizes, a :mod:`sslkit.batches` batch), or a list of
             ``(image, label)`` samples.
 
     Shape:
@@ -274,8 +283,11 @@ def collate_batch(batch) -> tuple[torch.Tensor, torch.Tensor]:
     if (
         isinstance(batch, tuple)
         and len(batch) in (2, 3)
-        and isinstance(batch[0], torch.Tensor)
-        and batch[0].dim() == 4
+        and (
+            isinstance(batch[0], (ImageBatch, EncodedBatch))
+            or isinstance(batch[0], torch.Tensor)
+            and batch[0].dim() == 4
+        )
     ):
         return batch
     images, labels = zip(*batch)
@@ -474,8 +486,9 @@ def _stl10(split: str, root: str | None, download: bool, image_size: int | None)
 # --------------------------------------------------------------------------- image folders
 
 
-def _imagefolder(split: str, root: str | None, download: bool, image_size: int | None) -> ImageFolderDataset:
-    """Images in ``root/<class>/<image>``, or ``root/train/<class>/...`` and ``root/test/<class>/...``.
+def _imagefolder(split: str, root: str | None, download: bool, image_size: int) -> ImageFolderDataset:
+    """Images in ``root/<class>/<image>``, or ``root/train/<class>/...`` and ``root/test/<class>/...``,
+    resized to ``image_size`` squares (with ``image_size`` None, :func:`sslkit.folders.image_folder` reads the folder).
 
     When ``root/train`` exists the splits are ``root/train`` and ``root/test``; otherwise ``root``
     itself is the training split and there is no test split. Test classes are matched to the
@@ -485,10 +498,6 @@ def _imagefolder(split: str, root: str | None, download: bool, image_size: int |
         raise UserError(
             "imagefolder needs data.root: a directory laid out as root/train/<class>/<image> "
             "and root/test/<class>/<image>"
-        )
-    if image_size is None:
-        raise UserError(
-            "imagefolder needs data.image_size: images are resized to one square size so that they batch together"
         )
     root_path = Path(root).expanduser()
     if not root_path.is_dir():
@@ -525,13 +534,19 @@ _BUILDERS = {
     "stl10": _stl10,
     "imagefolder": _imagefolder,
 }
-DATASETS: tuple[str, ...] = tuple(_BUILDERS)
+DATASETS: tuple[str, ...] = (*_BUILDERS, "webdataset")
 _SPLITS = {name: ("train", "test") for name in DATASETS} | {"stl10": ("train", "test", "unlabeled", "train+unlabeled")}
+_SPLITS["webdataset"] = ("train",)  # unlabelled shards; evaluation uses eval.data
 
 
 def build_dataset(
-    name: str, split: str = "train", root: str | None = None, download: bool = False, image_size: int | None = None
-) -> ImageTensorDataset | ImageFolderDataset:
+    name: str,
+    split: str = "train",
+    root: str | None = None,
+    download: bool = False,
+    image_size: int | None = None,
+    max_size: int | None = None,
+) -> ImageTensorDataset | ImageFolderDataset | ImageFiles | ShardStream:
     """Load a dataset by name.
 
     Args:
@@ -541,12 +556,14 @@ def build_dataset(
         root: where the files are; None for the dataset's standard place
             (:data:`FASHION_MNIST_ROOT`, :data:`DEFAULT_ROOT`). ``digits`` is bundled and ignores it.
         download: let torchvision download CIFAR-10/100 or STL-10 when missing. Nothing else downloads.
-        image_size: ``imagefolder`` only, and required there: the square size images are resized to.
+        image_size: ``imagefolder`` only: resize every image to this square (labelled ``<class>/``
+            folders). None: images keep their size and aspect (:mod:`sslkit.folders`).
+        max_size: ``imagefolder`` and ``webdataset``: the longest side kept at decode (None: all of it).
 
     Raises:
         UserError: an unknown name or split, missing or damaged files, or a misplaced ``image_size``.
     """
-    if name not in _BUILDERS:
+    if name not in DATASETS:
         raise UserError(f"unknown dataset '{name}'; choose one of: {', '.join(DATASETS)}")
     if split not in _SPLITS[name]:
         raise UserError(f"{name} has no split '{split}'; choose one of: {', '.join(_SPLITS[name])}")
@@ -555,6 +572,19 @@ def build_dataset(
             f"data.image_size applies to imagefolder only, not {name} (its images are used at their native size; "
             f"augment.image_size sets the training crop)"
         )
+    if max_size is not None and (name not in ("imagefolder", "webdataset") or image_size is not None):
+        raise UserError(
+            "data.max_size applies to imagefolder (with data.image_size null) and webdataset only; "
+            f"{name} images are used at their native size"
+        )
+    if name == "imagefolder" and image_size is None:
+        from sslkit import folders  # imports this module
+
+        return folders.image_folder(split, root, max_size)
+    if name == "webdataset":
+        from sslkit import shards  # imports this module
+
+        return shards.shard_stream(root, max_size)
     return _BUILDERS[name](split, root, download, image_size)
 
 

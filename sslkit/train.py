@@ -33,7 +33,7 @@ from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwa
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader, Sampler
 
-from sslkit import checkpoint, data, distributed, label_subset, launch, methods, models, optim
+from sslkit import checkpoint, data, distributed, folders, label_subset, launch, methods, models, optim, shards
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, flatten, save_config, to_dict
 from sslkit.console import console, print_config, results_table
@@ -266,6 +266,11 @@ def check_training_set(cfg: Config, splits: Splits, world: int) -> int:
 
 def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoader, EpochShuffleSampler]:
     """The training loader (uint8 batches, ``local_batch`` per process) and the sampler that orders its epochs."""
+    if isinstance(train_set, shards.ShardStream):  # tar shards: the stream splits and orders its own epochs
+        if methods.METHODS[cfg.method.name].needs_indices:
+            raise UserError(f"method '{cfg.method.name}' keeps per-sample state, which streamed shards cannot index")
+        loader = shards.stream_loader(train_set, local_batch, cfg.data.num_workers, cfg.run.seed)
+        return loader, loader
     sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
     # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
     needs_indices = methods.METHODS[cfg.method.name].needs_indices
@@ -473,6 +478,8 @@ def resume(cfg: Config, run_dir: Path, accelerator: Accelerator, total_steps: in
 def epoch_batches(train_loader, sampler: EpochShuffleSampler, progress: LoopState, accelerator: Accelerator):
     """The batches of ``progress.epoch`` that remain (all of them, unless resuming mid-epoch)."""
     skip = progress.batch_in_epoch
+    if isinstance(train_loader, shards.StreamLoader):  # it skips inside the stream, without decoding
+        return train_loader.epoch(progress.epoch, skip)
     loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
     # Accelerate's loader counts its own iterations and passes that count to the sampler as
     # the epoch when iteration starts; after a resume the count would be wrong, so set it.
@@ -521,7 +528,7 @@ def log_step(
 def end_epoch(cfg: Config, progress: LoopState, total_steps: int, evaluator: RunEvaluator, method, log, checkpoints):
     """An epoch ran to its end: count it, run the kNN monitor and save when the recipe says so."""
     progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
-    every = cfg.train.knn_every_epochs
+    every = cfg.train.knn_every_epochs if evaluator.available else 0  # no labelled evaluation set: no monitor
     if every and progress.epoch % every == 0 and progress.step < total_steps:  # the last epoch: final evaluation
         distributed.broadcast_buffers(log.accelerator.unwrap_model(method))  # every process evaluates rank 0's
         knn = evaluator.knn(log.accelerator.unwrap_model(method).backbone)
@@ -536,6 +543,8 @@ def end_epoch(cfg: Config, progress: LoopState, total_steps: int, evaluator: Run
 def final_evaluation(cfg: Config, evaluator: RunEvaluator, method, start_state: dict | None, in_channels: int):
     """The results table's rows: the trained encoder (and the method's own classifier, if it has one), its
     starting weights (``eval.compare_random_init``), raw pixels (``eval.compare_raw_pixels``)."""
+    if not evaluator.available:
+        return {"trained": {}}
     results = {"trained": evaluator.evaluate(method.backbone)}
     if method.classifier_metric:  # fine-tuning, the heads: the network's own test top-1
         results["trained"][method.classifier_metric] = evaluator.classifier_top1(method)
@@ -557,7 +566,8 @@ def write_results(cfg: Config, run_dir: Path, results: dict, progress: LoopState
     (run_dir / "results.json").write_text(json.dumps(summary, indent=2))
     m = cfg.model
     backbone = m.backbone if models.timm_name(m.backbone) else f"{m.backbone} (width {m.width})"
-    console.print(results_table(results, f"{cfg.run.name}: {cfg.data.name}, {backbone}"))
+    if any(results.values()):
+        console.print(results_table(results, f"{cfg.run.name}: {cfg.data.name}, {backbone}"))
     report = write_report(run_dir)
     console.print(
         f"run directory: {run_dir}  (report: {report.name}; "
@@ -579,6 +589,7 @@ def train(cfg: Config) -> dict:
     # ------------------------------------------------------------------ data
     splits = build_splits(cfg, run_dir=run_dir)  # a resumed run reads its label subset back
     info = splits.info
+    notes += folders.prepare_training_set(cfg, splits, accelerator.device)  # where images decode; evaluation or not
     local_batch = check_training_set(cfg, splits, accelerator.num_processes)
     train_loader, sampler = make_train_loader(cfg, splits.train, local_batch)
 
@@ -615,6 +626,7 @@ def train(cfg: Config) -> dict:
     progress, last_good = resume(cfg, run_dir, accelerator, schedule.total_steps)
     checkpoints = Checkpointer(accelerator, run_dir, method, cfg.train.keep_checkpoints, last_good)
     finite = FiniteLoss(accelerator, checkpoints)
+    corrupt = folders.CorruptCount(cfg.data.on_corrupt, len(splits.train), accelerator)
 
     # ------------------------------------------------------------------ loop
     total = schedule.total_steps
@@ -624,7 +636,8 @@ def train(cfg: Config) -> dict:
         while progress.step < total and progress.epoch < cfg.train.epochs:
             unwrapped.backbone_frozen = progress.epoch < cfg.train.freeze_backbone_epochs
             window = LogWindow(finite)
-            for images, labels, *indices in window.timed(epoch_batches(train_loader, sampler, progress, accelerator)):
+            batches = corrupt.watch(epoch_batches(train_loader, sampler, progress, accelerator))
+            for images, labels, *indices in window.timed(batches):
                 progress.batch_in_epoch += 1
                 with torch.no_grad():
                     views = augment(images)
@@ -641,6 +654,7 @@ def train(cfg: Config) -> dict:
                 if progress.step >= total:
                     break
             if progress.batch_in_epoch == schedule.batches_per_epoch:
+                corrupt.end_epoch(progress.epoch)
                 end_epoch(cfg, progress, total, evaluator, method, log, checkpoints)
                 bar.update(task, epoch=progress.epoch)
 

@@ -356,12 +356,12 @@ def test_imagefolder_corrupt_image_is_a_one_line_error_naming_it(tmp_path):
         list(build_loader(dataset, batch_size=2, shuffle=False, drop_last=False))
 
 
-def test_imagefolder_needs_root_and_image_size(tmp_path):
+def test_imagefolder_needs_root_and_without_image_size_keeps_sizes(tmp_path):
     with pytest.raises(UserError, match="data.root"):
         build_dataset("imagefolder", image_size=32)
     write_image_folder(tmp_path)
-    with pytest.raises(UserError, match="data.image_size"):
-        build_dataset("imagefolder", root=str(tmp_path))
+    images, labels = build_dataset("imagefolder", root=str(tmp_path)).__getitems__([0, 1, 2])
+    assert images.sizes.tolist() == [[16, 16], [20, 23], [9, 12]] and labels.tolist() == [0, 0, 1]
     (tmp_path / "test" / "bird").mkdir()
     with pytest.raises(UserError, match="bird"):
         build_dataset("imagefolder", "test", root=str(tmp_path), image_size=8)

@@ -88,12 +88,17 @@ def section_table(section: str, cls: type) -> list[str]:
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for item in dataclasses.fields(cls):
         default = default_of(item)
+        nested = dataclasses.is_dataclass(default)  # a section in a section (eval.data)
+        if nested:
+            default = dataclasses.asdict(default)
         shown = "required" if default is dataclasses.MISSING else f"`{yaml_value(default)}`"
         meaning = docs.get(item.name, "")
         rows.append(
             f"| `{section}.{item.name}` | `{cell(type_name(hints.get(item.name, item.type)))}` | {cell(shown)} "
             f"| {cell(meaning) or '-'} |"
         )
+        if nested:  # then its keys, spelt in full
+            rows += section_table(f"{section}.{item.name}", type(getattr(cls(), item.name)))[2:]
     return rows
 
 

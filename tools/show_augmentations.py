@@ -45,11 +45,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
-def first_images(dataset, count: int) -> torch.Tensor:
-    """The first ``count`` images of a dataset as one uint8 (N, C, H, W) batch."""
+def first_images(dataset, count: int):
+    """The first ``count`` images of a dataset as one uint8 (N, C, H, W) batch, or a padded batch of
+    images of different sizes (image folders, shards)."""
     count = min(count, len(dataset))
     if hasattr(dataset, "images"):
         return dataset.images[:count]
+    if hasattr(dataset, "configure"):  # tar shards: the first batch of the stream
+        dataset.configure(count, rank=0, world=1, workers=0, seed=0)
+        return next(iter(dataset))[0]
+    if hasattr(dataset, "__getitems__"):
+        return dataset.__getitems__(list(range(count)))[0]
     return torch.stack([dataset[i][0] for i in range(count)])
 
 
@@ -87,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.recipe, args.overrides)
         from sslkit.data import build_dataset
 
-        dataset = build_dataset(cfg.data.name, "train", cfg.data.root, cfg.data.download, cfg.data.image_size)
+        d = cfg.data
+        dataset = build_dataset(d.name, "train", d.root, d.download, d.image_size, d.max_size)
     except UserError as error:
         print_user_error(error)
         return 2

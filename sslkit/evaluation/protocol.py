@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from sslkit import data
+from sslkit.errors import UserError
 from sslkit.evaluation.features import extract_features
 from sslkit.evaluation.knn import knn_accuracy
 from sslkit.evaluation.linear import linear_probe
@@ -42,11 +43,21 @@ class RunEvaluator:
 
     def __init__(self, cfg, splits: Splits, preprocess: nn.Module, accelerator) -> None:
         self.cfg, self.splits, self.preprocess, self.accelerator = cfg, splits, preprocess, accelerator
+        # Unlabelled training data and no eval.data: nothing to measure on (the trainer skips evaluation).
+        self.available = splits.memory is not None and splits.test is not None
+        if not self.available:
+            self.memory_loader = self.test_loader = self.unseen_loader = None
+            return
         loader = lambda ds: eval_loader(ds, cfg.eval.batch_size, cfg.data.num_workers)  # noqa: E731
         self.memory_loader, self.test_loader = accelerator.prepare(loader(splits.memory), loader(splits.test))
         self.unseen_loader = accelerator.prepare(loader(splits.unseen)) if splits.unseen is not None else None
 
     def _features(self, backbone: nn.Module, loader: DataLoader):
+        if loader is None:
+            raise UserError(
+                f"no labelled evaluation set: {self.cfg.data.name} training data has no labels; "
+                f"set eval.data.root to a folder with train/<class>/ and test/<class>/ (or eval.data.name)"
+            )
         return extract_features(backbone, loader, self.preprocess, self.accelerator)
 
     def _scores(self, train_x, train_y, test_x, test_y, linear: bool) -> dict[str, float]:
@@ -88,7 +99,7 @@ class RunEvaluator:
     def raw_pixels(self, linear: bool = True) -> dict[str, float]:
         """The same kNN (and probe) on flattened pixels in [0, 1]; {} for a dataset not held in memory."""
         memory, test = self.splits.memory, self.splits.test
-        if not hasattr(memory, "images"):
+        if not self.available or not hasattr(memory, "images"):
             return {}
         train_x, test_x = memory.images.flatten(1).float() / 255, test.images.flatten(1).float() / 255
         return self._scores(train_x, memory.labels, test_x, test.labels, linear)

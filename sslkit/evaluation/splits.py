@@ -9,6 +9,10 @@ Four roles, all from the recipe's ``data`` section:
 - ``unseen``: with ``data.holdout_classes``, those classes of the test split, kept out of the
   other three and used for retrieval among classes never trained on (the CUB / Cars protocol).
 
+With ``eval.data`` set, or training data that has no labels (an unlabelled image folder, tar
+shards), ``memory`` and ``test`` are the ``train`` and ``test`` splits of the evaluation set
+(``eval.data``), or None when there is none: the run then trains without evaluation.
+
 >>> from sslkit.config import Config
 >>> splits = build_splits(Config())
 >>> len(splits.train), len(splits.test), splits.unseen is None
@@ -17,13 +21,14 @@ Four roles, all from the recipe's ``data`` section:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
-from sslkit import data, label_subset, methods
+from sslkit import data, folders, label_subset, methods
 from sslkit.errors import UserError
 
 
@@ -32,8 +37,8 @@ class Splits:
     """The four datasets of a run (see the module docstring) and what they share."""
 
     train: Dataset
-    memory: Dataset
-    test: Dataset
+    memory: Dataset | None
+    test: Dataset | None
     unseen: Dataset | None
     info: data.DatasetInfo
     subset: torch.Tensor | None = None
@@ -59,6 +64,8 @@ def build_splits(cfg, train_split: str | None = None, run_dir: Path | None = Non
     """
     d = cfg.data
     train_split = train_split or d.train_split
+    if _separate_evaluation(cfg):
+        return _splits_with_evaluation_set(cfg, train_split, run_dir, for_evaluation)
     load = lambda split: data.build_dataset(d.name, split, d.root, d.download, d.image_size)  # noqa: E731
     train_set, test_set = load(train_split), load("test")
     info = train_set.info
@@ -95,3 +102,43 @@ def _keep_labels_of(dataset, indices: torch.Tensor):
     labels = torch.full_like(dataset.labels, -1)
     labels[indices] = dataset.labels[indices]
     return dataset.with_labels(labels)
+
+
+def _separate_evaluation(cfg) -> bool:
+    """Whether evaluation uses another dataset than the training data's own labelled splits."""
+    d, e = cfg.data, cfg.eval.data
+    unlabelled = d.name == "webdataset" or (
+        d.name == "imagefolder" and d.image_size is None and not folders.has_labelled_splits(d.root)
+    )
+    return unlabelled or e.name is not None or e.root is not None
+
+
+def _splits_with_evaluation_set(cfg, train_split: str, run_dir: Path | None, for_evaluation: bool) -> Splits:
+    """Training data from ``data``, kNN memory and test set from ``eval.data`` (None without one)."""
+    d, e = cfg.data, cfg.eval.data
+    train_set = data.build_dataset(d.name, train_split, d.root, d.download, d.image_size, d.max_size)
+    if d.holdout_classes:
+        raise UserError(
+            "data.holdout_classes needs the training data's own labelled splits; "
+            "it cannot be combined with eval.data or unlabelled training data"
+        )
+    if e.name is None and e.root is None:
+        info = train_set.info
+        return Splits(train_set, None, None, None, info)
+    name = e.name or "imagefolder"
+    max_size = d.max_size if name == "imagefolder" else None
+    load = lambda split: data.build_dataset(name, split, e.root, d.download, None, max_size)  # noqa: E731
+    memory, test = load("train"), load("test")
+    if memory.info.channels != train_set.info.channels:
+        raise UserError(
+            f"eval.data {name} has {memory.info.channels}-channel images but the training data "
+            f"{train_set.info.channels}-channel ones; evaluate on a dataset of the same kind (RGB image folders: "
+            f"eval.data.root with train/<class>/ and test/<class>/)"
+        )
+    info = dataclasses.replace(train_set.info, num_classes=memory.info.num_classes)
+    spec = label_subset.spec_for(cfg, for_evaluation)
+    saved = run_dir / label_subset.FILE_NAME if run_dir is not None else None
+    subset = label_subset.labelled_subset(memory.labels, spec, torch.arange(len(memory)), saved)
+    if subset is None:
+        return Splits(train_set, memory, test, None, info)
+    return Splits(train_set, memory.subset(subset), test, None, info, subset, spec)

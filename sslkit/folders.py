@@ -1,0 +1,277 @@
+"""Folders of image files as they come: any depth, any size, any mode, labelled or not.
+
+``data.name=imagefolder data.root=DIR`` reads every image under ``DIR``:
+
+- ``DIR/train/<class>/...`` and ``DIR/test/<class>/...``: a labelled training and test split
+  (class folders at any depth below ``<class>``), the test classes matched to the training
+  classes by name;
+- any other layout (flat, nested, class folders or not): one unlabelled training split of every
+  image at any depth (label -1). Self-supervised methods need no labels; evaluation then uses
+  ``eval.data`` if set, and is skipped otherwise.
+
+Files are listed by extension (:data:`IMAGE_EXTENSIONS`, any case); other files and hidden
+files and folders are ignored. Images keep their own size and aspect ratio (reduced to
+``data.max_size`` if set): a batch is an :class:`~sslkit.batches.ImageBatch` of padded images, and
+the crops are drawn on each original image (:mod:`sslkit.crops`).
+
+Decoding (:mod:`sslkit.decode`) runs in the DataLoader workers, or, when the accelerator is a
+CUDA device and ``data.decode`` allows it, on the device: workers then only read bytes.
+
+A corrupt or truncated file never stops a batch: it is replaced by the next readable file of the
+folder and its name travels with the batch, where :class:`CorruptCount` counts it
+(``data.on_corrupt``: ``skip`` reports the count at the end of each epoch and stops the run once
+more than 1% of the folder is corrupt; ``error`` stops at the first one).
+
+>>> dataset = image_folder("train", "/nonexistent")  # doctest: +IGNORE_EXCEPTION_DETAIL
+Traceback (most recent call last):
+sslkit.errors.UserError: imagefolder: data.root /nonexistent does not exist
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from sslkit import decode
+from sslkit.batches import EncodedBatch, ImageBatch, pad_images
+from sslkit.data import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, _class_indices
+from sslkit.errors import UserError
+
+# What torchvision.io or Pillow decodes; every other file in the folder is ignored.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff")
+# More corrupt files than this share of the folder stop the run (data.on_corrupt=skip).
+CORRUPT_LIMIT = 0.01
+CORRUPT_POLICIES = ("skip", "error")
+
+
+def list_images(folder: Path) -> list[Path]:
+    """Every image file under ``folder``, at any depth, in sorted order; hidden entries skipped.
+
+    Symbolic links to folders are followed (a folder of links to a dataset is a common layout).
+    """
+    found = []
+    for directory, subdirs, files in os.walk(folder, followlinks=True):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        found += [Path(directory, f) for f in sorted(files) if not f.startswith(".") and _is_image(f)]
+    return found
+
+
+def _is_image(name: str) -> bool:
+    return name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+class ImageFiles(Dataset):
+    """Image files decoded when a batch is fetched, at their own size (reduced to ``max_size``).
+
+    Batches come from ``__getitems__`` (PyTorch's fetcher calls it with the batch's indices):
+    ``(ImageBatch, labels)`` with the images decoded here, or ``(EncodedBatch, labels)`` of file
+    bytes when :attr:`decode_on_device` is set. A file that cannot be read or decoded is replaced
+    by the next good file in the folder's order (so a resumed run replaces it the same way) and
+    named in the batch's ``corrupt``.
+
+    Args:
+        paths: the image files.
+        labels: class index of each file, -1 for unlabelled.
+        classes: class names; ``classes[k]`` names label ``k`` (empty when unlabelled).
+        max_size: the longest side kept at decode; None keeps each image's size.
+
+    Shape:
+        labels: (N,) int64.
+    """
+
+    def __init__(
+        self, paths: Sequence[Path], labels: torch.Tensor, classes: list[str], max_size: int | None = None
+    ) -> None:
+        self.paths = list(paths)
+        self.labels = labels
+        self.classes = list(classes)
+        self.max_size = max_size
+        self.decode_on_device = False
+        # Statistics of the folder are unknown without decoding it all; ImageNet's are the usual stand-in.
+        # image_size 0: the images keep their own sizes.
+        self.info = DatasetInfo(3, 0, len(self.classes), IMAGENET_MEAN, IMAGENET_STD)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def _read(self, index: int) -> torch.Tensor | None:
+        try:
+            data = self.paths[index].read_bytes()
+        except OSError:
+            return None
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else None
+
+    def _load(self, index: int) -> tuple[int, torch.Tensor, list[str]]:
+        """The first good file from ``index`` on (wrapping round): its index, image or bytes, and the bad ones."""
+        bad = []
+        for step in range(len(self.paths)):
+            i = (index + step) % len(self.paths)
+            data = self._read(i)
+            image = data if data is None or self.decode_on_device else decode.decode_rgb(data, self.max_size)
+            if image is not None:
+                return i, image, bad
+            bad.append(str(self.paths[i]))
+        raise UserError(f"imagefolder: none of the {len(self.paths)} images can be decoded, e.g. {bad[0]}")
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[ImageBatch | EncodedBatch, torch.Tensor]:
+        """A batch: images (padded, or encoded) and labels ``(B,)``, with the corrupt files it met."""
+        loaded = [self._load(int(i)) for i in indices]
+        corrupt = tuple(dict.fromkeys(name for _, _, bad in loaded for name in bad))
+        labels = self.labels[torch.tensor([i for i, _, _ in loaded], dtype=torch.int64)]
+        if self.decode_on_device:
+            names = [str(self.paths[i]) for i, _, _ in loaded]
+            return EncodedBatch([data for _, data, _ in loaded], names, self.max_size, corrupt=corrupt), labels
+        pixels, sizes = pad_images([image for _, image, _ in loaded])
+        return ImageBatch(pixels, sizes, corrupt), labels
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoded image ``(3, H, W)`` uint8 (the next good one if this is corrupt) and its label."""
+        i, image, _ = self._load(index)
+        if self.decode_on_device:
+            image = decode.decode_rgb(image, self.max_size)
+        return image, self.labels[i]
+
+    def subset(self, indices: Sequence[int] | torch.Tensor) -> ImageFiles:
+        """A new dataset of the given samples (labels and class names unchanged)."""
+        index = torch.as_tensor(indices, dtype=torch.int64)
+        return ImageFiles([self.paths[int(i)] for i in index], self.labels[index], self.classes, self.max_size)
+
+    def with_labels(self, labels: torch.Tensor) -> ImageFiles:
+        """The same images with other labels (-1: unlabelled)."""
+        return ImageFiles(self.paths, labels, self.classes, self.max_size)
+
+    def select_classes(self, classes: Iterable[int], keep: bool = True) -> ImageFiles:
+        """The samples of ``classes`` (``keep=True``) or of every other class; labels unchanged."""
+        return self.subset(_class_indices(self.labels, classes, len(self.classes), keep))
+
+
+def has_labelled_splits(root: str | None) -> bool:
+    """Whether ``root`` is laid out as ``train/<class>/`` and ``test/<class>/`` (a labelled image folder)."""
+    return root is not None and (Path(root).expanduser() / "train").is_dir()
+
+
+def image_folder(split: str, root: str | None, max_size: int | None = None) -> ImageFiles:
+    """The ``split`` of the image folder at ``root`` (see the module docstring for the layouts).
+
+    Raises:
+        UserError: no root, a root that is not a folder, no images in it, or a test split that
+            the layout does not have.
+    """
+    if root is None:
+        raise UserError("imagefolder needs data.root: a folder of images (any layout, any depth)")
+    folder = Path(root).expanduser()
+    if not folder.exists():
+        raise UserError(f"imagefolder: data.root {folder} does not exist")
+    if not folder.is_dir():
+        raise UserError(f"imagefolder: data.root {folder} is a file; give the folder that holds the images")
+    if not has_labelled_splits(root):
+        if split != "train":
+            raise UserError(
+                f"imagefolder: {folder} has no '{split}' split: without {folder / 'train'} and {folder / 'test'} "
+                f"class folders it is one unlabelled training set; evaluate on a labelled set with eval.data.root"
+            )
+        paths = list_images(folder)
+        _check_found(paths, folder)
+        return ImageFiles(paths, torch.full((len(paths),), -1, dtype=torch.int64), [], max_size)
+    classes = sorted(d.name for d in (folder / "train").iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not classes:
+        raise UserError(f"imagefolder: {folder / 'train'} has no class folders; put the images in train/<class>/")
+    split_dir = folder / split
+    if not split_dir.is_dir():
+        raise UserError(f"imagefolder: {split_dir} does not exist; add it with the same class folders as train/")
+    unknown = sorted(
+        d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith(".") and d.name not in classes
+    )
+    if unknown:
+        raise UserError(f"imagefolder: {split_dir} has classes that {folder / 'train'} lacks: {', '.join(unknown)}")
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        found = list_images(split_dir / name) if (split_dir / name).is_dir() else []
+        paths += found
+        labels += [label] * len(found)
+    _check_found(paths, split_dir)
+    return ImageFiles(paths, torch.tensor(labels, dtype=torch.int64), classes, max_size)
+
+
+def _check_found(paths: list[Path], folder: Path) -> None:
+    if not paths:
+        others = sum(1 for _ in folder.rglob("*") if _.is_file())
+        raise UserError(
+            f"imagefolder: no images ({', '.join(IMAGE_EXTENSIONS)}) under {folder}"
+            + (f" ({others} other files were ignored)" if others else "")
+        )
+
+
+def prepare_training_set(cfg, splits, device: torch.device) -> list[str]:
+    """Decode the training images on ``device`` when it is a CUDA device (``data.decode=auto``); returns notes.
+
+    The notes say where the images are decoded and, with no labelled evaluation set, that the
+    kNN monitor and the final evaluation are skipped.
+    """
+    notes = []
+    train = splits.train
+    if hasattr(train, "decode_on_device") and cfg.data.decode == "auto" and device.type == "cuda":
+        train.decode_on_device = True
+        notes.append(f"JPEGs are decoded on {device} (nvJPEG) in batches; other formats in the loader workers")
+    if splits.test is None:
+        notes.append(
+            f"{cfg.data.name} at {cfg.data.root} has no labels and eval.data is not set: the kNN monitor and the "
+            f"final evaluation are skipped (the backbone is still exported); set eval.data.root to a folder with "
+            f"train/<class>/ and test/<class>/ to evaluate"
+        )
+    return notes
+
+
+class CorruptCount:
+    """Counts the corrupt files the training batches met, and stops the run when they are too many.
+
+    Args:
+        policy: ``data.on_corrupt``: ``skip`` (count, report at the end of the epoch, stop once more
+            than :data:`CORRUPT_LIMIT` of the training set is corrupt) or ``error`` (stop at the first).
+        size: images in the training set.
+        accelerator: sums the counts of every process at the end of the epoch.
+    """
+
+    def __init__(self, policy: str, size: int, accelerator) -> None:
+        self.policy, self.size, self.accelerator = policy, size, accelerator
+        self.names: dict[str, None] = {}  # this process's corrupt files this epoch, in the order met
+
+    def watch(self, batches: Iterable) -> Iterator:
+        """``batches``, counting the corrupt files each one names."""
+        for batch in batches:
+            self.add(getattr(batch[0], "corrupt", ()))
+            yield batch
+
+    def add(self, names: Sequence[str]) -> None:
+        if not names:
+            return
+        if self.policy == "error":
+            raise UserError(f"cannot decode image {names[0]}; remove or fix this file (or set data.on_corrupt=skip)")
+        self.names.update(dict.fromkeys(names))
+        # Each process sees 1/world of the folder: its share of the limit decides without waiting for the others.
+        if len(self.names) > CORRUPT_LIMIT * self.size / self.accelerator.num_processes:
+            shown = list(self.names)[:3]
+            raise UserError(
+                f"more than {CORRUPT_LIMIT:.0%} of the {self.size} images are corrupt "
+                f"({len(self.names)} found so far, e.g. {', '.join(shown)}); remove or fix them"
+            )
+
+    def end_epoch(self, epoch: int) -> int:
+        """The epoch's corrupt files over every process, printed by the main process; resets the count."""
+        local = torch.tensor([len(self.names)], device=self.accelerator.device)
+        total = int(self.accelerator.reduce(local, reduction="sum").item())
+        if total and self.accelerator.is_main_process:
+            from sslkit.console import console
+
+            console.print(
+                f"epoch {epoch}: skipped {total} corrupt image{'s' if total > 1 else ''} "
+                f"(e.g. {', '.join(list(self.names)[:3])}), each replaced by another image",
+                markup=False,
+                highlight=False,
+            )
+        self.names = {}
+        return total
