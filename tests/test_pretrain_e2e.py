@@ -329,7 +329,15 @@ def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
         "train.checkpoint_every_steps=2",
     ]
     process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(), cwd=tmp_path
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        cwd=tmp_path,
+        # Ctrl-C as a terminal delivers it: a test runner's worker (pytest-xdist) may ignore SIGINT, and an
+        # ignored signal stays ignored in the processes it starts.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     _wait_for(tmp_path / "stopped" / "checkpoints", "step-00000002", process)
     process.send_signal(signal.SIGINT)

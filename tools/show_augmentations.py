@@ -122,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     if scale > 1:
         grid = torch.nn.functional.interpolate(grid, scale_factor=scale, mode="nearest")
     save_image(grid, out, nrow=args.views + 1, padding=2, pad_value=1.0)
-    console.print(f"{len(images)} images x (original + {args.views} views) from {cfg.data.name} -> [bold]{out}[/]")
+    console.print(
+        f"{len(images)} images x (original + {args.views} views) from {cfg.data.name} -> [bold]{out}[/]",
+        soft_wrap=True,
+    )
     return 0
 
 
