@@ -526,8 +526,18 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     raise UserError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
 
 
-# Keys that were renamed, and how to write them now.
-RENAMED = {"train.tensorboard": "train.trackers: [tensorboard] (train.trackers=[tensorboard] on the command line)"}
+def _upgrade(raw: dict) -> dict:
+    """Recipes and saved ``config.yaml`` files of older sslkit versions, in today's keys: ``train.tensorboard:
+    true`` is ``train.trackers: [tensorboard]`` (and ``false`` the default). A run directory made before a
+    key was renamed still evaluates and resumes."""
+    train = raw.get("train")
+    if not isinstance(train, dict) or "tensorboard" not in train:
+        return raw
+    train = dict(train)
+    if train.pop("tensorboard") is True:
+        trackers = list(train.get("trackers") or [])
+        train["trackers"] = trackers + ([] if "tensorboard" in trackers else ["tensorboard"])
+    return {**raw, "train": train}
 
 
 def _fill(instance: Any, values: dict, prefix: str, source: str) -> None:
@@ -536,8 +546,6 @@ def _fill(instance: Any, values: dict, prefix: str, source: str) -> None:
     names = [f.name for f in dataclasses.fields(instance)]
     for key, value in values.items():
         path = f"{prefix}{key}"
-        if path in RENAMED:
-            raise UserError(f"{source}: '{path}' is now {RENAMED[path]}")
         if key not in names:
             raise UserError(
                 f"{source}: unknown key '{path}'; valid keys in '{prefix.rstrip('.') or 'recipe'}': {', '.join(names)}"
@@ -600,7 +608,7 @@ def config_from_dict(raw: dict, source: str = "recipe") -> Config:
             f"{source}: a recipe must be a mapping of sections (run, data, model, ...), got {type(raw).__name__}"
         )
     cfg = Config()
-    _fill(cfg, _split_loss_section(raw), "", source)
+    _fill(cfg, _split_loss_section(_upgrade(raw)), "", source)
     validate(cfg, source)
     return cfg
 

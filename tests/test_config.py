@@ -220,11 +220,20 @@ def test_a_tracker_without_its_package_is_one_line(monkeypatch, tracker):
     config_from_dict({"train": {"trackers": []}})
 
 
+def test_a_saved_config_with_the_old_tensorboard_key_still_loads():
+    """Run directories written before train.trackers replaced train.tensorboard still evaluate and resume."""
+    from sslkit.config import config_from_dict
+
+    assert config_from_dict({"train": {"tensorboard": False}}).train.trackers == []
+    assert config_from_dict({"train": {"tensorboard": True}}).train.trackers == ["tensorboard"]
+    both = {"train": {"tensorboard": True, "trackers": ["wandb", "tensorboard"]}}
+    assert config_from_dict(both).train.trackers == ["wandb", "tensorboard"]
+
+
 @pytest.mark.parametrize(
     "train, words",
     [
         ({"trackers": ["tensorbord"]}, ["train.trackers", "tensorbord", "tensorboard"]),
-        ({"tensorboard": True}, ["'train.tensorboard' is now train.trackers: [tensorboard]"]),
         ({"compile_mode": "fast"}, ["train.compile_mode", "reduce-overhead"]),
     ],
 )
