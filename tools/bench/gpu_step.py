@@ -53,10 +53,17 @@ QUICK = {
 
 
 def peak_flops(device: torch.device) -> tuple[str, float | None]:
+    """The device's name and dense bf16 peak (None: not a GPU in :data:`PEAK_BF16`)."""
     if device.type != "cuda":
         return str(device), None
     name = torch.cuda.get_device_name(device)
-    return name, next((peak for key, peak in PEAK_BF16.items() if key in name), None)
+    return name, peak_of(name)
+
+
+def peak_of(name: str) -> float | None:
+    """``NVIDIA H100 80GB HBM3`` -> H100's peak; the longest matching key wins (``L40S`` over ``L4``)."""
+    matches = [key for key in PEAK_BF16 if key in name]
+    return PEAK_BF16[max(matches, key=len)] if matches else None
 
 
 def measure(name: str, overrides: list[str], batch: int, steps: int, warmup: int) -> dict:
