@@ -212,12 +212,13 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def export_backbone(backbone: torch.nn.Module, path: Path) -> Path:
-    """Save the encoder as a plain state_dict (torchvision keys) in safetensors, atomically."""
+def export_backbone(backbone: torch.nn.Module, path: Path, metadata: dict[str, str] | None = None) -> Path:
+    """Save the encoder as a plain state_dict (the keys of the library it came from) in safetensors, atomically,
+    with ``metadata`` (text) in the file's header."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     state = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
-    save_file(state, str(tmp))
+    save_file(state, str(tmp), metadata=metadata)
     os.replace(tmp, path)
     return path
 

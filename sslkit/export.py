@@ -110,9 +110,7 @@ def timm_model_args(cfg, backbone) -> tuple[str, dict]:
 
 
 def write_safetensors(cfg, backbone, path: Path) -> None:
-    from safetensors.torch import save_file
-
-    from sslkit import models
+    from sslkit import checkpoint, models
 
     name, args = models.timm_name(cfg.model.backbone), {"in_chans": backbone.in_channels}
     metadata = {
@@ -121,8 +119,7 @@ def write_safetensors(cfg, backbone, path: Path) -> None:
         "architecture": name or cfg.model.backbone,
         "model_args": json.dumps({**args, **cfg.model.kwargs} if name else {**args, "width": cfg.model.width}),
     }
-    state = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
-    save_file(state, str(path), metadata=metadata)
+    checkpoint.export_backbone(backbone, path, metadata)
 
 
 def write_timm(cfg, backbone, folder: Path) -> None:

@@ -42,7 +42,6 @@ def fixed_batch(pieces) -> tuple[torch.Tensor, ...]:
 
 
 def measure(recipe, overrides, quick: bool, threads: int, steps: int, warmup: int) -> dict:
-    backend = next((o.split("=", 1)[1] for o in overrides if o.startswith("train.compile_backend=")), "inductor")
     kinds = {"eager": ["train.compile=false"], "compiled": ["train.compile=true"]}
     pieces, views, compile_s = {}, {}, {}
     for kind, extra in kinds.items():
@@ -63,7 +62,7 @@ def measure(recipe, overrides, quick: bool, threads: int, steps: int, warmup: in
         "recipe": str(recipe_path),
         "overrides": used,
         "note": note,
-        "backend": backend,
+        "backend": cfg.train.compile_backend,  # the compiled run's config: the last one built
         "backbone": cfg.model.backbone,
         "batch_size": batch,
         "threads": threads,
