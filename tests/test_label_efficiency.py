@@ -243,6 +243,9 @@ def test_a_bad_fraction_gives_one_line_from_the_command(tmp_path):
         (["--fractions", "0.1,0.10"], ["twice"]),
         (["--fractions", "0.1", "--seeds", "0"], ["--seeds must be at least 1"]),
         (["--fractions", "0.1", "--scratch-factor", "0"], ["--scratch-factor"]),
+        (["--fractions", "0.1,1", "--epochs", "0.5=3"], ["--epochs '0.5=3'", "not one of --fractions 0.1,1"]),
+        (["--fractions", "0.1,1", "--epochs", "1=three"], ["'1=three' is not FRACTION=EPOCHS"]),
+        (["--fractions", "0.1,1", "--epochs", "1=0"], ["1=0", "at least 1 epoch"]),
         (["--fractions", "0.1", "data.label_fraction=0.5"], ["data.label_fraction", "--fractions"]),
         (["--fractions", "0.1", "run.name=mine"], ["run.name", "--out"]),
         (["--fractions", "0.1", "--finetune-override", "run.seed=3"], ["--finetune-override 'run.seed=3'"]),
@@ -293,6 +296,7 @@ def make_plan(tmp_path: Path, **changes) -> le.Plan:
         pretrained=None,
         scratch_factor=3,
         finetune_epochs=5,
+        epochs={},
         launcher=None,
     )
     return le.Plan(**{**settings, **changes})
@@ -379,6 +383,17 @@ def test_pretrained_run_no_distill_factor_one_and_launcher(tmp_path):
     assert runs[0].command[:4] == ["accelerate", "launch", "--cpu", str(le.EVALUATE)]
     assert runs[0].command[4] == str(pretrained) and runs[0].needs == ()
     assert f"run.init_from={pretrained}" in runs[1].command and runs[1].needs == ()
+
+
+def test_epochs_at_a_fraction_go_to_its_fine_tune_and_scratch_runs_only(tmp_path):
+    runs = {r.name: r for r in le.plan_runs(make_plan(tmp_path, epochs={"1": 2}))}
+    assert runs["finetune-f1-s3"].command[4:6] == ["train.epochs=5", "train.epochs=2"]  # the later one wins
+    assert "train.epochs=2" in runs["scratch-f1-s3"].command
+    assert "train.epochs=6" in runs["scratch-long-f1-s3"].command  # --scratch-factor times the fraction's epochs
+    for name in ("finetune-f0.01-s3", "distill-f0.01-s3", "scratch-f0.01-s3"):
+        assert "train.epochs=2" not in runs[name].command
+    assert "train.epochs=15" in runs["scratch-long-f0.01-s3"].command
+    assert le.parse_epochs("0.01=60,1.0=3", [0.01, 1.0]) == {"0.01": 60, "1": 3}
 
 
 def test_a_pretraining_with_labels_gets_a_note(tmp_path):
