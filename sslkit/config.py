@@ -229,6 +229,9 @@ class MethodConfig:
         distill_temperature: distill: the temperature of teacher and student softmaxes (SimCLRv2: 1).
         distill_label_weight: distill: weight of the cross-entropy on the labelled images (``data.label_fraction``)
             added to the distillation loss; 0: distillation alone, as SimCLRv2.
+        finetune_from_projector_layer: finetune: keep the first k layers of the pretrained projector (from
+            ``run.init_from``; ``model.projector_*`` as the pretraining's) under the classifier, as SimCLRv2
+            (k=1); 0: fine-tune from the backbone's output, as SimCLR.
     """
 
     name: str = "simclr"
@@ -243,6 +246,7 @@ class MethodConfig:
     teacher: str | None = None
     distill_temperature: float = 1.0
     distill_label_weight: float = 0.0
+    finetune_from_projector_layer: int = 0
 
 
 @dataclass
@@ -946,4 +950,10 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     if not cfg.method.distill_temperature > 0:
         raise UserError(f"{source}: 'method.distill_temperature' must be > 0, got {cfg.method.distill_temperature}")
     _check_range(cfg.method.distill_label_weight, "method.distill_label_weight", source, 0.0)
+    if not 0 <= (k := cfg.method.finetune_from_projector_layer) < (n := cfg.model.projector_layers):
+        # The last projector layer is the embedding the loss saw, not a layer to fine-tune from.
+        raise UserError(
+            f"{source}: 'method.finetune_from_projector_layer' must be in [0, {n - 1}] for a {n}-layer projector "
+            f"(model.projector_layers), got {k}; 0 fine-tunes from the backbone's output, 1 from the first layer"
+        )
     cfg.loss.kwargs = losses.check_loss_kwargs(cfg.loss.name, cfg.loss.kwargs, source)

@@ -307,6 +307,8 @@ def make_method(
 ) -> torch.nn.Module:
     """The recipe's method around ``backbone``, with global BatchNorm and channels_last if it asks for them."""
     method = methods.build_method(cfg, backbone, num_classes, num_samples)
+    if cfg.run.init_from:
+        method.start_from(cfg.run.init_from)
     if cfg.model.sync_batchnorm:  # every BatchNorm, momentum encoders included
         method = convert_sync_batchnorm(method, device_type)
     if cfg.model.channels_last:

@@ -137,3 +137,45 @@ def test_distill_without_a_teacher_and_a_teacher_without_a_classifier_are_one_li
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert words in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "quickstart-distill").exists()  # nothing written
+
+
+def test_finetune_from_the_projectors_first_layer_keeps_its_pretrained_weights(pretrained, tmp_path):
+    """SimCLRv2's fine-tuning from the first projector layer: backbone -> Linear, BatchNorm, ReLU of the
+    pretrained projector -> classifier, the layer starting from the pretraining's weights."""
+    keep = ["method.finetune_from_projector_layer=1", "model.projector_hidden=32", "model.projector_out=16"]
+    cfg = load_config("quickstart_finetune", [*TINY, *FINETUNE, *keep, f"run.init_from={pretrained}"])
+    backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, 1)
+    method = METHODS["finetune"].from_config(cfg, backbone, 10)
+    method.start_from(cfg.run.init_from)
+    saved = load_file(str(sorted((pretrained / "checkpoints").glob("step-*"))[-1] / "model.safetensors"))
+    for name, value in method.projector.state_dict().items():
+        assert torch.equal(value, saved[f"projector.{name}"]), name
+    assert [type(m) for m in method.projector] == [torch.nn.Linear, torch.nn.BatchNorm1d, torch.nn.ReLU]
+    images = torch.randn(5, 1, 8, 8)
+    linear, norm, _ = method.eval().projector
+    expected = method.loss.logits(torch.relu(norm(linear(method.backbone(images)))))
+    assert torch.allclose(method.logits(images), expected)
+    # End to end: it trains, and its reported top-1 is its own classifier's, the kept layer included.
+    common = ["quickstart_finetune", f"run.output_dir={tmp_path}", *TINY, *FINETUNE, *keep]
+    run(tmp_path, PRETRAIN, *common, "run.name=v2", f"run.init_from={pretrained}")
+    assert_own_top1(tmp_path / "v2")
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (["method.finetune_from_projector_layer=2"], ["must be in [0, 1] for a 2-layer projector"]),
+        (["model.projector_hidden=24"], ["projector's 0.weight is (32, 32), this recipe's (24, 32)", "model.projector_hidden"]),
+        (["from-export"], ["holds none", "not an exported backbone"]),
+    ],
+)
+def test_finetune_from_a_projector_that_is_not_there_is_one_line(pretrained, tmp_path, change, words):
+    keep = ["method.finetune_from_projector_layer=1", "model.projector_hidden=32", "model.projector_out=16"]
+    source = pretrained / "backbone.safetensors" if change == ["from-export"] else pretrained
+    overrides = [*keep, *(c for c in change if c != "from-export"), f"run.init_from={source}"]
+    command = [sys.executable, str(PRETRAIN), "quickstart_finetune", f"run.output_dir={tmp_path}", *TINY, *overrides]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(word in lines[0] for word in words), result.stderr
+    assert not (tmp_path / "quickstart-finetune").exists()  # nothing written

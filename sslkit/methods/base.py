@@ -73,6 +73,10 @@ class Method(nn.Module):
         """Notes on settings that run but defeat the method on a training set of ``num_samples`` images."""
         return []
 
+    def start_from(self, source: str) -> None:
+        """Load what the method keeps of the ``run.init_from`` run beyond its backbone, which the
+        trainer has loaded already (fine-tuning's kept projector layers); nothing by default."""
+
     def after_optimizer_step(self, step: int, total_steps: int) -> None:
         """Called by the trainer after every optimizer step, for state the optimizer does not own.
 
