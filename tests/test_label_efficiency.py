@@ -258,6 +258,10 @@ def test_a_bad_fraction_gives_one_line_from_the_command(tmp_path):
             ["--fractions", "0.1", "--pretrain-override", "model.width=8"],
             ["run finetune-f0.1-s0: model.width=16", "pretrained encoder has model.width=8"],
         ),
+        (  # the fine-tune keeps a projector layer the pretraining's projector does not have in that width
+            ["--fractions", "0.1", "--finetune-override", "method.finetune_from_projector_layer=1"],
+            ["run finetune-f0.1-s0: model.projector_hidden=2048", "pretrained encoder has model.projector_hidden="],
+        ),
         (
             ["--fractions", "0.1", "--finetune-recipe", "fashion_mnist_finetune"],
             ["data.name=fashion_mnist", "data.name=digits", "--finetune-recipe"],

@@ -132,6 +132,8 @@ RESERVED_KEYS = (
 PATH_KEYS = ("run.init_from", "method.teacher")
 # What a trained run must share with the pretrained encoder: the network its backbone loads into, and the images.
 SAME_AS_PRETRAINED = ("data.name", "model.backbone", "model.width", "model.cifar_stem", "model.kwargs")
+# ... and, for a fine-tune that keeps pretrained projector layers, the projector they come from
+SAME_PROJECTOR = ("model.projector_hidden", "model.projector_out", "model.projector_layers")
 
 
 @dataclass
@@ -442,7 +444,8 @@ def check_runs(runs: list[Run], plan: Plan) -> None:
             raise UserError(f"run {run.name}: {error}") from None
         if run.kind in ("finetune", "distill", "scratch", "scratch-long"):
             own, option = to_dict(cfg), "--distill-recipe" if run.kind == "distill" else "--finetune-recipe"
-            for key in SAME_AS_PRETRAINED:
+            kept = run.kind == "finetune" and cfg.method.finetune_from_projector_layer > 0
+            for key in (*SAME_AS_PRETRAINED, *(SAME_PROJECTOR if kept else ())):
                 section, name = key.split(".")
                 if (mine := own[section][name]) != (theirs := encoder[section][name]):
                     raise UserError(
