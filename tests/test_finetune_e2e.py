@@ -165,7 +165,10 @@ def test_finetune_from_the_projectors_first_layer_keeps_its_pretrained_weights(p
     "change, words",
     [
         (["method.finetune_from_projector_layer=2"], ["must be in [0, 1] for a 2-layer projector"]),
-        (["model.projector_hidden=24"], ["projector's 0.weight is (32, 32), this recipe's (24, 32)", "model.projector_hidden"]),
+        (
+            ["model.projector_hidden=24"],
+            ["projector's 0.weight is (32, 32), this recipe's (24, 32)", "model.projector_hidden"],
+        ),
         (["from-export"], ["holds none", "not an exported backbone"]),
     ],
 )
