@@ -185,6 +185,13 @@ def test_rerun_skips_every_finished_run_and_redoes_an_unfinished_one(comparison,
     assert [r["skipped"] for r in after] == ["True"] * len(after)
     # the skipped runs keep their figures and the wall times of the runs that made them
     assert [(r["top1"], r["wall_s"]) for r in after] == [(r["top1"], r["wall_s"]) for r in before]
+    # ... also after a command over part of the grid rewrote the tables with its own rows only
+    narrow = [("1" if a == "0.1,1" else a) for a in argv]
+    assert run_tool(*narrow)[0] == 0 and {r["fraction"] for r in read_csv(out / "points.csv")} == {"1"}
+    assert run_tool(*argv)[0] == 0
+    assert [(r["top1"], r["wall_s"]) for r in read_csv(out / "points.csv")] == [
+        (r["top1"], r["wall_s"]) for r in before
+    ]
 
     (out / "points" / "frozen-f1-s0.json").unlink()  # as if stopped while this evaluation ran
     status, stdout, stderr = run_tool(*argv)

@@ -868,9 +868,9 @@ def run_all(runs: list[Run], plan: Plan, header: dict) -> int:
     out = plan.out
     out.mkdir(parents=True, exist_ok=True)
     previous = _previous_wall_times(out / "points.json")
-    seeds = len(plan.seeds)
+    seeds, fractions = len(plan.seeds), len(plan.fractions)
     console.print(
-        f"label efficiency: {len(runs)} runs ({len(plan.fractions)} label fractions x {seeds} "
+        f"label efficiency: {len(runs)} runs ({fractions} label fraction{'s' if fractions > 1 else ''} x {seeds} "
         f"seed{'s' if seeds > 1 else ''}"
         + (", after the pretraining" if plan.pretrained is None else "")
         + f") -> {out}",
@@ -912,7 +912,10 @@ def run_all(runs: list[Run], plan: Plan, header: dict) -> int:
                         soft_wrap=True,
                     )
                 records.append(record)
-                write_tables(out, records, {**header, "pretrain": _pretrain(records)}, plan.scratch_factor > 1)
+                if record["wall_s"] is not None:
+                    previous[run.name] = record["wall_s"]
+                tables_header = {**header, "pretrain": _pretrain(records), "wall_times": previous}
+                write_tables(out, records, tables_header, plan.scratch_factor > 1)
                 progress.advance(task)
     except KeyboardInterrupt:
         console.print(
@@ -924,7 +927,8 @@ def run_all(runs: list[Run], plan: Plan, header: dict) -> int:
         )
         return 130
 
-    summary = write_tables(out, records, {**header, "pretrain": _pretrain(records)}, plan.scratch_factor > 1)
+    tables_header = {**header, "pretrain": _pretrain(records), "wall_times": previous}
+    summary = write_tables(out, records, tables_header, plan.scratch_factor > 1)
     console.print(summary_table(summary, _pretrain(records)))
     figure = plot(summary, seeds, out / PLOT_FILE, plan.scratch_factor)
     console.print(
@@ -951,10 +955,13 @@ def _pretrain(records: list[dict]) -> dict | None:
 
 
 def _previous_wall_times(path: Path) -> dict[str, float]:
-    """Wall times of runs an earlier invocation ran, so that skipped runs keep theirs."""
+    """Wall times of runs earlier invocations ran, so that skipped runs keep theirs: ``wall_times`` holds
+    every run ever timed into this output, also those outside the last command's grid."""
     try:
-        return {r["name"]: r["wall_s"] for r in json.loads(path.read_text())["runs"] if r.get("wall_s") is not None}
-    except (OSError, ValueError, KeyError, TypeError):
+        saved = json.loads(path.read_text())
+        runs = {r["name"]: r["wall_s"] for r in saved["runs"] if r.get("wall_s") is not None}
+        return {**saved.get("wall_times", {}), **runs}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 
