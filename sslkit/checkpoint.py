@@ -155,21 +155,23 @@ def check_run_directory(run_dir: Path, resume: str | None, config: dict) -> list
 
 
 def trim_metrics(run_dir: Path, step: int) -> None:
-    """Drop ``metrics.jsonl`` lines past ``step``: a resumed run logs them again from its checkpoint."""
+    """Drop ``metrics.jsonl`` lines past ``step`` and the final evaluation's record: a resumed run logs
+    them again from its checkpoint (a finished run resumed is evaluated again, an extended one at its new end)."""
     metrics = Path(run_dir) / "metrics.jsonl"
     if not metrics.is_file():
         return
     lines = metrics.read_text().splitlines()
-    kept = [line for line in lines if _logged_at_or_before(line, step)]
+    kept = [line for line in lines if _kept_on_resume(line, step)]
     if len(kept) != len(lines):
         metrics.write_text("".join(line + "\n" for line in kept))
 
 
-def _logged_at_or_before(line: str, step: int) -> bool:
+def _kept_on_resume(line: str, step: int) -> bool:
     try:
-        return json.loads(line).get("step", 0) <= step
+        record = json.loads(line)
     except json.JSONDecodeError:  # a line torn by a kill mid-write
         return False
+    return record.get("step", 0) <= step and not any(key.startswith("final_") for key in record)
 
 
 def read_progress(path: Path) -> dict:

@@ -21,6 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from sslkit import checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN = ROOT / "sslkit" / "pretrain.py"
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
@@ -543,3 +545,22 @@ def test_ctrl_c_before_the_first_checkpoint_does_not_promise_one(tmp_path):
     step.mkdir(parents=True)
     (step / PROGRESS_FILE).write_text("{}")
     assert interrupted_message(cfg) == "interrupted: continue from the last checkpoint with run.resume=auto"
+
+
+def test_trim_metrics_keeps_the_steps_up_to_the_checkpoint_and_drops_the_final_record(tmp_path):
+    lines = [{"step": 10, "loss": 1.0}, {"step": 20, "loss": 0.5}, {"step": 20, "final_knn_top1": 0.9}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 2')  # torn
+    checkpoint.trim_metrics(tmp_path, 20)
+    assert [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == lines[:2]
+    checkpoint.trim_metrics(tmp_path, 10)
+    assert [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == lines[:1]
+
+
+@pytest.mark.slow
+def test_a_finished_run_resumed_is_evaluated_again_with_one_final_record(tmp_path):
+    args = ["run.name=done", "train.epochs=1", "train.knn_every_epochs=0", "eval.linear_epochs=1"]
+    assert pretrain(tmp_path, *args).returncode == 0
+    again = pretrain(tmp_path, *args, "run.resume=auto")
+    assert again.returncode == 0 and "evaluating it again" in again.stdout, again.stderr[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "done" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(any(k.startswith("final_") for k in r) for r in records) == 1
