@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import secrets
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -402,6 +403,18 @@ def compile_failures(cfg: Config):
         ) from None
 
 
+WANDB_ID_FILE = "wandb_id.txt"
+
+
+def tracker_run_id(path: Path) -> str:
+    """The run's tracker id read from ``path``, or a new one written there (8 hex digits, as W&B's own)."""
+    if path.is_file() and (saved := path.read_text().strip()):
+        return saved
+    new = secrets.token_hex(4)
+    path.write_text(new + "\n")
+    return new
+
+
 def start_trackers(cfg: Config, run_dir: Path, accelerator: Accelerator) -> None:
     """``train.trackers`` get the resolved config as hyperparameters (lists as text: TensorBoard's hparams take
     scalars only), under the project name ``sslkit``: TensorBoard writes to ``run_dir/sslkit``, W&B to
@@ -410,6 +423,9 @@ def start_trackers(cfg: Config, run_dir: Path, accelerator: Accelerator) -> None
         return
     hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in flatten(to_dict(cfg)).items()}
     init_kwargs = {"wandb": {"name": cfg.run.name, "dir": str(run_dir)}}
+    if "wandb" in cfg.train.trackers and accelerator.is_main_process:
+        # A resumed run continues its W&B run instead of starting a second one: the id lives in the run directory.
+        init_kwargs["wandb"].update(id=tracker_run_id(run_dir / WANDB_ID_FILE), resume="allow")
     accelerator.init_trackers("sslkit", config=hparams, init_kwargs=init_kwargs)
 
 

@@ -64,6 +64,20 @@ def test_tensorboard_and_wandb_get_the_metrics_and_the_resolved_config(tmp_path,
 
 
 @pytest.mark.slow
+def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    common = ["train.trackers=[wandb]", "train.checkpoint_every_steps=2"]
+    run(tmp_path, "tracked", "train.max_steps=2", *common)
+    run(tmp_path, "tracked", "train.max_steps=4", "run.resume=auto", *common)
+    run_id = (tmp_path / "tracked" / "wandb_id.txt").read_text().strip()
+    # W&B's offline folders are offline-run-<time>-<id>: one per start, both with the run's id
+    folders = sorted((tmp_path / "tracked" / "wandb").glob("offline-run-*"))
+    assert len(folders) == 2 and all(f.name.endswith("-" + run_id) for f in folders), folders
+
+
+@pytest.mark.slow
 def test_a_compiled_method_trains_like_the_eager_one_and_resumes_exactly(tmp_path):
     """aot_eager traces forward and backward as inductor does, without its code generation (tens of seconds
     of C++ compilation per graph on this CPU); the bench measures inductor's speed."""
