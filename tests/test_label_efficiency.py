@@ -532,6 +532,31 @@ def test_without_long_scratch_runs_scratch_best_is_the_scratch_run():
     assert not [r for r in le.point_rows(records) if r["road"] == "scratch-best"]
 
 
+def test_gains_pair_each_seed_with_its_own_scratch_run():
+    # seed 0: 0.60 - 0.40; seed 1's fine-tune failed and fraction 1's scratch best too: nothing to pair
+    assert le.paired_gains(le.point_rows(RECORDS)) == [
+        {
+            "fraction": 0.1,
+            "road": "finetune",
+            "n_seeds": 1,
+            "gain_mean": pytest.approx(0.2),
+            "gain_std": None,
+            "seeds_ahead": 1,
+        }
+    ]
+    records = []
+    for seed, (tuned, taught, scratch) in enumerate([(0.8, 0.85, 0.7), (0.7, 0.7, 0.75), (0.6, 0.7, 0.5)]):
+        records += [record("finetune", 0.01, seed, ft(tuned)), record("distill", 0.01, seed, ft(taught))]
+        records += [record("scratch", 0.01, seed, ft(scratch)), record("scratch-long", 0.01, seed, ft(scratch - 0.1))]
+    finetune, distill = le.paired_gains(le.point_rows(records))
+    assert (finetune["road"], finetune["n_seeds"], finetune["seeds_ahead"]) == ("finetune", 3, 2)
+    assert finetune["gain_mean"] == pytest.approx(0.05)
+    assert finetune["gain_std"] == pytest.approx(statistics.stdev([0.1, -0.05, 0.1]))
+    assert (distill["gain_mean"], distill["seeds_ahead"]) == (pytest.approx(0.1), 2)  # 0.15, -0.05, 0.2
+    table = le.gains_table([finetune, distill])
+    assert [c.header for c in table.columns] == ["labels", "finetune gain", "distill gain"]
+
+
 def test_summary_is_mean_and_sample_std_over_the_seeds_that_succeeded():
     summary = le.summarize(le.point_rows(RECORDS))
     assert [(r["fraction"], r["road"]) for r in summary][:6] == [(0.1, road) for road in le.ROADS if road != "distill"]
@@ -561,6 +586,9 @@ def test_tables_table_and_plot_from_records(tmp_path):
     }
     points = read_csv(tmp_path / "points.csv")
     assert len(points) == 18 and points[0]["fraction"] == "0.1" and points[-1]["fraction"] == "1"
+    assert read_csv(tmp_path / "gains.csv") == [
+        {"fraction": "0.1", "road": "finetune", "n_seeds": "1", "gain_mean": "0.2", "gain_std": "", "seeds_ahead": "1"}
+    ]
     saved = json.loads((tmp_path / "points.json").read_text())
     assert saved["recipe"] == "r.yaml" and len(saved["runs"]) == len(RECORDS) and len(saved["points"]) == 18
 

@@ -54,6 +54,8 @@ OUT receives, updated after every run:
   error, the run it comes from and its wall time (``points.json`` also lists the runs);
 - ``summary.csv``: mean and sample standard deviation over seeds of every road at every fraction,
   and the mean wall time of its runs;
+- ``gains.csv``: fine-tune and distill minus scratch best, paired by seed (the same labelled
+  images): mean, sample standard deviation and the number of seeds on which pretraining is ahead;
 - ``label_efficiency.png`` (with matplotlib): test top-1 against the label fraction on a log axis,
   one line per road (linear probe, fine-tune, fine-tune + distill, scratch best), error bars one
   standard deviation over seeds;
@@ -109,6 +111,7 @@ ROAD_METRIC = {
     "scratch": "finetune_top1",
     "scratch-long": "finetune_top1",
 }
+GAIN_ROADS = ("finetune", "distill")  # compared with scratch-best seed by seed (gains.csv, the table's last column)
 PLOTTED_ROADS = {
     "linear": "linear probe (frozen)",
     "finetune": "fine-tune",
@@ -629,8 +632,35 @@ def summarize(rows: list[dict]) -> list[dict]:
     return summary
 
 
+def paired_gains(rows: list[dict]) -> list[dict]:
+    """Per fraction, each road from the pretrained encoder minus ``scratch-best`` on the same seed (the
+    same labelled images): mean and sample standard deviation of the differences, and on how many
+    seeds the road is ahead. Pairing by seed takes out what the choice of labelled images does to both."""
+    top1 = {(r["fraction"], r["road"], r["seed"]): r["top1"] for r in rows if r["top1"] is not None}
+    gains = []
+    for fraction in dict.fromkeys(r["fraction"] for r in rows):
+        for road in GAIN_ROADS:
+            diffs = [
+                value - top1[(f, "scratch-best", seed)]
+                for (f, name, seed), value in top1.items()
+                if (f, name) == (fraction, road) and (f, "scratch-best", seed) in top1
+            ]
+            if diffs:
+                gains.append(
+                    {
+                        "fraction": fraction,
+                        "road": road,
+                        "n_seeds": len(diffs),
+                        "gain_mean": statistics.fmean(diffs),
+                        "gain_std": statistics.stdev(diffs) if len(diffs) > 1 else None,
+                        "seeds_ahead": sum(d > 0 for d in diffs),
+                    }
+                )
+    return gains
+
+
 def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool = True) -> list[dict]:
-    """Write points.csv, points.json and summary.csv; returns the summary rows."""
+    """Write points.csv, points.json, summary.csv and gains.csv; returns the summary rows."""
     rows = point_rows(records, long_runs)
     columns = ["road", "fraction", "seed", "run", "status", "skipped", "error", "wall_s", "metric", "top1"]
     with open(out / "points.csv", "w", newline="") as f:
@@ -662,6 +692,19 @@ def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool =
                     *(ablate._csv(row[c]) for c in columns[4:]),
                 ]
             )
+    columns = ["fraction", "road", "n_seeds", "gain_mean", "gain_std", "seeds_ahead"]
+    with open(out / "gains.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for row in paired_gains(rows):
+            writer.writerow(
+                [
+                    fraction_text(row["fraction"]),
+                    row["road"],
+                    row["n_seeds"],
+                    *(ablate._csv(row[c]) for c in columns[3:]),
+                ]
+            )
     return summary
 
 
@@ -690,6 +733,29 @@ def summary_table(summary: list[dict], pretrain: dict | None) -> Table:
             if row["wall_s_mean"] is not None:
                 text += f"\n[dim]{row['wall_s_mean']:.0f} s[/]"
             line.append(text)
+        table.add_row(*line)
+    return table
+
+
+def gains_table(gains: list[dict]) -> Table:
+    """Fractions down; per pretrained road, its gain over scratch best (paired by seed) and the seeds it leads on."""
+    roads = [road for road in GAIN_ROADS if any(row["road"] == road for row in gains)]
+    table = Table(title="what pretraining buys: road - scratch best on the same labelled images, mean ± std")
+    table.add_column("labels", justify="right")
+    for road in roads:
+        table.add_column(f"{road} gain", justify="right")
+    cells = {(row["fraction"], row["road"]): row for row in gains}
+    for fraction in dict.fromkeys(row["fraction"] for row in gains):
+        line = [fraction_text(fraction)]
+        for road in roads:
+            row = cells.get((fraction, road))
+            if row is None:
+                line.append("")
+                continue
+            mean, std = row["gain_mean"], row["gain_std"]
+            colour = "green" if mean > 0 and row["seeds_ahead"] == row["n_seeds"] else "red" if mean < 0 else "yellow"
+            text = f"[{colour}]{mean:+.4f}[/]" + ("" if std is None else f" ± {std:.4f}")
+            line.append(text + f"\n[dim]ahead on {row['seeds_ahead']} of {row['n_seeds']} seeds[/]")
         table.add_row(*line)
     return table
 
@@ -930,9 +996,11 @@ def run_all(runs: list[Run], plan: Plan, header: dict) -> int:
     tables_header = {**header, "pretrain": _pretrain(records), "wall_times": previous}
     summary = write_tables(out, records, tables_header, plan.scratch_factor > 1)
     console.print(summary_table(summary, _pretrain(records)))
+    if gains := paired_gains(point_rows(records, plan.scratch_factor > 1)):
+        console.print(gains_table(gains))
     figure = plot(summary, seeds, out / PLOT_FILE, plan.scratch_factor)
     console.print(
-        f"results: {out / 'points.csv'}, {out / 'summary.csv'}, {out / 'points.json'}"
+        f"results: {out / 'points.csv'}, {out / 'summary.csv'}, {out / 'gains.csv'}, {out / 'points.json'}"
         + (f"; plot: {out / PLOT_FILE}" if figure is not None else f"; no plot ({PLOT_HINT})"),
         markup=False,
         highlight=False,
