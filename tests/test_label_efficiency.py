@@ -214,7 +214,7 @@ def test_rerun_with_other_settings_into_the_same_out_is_refused(comparison):
 def test_aggregation_of_the_real_results_without_matplotlib(comparison, tmp_path, monkeypatch):
     out = tmp_path / "copy"
     shutil.copytree(comparison[0], out)
-    for name in ("summary.csv", "points.csv", le.PLOT_FILE):
+    for name in ("summary.csv", "points.csv", "gains.csv", le.PLOT_FILE):
         (out / name).unlink()
     records = json.loads((out / "points.json").read_text())["runs"]
     block_matplotlib(monkeypatch)
@@ -222,6 +222,7 @@ def test_aggregation_of_the_real_results_without_matplotlib(comparison, tmp_path
     assert le.plot(summary, 1, out / le.PLOT_FILE) is None and not (out / le.PLOT_FILE).exists()
     assert read_csv(out / "summary.csv") == read_csv(comparison[0] / "summary.csv")
     assert read_csv(out / "points.csv") == read_csv(comparison[0] / "points.csv")
+    assert read_csv(out / "gains.csv") == read_csv(comparison[0] / "gains.csv")
 
 
 # --------------------------------------------------------------------------- mistakes, up front
