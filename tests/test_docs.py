@@ -107,3 +107,15 @@ def test_every_registered_loss_has_an_example():
     for name, cls in LOSSES.items():
         docs = [inspect.getdoc(cls) or "", inspect.getmodule(cls).__doc__ or ""]
         assert any(">>>" in doc for doc in docs), f"{name} ({cls.__name__}) has no >>> example"
+
+
+def test_relative_links_and_images_in_the_docs_exist():
+    """Every ``[text](path)`` and ``![alt](path)`` in README and docs that is not a web address points at a file
+    of the repository (anchors aside)."""
+    missing = []
+    for page in [ROOT / "README.md", ROOT / "tools" / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            path = target.split("#")[0]
+            if path and not re.match(r"[a-z]+://", path) and not (page.parent / path).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not missing, "\n".join(missing)
