@@ -596,9 +596,10 @@ def test_tables_table_and_plot_from_records(tmp_path):
     table = le.summary_table(summary, RECORDS[0])
     assert [c.header for c in table.columns] == [
         "labels",
-        *(r.replace("-", "\n") for r in le.ROADS if r != "distill"),
+        *(le.column_header(r) for r in le.ROADS if r != "distill"),
     ]
     assert "100 s" in table.caption
+    assert le.column_header("finetune") == "fine\ntune" and le.column_header("scratch-long") == "scratch\nlong"
 
     figure = le.plot(summary, 2, tmp_path / le.PLOT_FILE)
     assert (tmp_path / le.PLOT_FILE).read_bytes().startswith(PNG_MAGIC)

@@ -708,6 +708,11 @@ def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool =
     return summary
 
 
+def column_header(road: str) -> str:
+    """A road's name in lines of at most 7 characters, so that the table fits 80 columns unshortened."""
+    return "fine\ntune" if road == "finetune" else road.replace("-", "\n")
+
+
 def summary_table(summary: list[dict], pretrain: dict | None) -> Table:
     """Fractions down, roads across: mean ± std over seeds, and the wall time per run under it."""
     roads = [road for road in ROADS if any(row["road"] == road for row in summary)]
@@ -717,7 +722,7 @@ def summary_table(summary: list[dict], pretrain: dict | None) -> Table:
     table = Table(title="label efficiency: test top-1, mean ± std over seeds (wall time per run)", caption=caption)
     table.add_column("labels", justify="right")
     for road in roads:
-        table.add_column(road.replace("-", "\n"), justify="right")  # two short lines: the table fits 80 columns
+        table.add_column(column_header(road), justify="right")
     cells = {(row["fraction"], row["road"]): row for row in summary}
     for fraction in dict.fromkeys(row["fraction"] for row in summary):
         line = [fraction_text(fraction)]
