@@ -554,13 +554,3 @@ def test_trim_metrics_keeps_the_steps_up_to_the_checkpoint_and_drops_the_final_r
     assert [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == lines[:2]
     checkpoint.trim_metrics(tmp_path, 10)
     assert [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == lines[:1]
-
-
-@pytest.mark.slow
-def test_a_finished_run_resumed_is_evaluated_again_with_one_final_record(tmp_path):
-    args = ["run.name=done", "train.epochs=1", "train.knn_every_epochs=0", "eval.linear_epochs=1"]
-    assert pretrain(tmp_path, *args).returncode == 0
-    again = pretrain(tmp_path, *args, "run.resume=auto")
-    assert again.returncode == 0 and "evaluating it again" in again.stdout, again.stderr[-2000:]
-    records = [json.loads(line) for line in (tmp_path / "done" / "metrics.jsonl").read_text().splitlines()]
-    assert sum(any(k.startswith("final_") for k in r) for r in records) == 1
