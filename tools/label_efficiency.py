@@ -713,56 +713,52 @@ def column_header(road: str) -> str:
     return "fine\ntune" if road == "finetune" else road.replace("-", "\n")
 
 
+def fraction_grid(title: str, rows: list[dict], roads: list[str], header, cell, caption: str | None = None) -> Table:
+    """Fractions down, ``roads`` across (``header(road)`` their titles); ``cell(row)`` writes the cell of
+    the row of that fraction and road, and a missing one stays empty."""
+    table = Table(title=title, caption=caption)
+    table.add_column("labels", justify="right")
+    for road in roads:
+        table.add_column(header(road), justify="right")
+    cells = {(row["fraction"], row["road"]): row for row in rows}
+    for fraction in dict.fromkeys(row["fraction"] for row in rows):
+        line = [cell(cells[fraction, road]) if (fraction, road) in cells else "" for road in roads]
+        table.add_row(fraction_text(fraction), *line)
+    return table
+
+
 def summary_table(summary: list[dict], pretrain: dict | None) -> Table:
     """Fractions down, roads across: mean ± std over seeds, and the wall time per run under it."""
-    roads = [road for road in ROADS if any(row["road"] == road for row in summary)]
     caption = None
     if pretrain is not None and pretrain.get("wall_s") is not None:
         caption = f"pretraining: {pretrain['wall_s']:.0f} s, once for all the frozen, fine-tune and distill runs"
-    table = Table(title="label efficiency: test top-1, mean ± std over seeds (wall time per run)", caption=caption)
-    table.add_column("labels", justify="right")
-    for road in roads:
-        table.add_column(column_header(road), justify="right")
-    cells = {(row["fraction"], row["road"]): row for row in summary}
-    for fraction in dict.fromkeys(row["fraction"] for row in summary):
-        line = [fraction_text(fraction)]
-        for road in roads:
-            row = cells.get((fraction, road))
-            if row is None:
-                line.append("")
-                continue
-            mean, std = row["top1_mean"], row["top1_std"]
-            text = "-" if mean is None else f"{mean:.4f}" + ("" if std is None else f" ± {std:.4f}")
-            if row["n_failed"]:
-                text += f"\n[red]{row['n_failed']} failed[/]"
-            if row["wall_s_mean"] is not None:
-                text += f"\n[dim]{row['wall_s_mean']:.0f} s[/]"
-            line.append(text)
-        table.add_row(*line)
-    return table
+
+    def cell(row: dict) -> str:
+        mean, std = row["top1_mean"], row["top1_std"]
+        text = "-" if mean is None else f"{mean:.4f}" + ("" if std is None else f" ± {std:.4f}")
+        if row["n_failed"]:
+            text += f"\n[red]{row['n_failed']} failed[/]"
+        if row["wall_s_mean"] is not None:
+            text += f"\n[dim]{row['wall_s_mean']:.0f} s[/]"
+        return text
+
+    roads = [road for road in ROADS if any(row["road"] == road for row in summary)]
+    title = "label efficiency: test top-1, mean ± std over seeds (wall time per run)"
+    return fraction_grid(title, summary, roads, column_header, cell, caption)
 
 
 def gains_table(gains: list[dict]) -> Table:
     """Fractions down; per pretrained road, its gain over scratch best (paired by seed) and the seeds it leads on."""
+
+    def cell(row: dict) -> str:
+        mean, std = row["gain_mean"], row["gain_std"]
+        colour = "green" if mean > 0 and row["seeds_ahead"] == row["n_seeds"] else "red" if mean < 0 else "yellow"
+        text = f"[{colour}]{mean:+.4f}[/]" + ("" if std is None else f" ± {std:.4f}")
+        return text + f"\n[dim]ahead on {row['seeds_ahead']} of {row['n_seeds']} seeds[/]"
+
     roads = [road for road in GAIN_ROADS if any(row["road"] == road for row in gains)]
-    table = Table(title="what pretraining buys: road - scratch best on the same labelled images, mean ± std")
-    table.add_column("labels", justify="right")
-    for road in roads:
-        table.add_column(f"{road} gain", justify="right")
-    cells = {(row["fraction"], row["road"]): row for row in gains}
-    for fraction in dict.fromkeys(row["fraction"] for row in gains):
-        line = [fraction_text(fraction)]
-        for road in roads:
-            row = cells.get((fraction, road))
-            if row is None:
-                line.append("")
-                continue
-            mean, std = row["gain_mean"], row["gain_std"]
-            colour = "green" if mean > 0 and row["seeds_ahead"] == row["n_seeds"] else "red" if mean < 0 else "yellow"
-            text = f"[{colour}]{mean:+.4f}[/]" + ("" if std is None else f" ± {std:.4f}")
-            line.append(text + f"\n[dim]ahead on {row['seeds_ahead']} of {row['n_seeds']} seeds[/]")
-        table.add_row(*line)
-    return table
+    title = "what pretraining buys: road - scratch best on the same labelled images, mean ± std"
+    return fraction_grid(title, gains, roads, lambda road: f"{road} gain", cell)
 
 
 def plot(summary: list[dict], seeds: int, path: Path, scratch_factor: int = 3) -> Any:
