@@ -235,6 +235,12 @@ def load_method_state(path: str | Path) -> dict[str, torch.Tensor]:
     return load_file(str(found[-1] / "model.safetensors"))
 
 
+def submodule_state(state: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
+    """The entries of a method's ``state`` under submodule ``name`` (``backbone``, ``projector``), unprefixed."""
+    prefix = name + "."
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
 def run_directory_of(path: str | Path) -> Path | None:
     """The run directory (the folder with ``config.yaml``) of a run, a checkpoint in one, or a file in one."""
     path = Path(path)
@@ -264,8 +270,7 @@ def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
             raise UserError(
                 f"checkpoint '{path.parent}' has no model.safetensors; it may be from an older sslkit or incomplete"
             )
-        state = load_file(str(path))
-        return {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
+        return submodule_state(load_file(str(path)), "backbone")
     if not path.is_file():
         raise UserError(
             f"'{path}' not found; give a run directory, a checkpoint directory, or a .safetensors/.pt backbone file"

@@ -96,7 +96,7 @@ class FineTune(Method):
         except UserError:
             state = {}
         own = self.projector.state_dict()
-        theirs = {k[len("projector.") :]: v for k, v in state.items() if k.startswith("projector.")}
+        theirs = checkpoint.submodule_state(state, "projector")
         wrong_shape, missing, _ = checkpoint.state_differences(theirs, own)
         if not theirs or missing:
             raise UserError(
