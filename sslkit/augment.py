@@ -6,9 +6,11 @@ appendix A; BYOL [1] table 6 for the asymmetric blur and solarize)::
 
     uint8 -> float in [0, 1]
     RandomResizedCrop(S, scale, ratio)        may upsample small images (8x8 digits -> 16)
+                                              (view 2: crop_scale_view2)
     horizontal flip                           p = hflip_p
     ColorJitter(brightness, contrast,
                 saturation, hue)              p = jitter_p, the four steps in random order
+                                              (view 2: jitter_p_view2)
     RandomGrayscale                           p = grayscale_p
     GaussianBlur(kernel, sigma)               p = blur_p      (view 2: blur_p_view2)
     Solarize(threshold 0.5)                   p = solarize_p  (view 2: solarize_p_view2)
@@ -388,8 +390,15 @@ class TwoViewAugment(nn.Module):
         self.channels = channels
         self.out_channels = channels
         size = cfg.image_size
-        self.crop_boxes = ResizedCropGenerator((size, size), scale=tuple(cfg.crop_scale), ratio=tuple(cfg.crop_ratio))
-        self.crop_boxes.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
+        # One box generator per distinct crop scale: view 2 has its own only with crop_scale_view2.
+        self.crop_scales = [tuple(cfg.crop_scale)]
+        if num_views == 2 and cfg.crop_scale_view2 is not None:
+            self.crop_scales.append(tuple(cfg.crop_scale_view2))
+        self.crop_boxes = nn.ModuleList(
+            ResizedCropGenerator((size, size), scale=scale, ratio=tuple(cfg.crop_ratio)) for scale in self.crop_scales
+        )
+        for generator in self.crop_boxes:
+            generator.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
 
         rgb = channels == 3
         # Each step: (name, op applied to every sample it gets, probability for view 1, for view 2).
@@ -402,7 +411,7 @@ class TwoViewAugment(nn.Module):
 
         saturation, hue = (cfg.saturation, cfg.hue) if rgb else (0.0, 0.0)
         if any(f > 0 for f in (cfg.brightness, cfg.contrast, saturation, hue)):
-            add("jitter", ColorJitter(cfg.brightness, cfg.contrast, saturation, hue), cfg.jitter_p)
+            add("jitter", ColorJitter(cfg.brightness, cfg.contrast, saturation, hue), cfg.jitter_p, cfg.jitter_p_view2)
         if rgb:
             add("grayscale", K.RandomGrayscale(p=1.0), cfg.grayscale_p)
         if cfg.blur_kernel and (cfg.blur_kernel < 3 or cfg.blur_kernel % 2 == 0):
@@ -442,7 +451,8 @@ class TwoViewAugment(nn.Module):
             x: (B, C, H, W) float; returns (VB, C, S, S) for V views.
         """
         batch, width, views = x.shape[0], x.shape[-1], self.num_views
-        corners = self.crop_boxes((views * batch, *x.shape[1:]))["src"]  # (VB, 4, 2): inclusive (x, y) corners
+        per_call = views * batch // len(self.crop_boxes)  # both views in one draw unless view 2 has its own scale
+        corners = torch.cat([boxes((per_call, *x.shape[1:]))["src"] for boxes in self.crop_boxes])  # (VB, 4, 2)
         boxes = torch.cat([corners[:, 0], corners[:, 2]], dim=1)  # (VB, 4): x0, y0, x1, y1
         image_index = torch.arange(batch).repeat(views)  # (VB,): view 1 of every image, then view 2
         flip = torch.rand(views * batch) < self.cfg.hflip_p  # (VB,)
@@ -464,8 +474,9 @@ class TwoViewAugment(nn.Module):
             images: B padded images; returns (VB, 3, S, S) float for V views.
         """
         views, count = self.num_views, len(images)
-        sizes = images.sizes.repeat(views, 1)  # (VB, 2)
-        boxes = crops.random_resized_boxes(sizes, tuple(self.cfg.crop_scale), tuple(self.cfg.crop_ratio))
+        sizes = images.sizes.repeat(views // len(self.crop_scales), 1)  # (VB, 2), or (B, 2) per scale
+        ratio = tuple(self.cfg.crop_ratio)
+        boxes = torch.cat([crops.random_resized_boxes(sizes, scale, ratio) for scale in self.crop_scales])
         image_index = torch.arange(count).repeat(views)  # (VB,): view 1 of every image, then view 2
         x = crop_padded(images, boxes, image_index, self.cfg.image_size)
         flip = (torch.rand(views * count) < self.cfg.hflip_p).nonzero().squeeze(1)  # (n,)

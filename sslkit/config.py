@@ -120,17 +120,19 @@ class DataConfig:
 class AugmentConfig:
     """The SimCLR augmentation set, applied on the accelerator with per-sample parameters.
 
-    ``*_view2`` fields, when set, give the second view its own probability (asymmetric,
-    BYOL-style views: blur 1.0 / 0.1, solarize 0.0 / 0.2). The order of the steps is in
-    :mod:`sslkit.augment`.
+    ``*_view2`` fields, when set, give the second view its own setting: asymmetric, BYOL-style
+    views (blur 1.0 / 0.1, solarize 0.0 / 0.2), or a weak view for a teacher and a strong one for
+    its student (``method.name=distill``). The order of the steps is in :mod:`sslkit.augment`.
 
     Attributes:
         image_size: Output size of the random resized crop, training and evaluation alike (may upsample
             small images: 8x8 digits to 16x16).
         crop_scale: ``[low, high]``: the crop's area as a fraction of the image (``0 < low <= high <= 1``).
+        crop_scale_view2: The second view's ``crop_scale``; ``null``: ``crop_scale``.
         crop_ratio: ``[low, high]``: the crop's aspect ratio (width / height).
         hflip_p: Probability of a horizontal flip.
         jitter_p: Probability of colour jitter (brightness, contrast, saturation, hue in random order).
+        jitter_p_view2: The second view's jitter probability; ``null``: ``jitter_p``.
         brightness: Jitter strength: the brightness factor is drawn from ``[1 - b, 1 + b]``.
         contrast: Jitter strength: the contrast factor is drawn from ``[1 - c, 1 + c]``.
         saturation: Jitter strength: the saturation factor is drawn from ``[1 - s, 1 + s]`` (0 for grey images).
@@ -148,9 +150,11 @@ class AugmentConfig:
 
     image_size: int = 32
     crop_scale: tuple[float, float] = (0.08, 1.0)
+    crop_scale_view2: tuple[float, float] | None = None
     crop_ratio: tuple[float, float] = (0.75, 4.0 / 3.0)
     hflip_p: float = 0.5
     jitter_p: float = 0.8
+    jitter_p_view2: float | None = None
     brightness: float = 0.4
     contrast: float = 0.4
     saturation: float = 0.4
@@ -885,6 +889,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     ):
         _check_range(value, key, source, 0.0, 1.0)
     for key, value in (
+        ("augment.jitter_p_view2", cfg.augment.jitter_p_view2),
         ("augment.blur_p_view2", cfg.augment.blur_p_view2),
         ("augment.solarize_p_view2", cfg.augment.solarize_p_view2),
     ):
@@ -900,11 +905,12 @@ def validate(cfg: Config, source: str = "recipe") -> None:
             f"{source}: 'augment.crop_ratio' must be [low, high] with 0 < low <= high, "
             f"got {list(cfg.augment.crop_ratio)}"
         )
-    low, high = cfg.augment.crop_scale
-    if not 0 < low <= high <= 1:
-        raise UserError(
-            f"{source}: 'augment.crop_scale' must be [low, high] with 0 < low <= high <= 1, got {[low, high]}"
-        )
+    for key, scale in (
+        ("augment.crop_scale", cfg.augment.crop_scale),
+        ("augment.crop_scale_view2", cfg.augment.crop_scale_view2),
+    ):
+        if scale is not None and not 0 < scale[0] <= scale[1] <= 1:
+            raise UserError(f"{source}: '{key}' must be [low, high] with 0 < low <= high <= 1, got {list(scale)}")
     for key, value in (
         ("train.epochs", cfg.train.epochs),
         ("train.batch_size", cfg.train.batch_size),

@@ -23,6 +23,7 @@ from sslkit.augment import (
     kernel_size_for,
     resized_crop,
 )
+from sslkit.batches import ImageBatch
 from sslkit.config import AugmentConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +143,7 @@ def test_flip_folded_into_the_crop_is_the_flipped_crop():
     view1, view2 = augment(images)
     # The same draws in the same order: the crop boxes, then the flip coins.
     torch.manual_seed(3)
-    corners = augment.crop_boxes((12, 3, 24, 24))["src"]
+    corners = augment.crop_boxes[0]((12, 3, 24, 24))["src"]
     flip = torch.rand(12) < 0.5
     crops = resized_crop(
         images.float() / 255, torch.cat([corners[:, 0], corners[:, 2]], dim=1), torch.arange(6).repeat(2), 16
@@ -222,6 +223,29 @@ def test_blur_probability_per_view():
     torch.testing.assert_close(view2, unit)
     assert (view1 - unit).abs().amax(dim=(1, 2, 3)).min() > 0.01, "every view-1 image is blurred"
     assert view1.var() < unit.var(), "blur smooths"
+
+
+def test_jitter_on_view2_only():
+    cfg = AugmentConfig(**{**NOTHING_RANDOM, "jitter_p_view2": 1.0}, brightness=0.8, contrast=0.8, normalize=False)
+    images = random_images(6, 1, 32)
+    view1, view2 = TwoViewAugment(cfg, 1, *GREY_STATS)(images)
+    torch.testing.assert_close(view1, images.float() / 255)
+    assert (view2 - images.float() / 255).abs().amax(dim=(1, 2, 3)).min() > 0.01, "every view-2 image is jittered"
+
+
+def test_crop_scale_per_view_for_whole_batches_and_images_of_different_sizes():
+    """View 1 keeps the whole image (scale 1), view 2 zooms in (scale 0.1-0.2), on both crop paths."""
+    cfg = AugmentConfig(**{**NOTHING_RANDOM, "crop_scale_view2": (0.1, 0.2)}, image_size=16, normalize=False)
+    augment = TwoViewAugment(cfg, 3, *RGB_STATS)
+    images = random_images(5, 3, 16)
+    whole = ImageBatch(images, torch.tensor([[16, 16]] * 5))
+    for batch in (images, whole):
+        view1, view2 = augment(batch)
+        torch.testing.assert_close(view1, images.float() / 255)
+        # A crop of at most a fifth of the area, upsampled: smoother than the image it came from.
+        assert (view2 - images.float() / 255).abs().amax(dim=(1, 2, 3)).min() > 0.05
+        assert view2.diff(dim=-1).abs().mean() < 0.6 * (images.float() / 255).diff(dim=-1).abs().mean()
+    assert len(TwoViewAugment(cfg, 3, *RGB_STATS, num_views=1).crop_boxes) == 1, "one view: one scale"
 
 
 def test_zero_probability_ops_are_not_built():

@@ -75,6 +75,8 @@ def test_exponent_without_dot_is_a_float(tmp_path):
         ("augment: {blur_kernel: 4}\n", ["'augment.blur_kernel' must be an odd size"]),
         ("augment: {solarize_p_view2: 2}\n", ["'augment.solarize_p_view2' must be in [0.0, 1.0]"]),
         ("augment: {crop_ratio: [2, 1]}\n", ["'augment.crop_ratio'"]),
+        ("augment: {crop_scale_view2: [0.5, 1.2]}\n", ["'augment.crop_scale_view2' must be [low, high]", "<= 1"]),
+        ("augment: {jitter_p_view2: -0.1}\n", ["'augment.jitter_p_view2' must be in [0.0, 1.0]"]),
         ("eval: {linear_epochs: -1}\n", ["'eval.linear_epochs' must be >= 0"]),
         ("train: {mixed_precision: fp8}\n", ["train.mixed_precision", "bf16"]),
         ("train: {epochs: [1\n", ["not valid YAML"]),

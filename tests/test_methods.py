@@ -161,7 +161,7 @@ def test_every_method_is_a_method_and_the_trainer_calls_need_no_probing():
         Method.from_config(config_from_dict({}), models.build_backbone("resnet18", 4, True, 1), 10)
     for name, cls in methods.METHODS.items():
         assert issubclass(cls, Method), name
-        assert cls.loss_names and cls.num_views == (1 if name in ("finetune", "distill") else 2), name
+        assert cls.loss_names and cls.num_views == (1 if name == "finetune" else 2), name
         cfg = config_from_dict({"method": {"name": name}, "loss": {"name": cls.loss_names[0]}})
         assert cls.notes(cfg, num_samples=10**9) == []  # every default suits a large training set
         assert bool(cls.classifier_metric) == hasattr(cls, "logits"), name  # a reported classifier has logits
@@ -197,3 +197,38 @@ def test_build_method_passes_the_training_set_size_to_every_method():
     cfg = config_from_dict({**CASES["simclr"], "model": TINY_MODEL})
     method = methods.build_method(cfg, models.build_backbone("resnet18", 4, True, 1), 10, num_samples=123)
     assert isinstance(method, methods.SimCLR)
+
+
+@pytest.mark.parametrize("label_weight", [0.0, 0.5])
+def test_distill_is_the_cross_entropy_of_the_teacher_on_view1_and_the_student_on_view2(label_weight):
+    """SimCLRv2 eq. 2-3 written out: softened teacher probabilities of view 1 against the student's of view 2."""
+    from sslkit.losses.softmax import SoftmaxHead
+    from sslkit.methods.distill import Distill
+    from sslkit.methods.finetune import FineTune
+
+    ds = data.build_dataset("digits")
+    torch.manual_seed(0)
+    teacher = FineTune(models.build_backbone("resnet18", 4, True, 1), SoftmaxHead(32, 10)).eval()
+    head = SoftmaxHead(32, 10)
+    student = Distill(models.build_backbone("resnet18", 4, True, 1), head, teacher, 2.0, label_weight).train()
+    images, labels = ds.__getitems__(list(range(12)))
+    labels[::2] = -1  # half unlabelled
+    cfg = config_from_dict({"augment": {"image_size": 8, "crop_scale_view2": [0.3, 0.6], "jitter_p_view2": 1.0}})
+    view1, view2 = TwoViewAugment(cfg.augment, 1, ds.info.mean, ds.info.std)(images)
+    loss = student(view1, view2, labels)
+    loss.backward()
+
+    with torch.no_grad():
+        targets = torch.softmax((teacher.backbone(view1) @ teacher.loss.weight.T + teacher.loss.bias) / 2.0, dim=1)
+    logits = student.backbone(view2) @ head.weight.T + head.bias  # (12, 10)
+    expected = sum(-(targets[i] * torch.log_softmax(logits[i] / 2.0, dim=0)).sum() for i in range(12)) / 12
+    labelled = [i for i in range(12) if labels[i] >= 0]
+    cross_entropy = sum(-torch.log_softmax(logits[i], dim=0)[labels[i]] for i in labelled) / len(labelled)
+    expected = expected + label_weight * cross_entropy
+    torch.testing.assert_close(loss, expected)
+    grads = [p.grad.clone() for p in student.backbone.parameters()]
+    student.zero_grad()
+    expected.backward()
+    for ours, naive in zip(grads, (p.grad for p in student.backbone.parameters())):
+        torch.testing.assert_close(ours, naive)
+    assert all(p.grad is None for p in teacher.parameters()), "the teacher stays frozen"
