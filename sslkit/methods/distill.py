@@ -19,10 +19,11 @@ a finished run with a classifier (``method.teacher``: ``finetune``, ``supervised
 loaded with its own recipe's model, kept frozen and in eval mode; the student is this run's
 network, started from ``run.init_from``.
 
-The teacher predicts on view 1 and the student learns on view 2, two views of the same image.
-With the recipe's ``*_view2`` augmentation settings the student's view is the stronger one, the
-noised student of [1] (see ``recipes/fashion_mnist_distill.yaml`` and docs/results.md for what
-that buys at 1% of the labels).
+The teacher predicts on view 1 and the student learns on view 2, two views of the same image: the
+student then learns what the teacher predicts for the image, not for one crop of it (Fashion-MNIST,
+1% of the labels, three seeds: 0.830 against 0.820 for one view shared by both; docs/results.md).
+The recipe's ``*_view2`` augmentation settings can make the student's view the stronger one, the
+noised student of [1].
 """
 
 from __future__ import annotations
