@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help=f"epochs for both sides (default {DEFAULT_EPOCHS}: "
-        "the recipe's 10 would take about 40 min for both; --quick 1)",
+        "the recipe's 14 would take about 55 min for both; --quick 1)",
     )
     parser.add_argument(
         "--threads",
