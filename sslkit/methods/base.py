@@ -30,7 +30,8 @@ class Method(nn.Module):
         options: the ``method.*`` recipe keys it reads, so that a key set for another method is
             noted when training starts (:func:`sslkit.methods.unused_options`).
         num_views: how many augmented views of each image the trainer passes: 2 for the contrastive
-            methods, 1 for fine-tuning and distillation (``forward(view, labels)``).
+            methods and distillation (teacher on view 1, student on view 2), 1 for fine-tuning
+            (``forward(view, labels)``).
         classifier_metric: for a method with a classifier of its own (``logits(images)`` returns
             class scores), the name under which the final evaluation reports its test top-1
             (``finetune_top1``, ``head_top1``); None for the others.
