@@ -152,9 +152,10 @@ def test_sphereface_annealing_follows_the_trainer_step_and_is_checkpointed():
 def test_every_method_is_a_method_and_the_trainer_calls_need_no_probing():
     """The interface is the base class: each attribute and hook is there with its default, so the
     registry helpers and the trainer read them directly."""
-    from sslkit.methods.base import Method
+    from sslkit.methods.base import Method, NoOptions
 
-    defaults = {"needs_labels": False, "needs_indices": False, "min_batch_size": 1, "options": (), "num_views": 2}
+    defaults = {"needs_labels": False, "needs_indices": False, "min_batch_size": 1, "Options": NoOptions}
+    defaults["num_views"] = 2
     defaults["classifier_metric"] = None
     assert {k: getattr(Method, k) for k in defaults} == defaults and Method.loss_names == ()
     with pytest.raises(NotImplementedError):

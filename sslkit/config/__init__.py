@@ -48,7 +48,7 @@ from sslkit.config.schema import (
     TrainConfig,
     apply_overrides,
     bundled_recipes,
-    check_command_line,
+    coerce,
     field_docs,
     find_recipe,
     flatten,
@@ -79,6 +79,39 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     if replaced and os.environ.get("RANK", "0") == "0":  # once, not from every process of a launch
         Console(stderr=True).print(replaced, highlight=False, markup=False, soft_wrap=True)
     return config_from_dict(merged, source)
+
+
+def check_command_line(argv: list[str], options: typing.Iterable[str]) -> None:
+    """One line for a ``--option`` the command does not take, with the override it probably meant.
+
+    Settings are ``section.key=value`` overrides; ``--epochs 3`` (as other trainers spell it)
+    would otherwise get argparse's usage text listing every later argument as unrecognised.
+    """
+    known = set(options) | {"-h", "--help"}
+    for index, token in enumerate(argv):
+        if not token.startswith("-") or token.split("=", 1)[0] in known:
+            continue
+        name = token.lstrip("-").split("=", 1)[0].replace("-", "_")
+        keys = [key for key in recipe_keys() if key.rsplit(".", 1)[-1] == name]
+        following = argv[index + 1] if index + 1 < len(argv) else ""
+        if "=" in token:  # --lr=0.1
+            value = token.split("=", 1)[1]
+        elif following and not following.startswith("-") and "=" not in following:  # --epochs 3
+            value = following
+        else:
+            value = "..."
+        meant = f"; did you mean {' or '.join(f'{key}={value}' for key in keys)}?" if keys else ""
+        raise UserError(
+            f"unknown option '{token}': settings are key=value overrides such as train.epochs=3 "
+            f"(options: {', '.join(sorted(known))}){meant}"
+        )
+
+
+def recipe_keys() -> list[str]:
+    """Every key a recipe can set, as overrides spell them: the sections' and every method's options."""
+    from sslkit import methods
+
+    return [*flatten(to_dict(Config())), *(f"method.{key}" for key in methods.option_fields())]
 
 
 # --------------------------------------------------------------------------- validation
@@ -181,8 +214,6 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     _check_choice(cfg.data.name, data.DATASETS, "data.name", source)
     _check_choice(cfg.method.name, methods.METHODS, "method.name", source)
     _check_choice(cfg.loss.name, losses.LOSSES, "loss.name", source)
-    # Before any data is read: tools/ablate.py checks every point of a sweep up front.
-    methods.check_loss(cfg.method.name, cfg.loss.name, source)
     _check_choice(cfg.optim.name, optim.OPTIMIZERS, "optim.name", source)
     _check_choice(cfg.optim.lr_scaling, ("none", "linear", "sqrt"), "optim.lr_scaling", source)
     _check_choice(cfg.train.mixed_precision, ("no", "fp16", "bf16"), "train.mixed_precision", source)
@@ -230,7 +261,9 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         _check_range(value, key, source, 1)
     # A timm model is built on the meta device here: a name, argument or image size it cannot take is one line now.
     models.check_backbone(cfg.model, cfg.augment.image_size, source)
-    methods.check_batch_size(cfg.method.name, cfg.train.batch_size, source)
+    # Before any data is read (tools/ablate.py checks every point of a sweep up front): the method's options,
+    # its loss and its batch, checked by the method itself.
+    methods.check_config(cfg, source)
     _check_range(cfg.eval.linear_epochs, "eval.linear_epochs", source, 0)
     if cfg.train.threads is not None:  # null: automatic (see sslkit/launch.py)
         _check_range(cfg.train.threads, "train.threads", source, 1)
@@ -261,15 +294,6 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     _check_label_subset(cfg.data, "data", source)
     _check_image_files(cfg, source, data.DATASETS)
     _check_label_subset(cfg.eval, "eval", source)
-    if not cfg.method.distill_temperature > 0:
-        raise UserError(f"{source}: 'method.distill_temperature' must be > 0, got {cfg.method.distill_temperature}")
-    _check_range(cfg.method.distill_label_weight, "method.distill_label_weight", source, 0.0)
-    if not 0 <= (k := cfg.method.finetune_from_projector_layer) < (n := cfg.model.projector_layers):
-        # The last projector layer is the embedding the loss saw, not a layer to fine-tune from.
-        raise UserError(
-            f"{source}: 'method.finetune_from_projector_layer' must be in [0, {n - 1}] for a {n}-layer projector "
-            f"(model.projector_layers), got {k}; 0 fine-tunes from the backbone's output, 1 from the first layer"
-        )
     cfg.loss.kwargs = losses.check_loss_kwargs(cfg.loss.name, cfg.loss.kwargs, source)
 
 
@@ -290,6 +314,7 @@ __all__ = [
     "apply_overrides",
     "bundled_recipes",
     "check_command_line",
+    "coerce",
     "config_from_dict",
     "field_docs",
     "find_recipe",
@@ -297,6 +322,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "read_yaml",
+    "recipe_keys",
     "replace_recipe_loss",
     "save_config",
     "to_dict",

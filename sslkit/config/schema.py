@@ -202,48 +202,22 @@ class ModelConfig:
 
 @dataclass
 class MethodConfig:
-    """How a batch becomes a loss. Fields after ``name`` are options of the methods their entries name;
-    a key set for another method is noted when training starts.
+    """A method from :mod:`sslkit.methods` by name; other keys are its options.
+
+    In a recipe the options sit beside the name (``method: {name: moco, queue_size: 4096}``,
+    ``method.queue_size=4096`` on the command line). Each method declares its options (a dataclass
+    in its module, ``Method.Options``) and checks them when a recipe loads; the tables below list
+    every method's. A key that only another method reads is noted when training starts.
 
     Attributes:
-        name: The method: ``simclr``, ``moco``, ``mocov3``, ``nce``, ``supcon`` or ``supervised``
-            (see :mod:`sslkit.methods`).
-        momentum: moco, mocov3: the momentum encoder's EMA momentum at the start; it follows a cosine from
-            ``momentum`` to ``momentum_final`` over training.
-        momentum_final: moco, mocov3: the EMA momentum at the end; set it equal to ``momentum`` for a constant
-            one (MoCo v2: 0.999).
-        queue_size: moco: keys kept as negatives (MoCo v2: 65536).
-        symmetric: moco: the loss on (q1, k2) and (q2, k1), averaged; false: on (q1, k2) only (the MoCo CIFAR
-            colab: kNN 85.3 symmetric vs 82.6 asymmetric).
-        bn_splits: moco: BatchNorm statistics over this many sub-batches, keys shuffled between them (ShuffleBN
-            in one process); 1: BatchNorm over the whole batch.
-        predictor_hidden: mocov3: hidden width of the 2-layer predictor.
-        predictor_last_batch_norm: mocov3: an affine-free BatchNorm after the predictor's last layer, as MoCo v3's
-            ViT code has it (its ResNet code has none).
-        num_negatives: nce: noise samples drawn from the memory bank per step (NPID: 4096).
-        teacher: distill: the fine-tuned run (a run directory or checkpoint) whose softened predictions the
-            student learns from.
-        distill_temperature: distill: the temperature of teacher and student softmaxes (SimCLRv2: 1).
-        distill_label_weight: distill: weight of the cross-entropy on the labelled images (``data.label_fraction``)
-            added to the distillation loss; 0: distillation alone, as SimCLRv2.
-        finetune_from_projector_layer: finetune: keep the first k layers of the pretrained projector (from
-            ``run.init_from``; ``model.projector_*`` as the pretraining's) under the classifier, as SimCLRv2
-            (k=1); 0: fine-tune from the backbone's output, as SimCLR.
+        name: The method: ``simclr``, ``supcon``, ``supervised``, ``moco``, ``mocov3``, ``nce``, ``finetune`` or
+            ``distill`` (see :mod:`sslkit.methods`).
+        options: The method's own options, written as the other keys of the ``method`` section
+            (``method.queue_size=4096``); unset ones take the method's defaults.
     """
 
     name: str = "simclr"
-    momentum: float = 0.99
-    momentum_final: float = 1.0
-    queue_size: int = 65536
-    symmetric: bool = True
-    bn_splits: int = 8
-    predictor_hidden: int = 4096
-    predictor_last_batch_norm: bool = False
-    num_negatives: int = 4096
-    teacher: str | None = None
-    distill_temperature: float = 1.0
-    distill_label_weight: float = 0.0
-    finetune_from_projector_layer: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -483,7 +457,7 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
+def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     """Check ``value`` against the annotation ``tp``; int is accepted for float, lists for tuples."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
@@ -494,7 +468,7 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
             if option is type(None):
                 continue
             try:
-                return _coerce(value, option, key, source)
+                return coerce(value, option, key, source)
             except UserError:
                 pass
         raise UserError(f"{source}: '{key}' must be {' or '.join(_type_name(o) for o in options)}, got {value!r}")
@@ -504,7 +478,7 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
             raise UserError(f"{source}: '{key}' must be a list, got {value!r}")
         if origin is tuple and len(args) != len(value):
             raise UserError(f"{source}: '{key}' must be a list of {len(args)} values, got {value!r}")
-        items = [_coerce(v, args[i] if origin is tuple else args[0], key, source) for i, v in enumerate(value)]
+        items = [coerce(v, args[i] if origin is tuple else args[0], key, source) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
@@ -557,17 +531,18 @@ def _fill(instance: Any, values: dict, prefix: str, source: str) -> None:
                 raise UserError(f"{source}: '{path}' must be a section (a mapping), got {value!r}")
             _fill(current, value, f"{path}.", source)
         else:
-            setattr(instance, key, _coerce(value, hints[key], path, source))
+            setattr(instance, key, coerce(value, hints[key], path, source))
 
 
-def _split_loss_section(raw: dict) -> dict:
-    """``loss: {name: ntxent, temperature: 0.2}`` -> ``{name: ntxent, kwargs: {temperature: 0.2}}``."""
-    if "loss" in raw and isinstance(raw["loss"], dict):
-        section = dict(raw["loss"])
-        name = section.pop("name", LossConfig.name)
-        kwargs = section.pop("kwargs", {}) or {}
-        kwargs.update(section)
-        raw = {**raw, "loss": {"name": name, "kwargs": kwargs}}
+def _split_named_section(raw: dict, section: str, rest: str, default: str) -> dict:
+    """``loss: {name: ntxent, temperature: 0.2}`` -> ``{name: ntxent, kwargs: {temperature: 0.2}}`` (``rest``:
+    ``kwargs``), and the method section's options alike: the keys beside the name belong to what it names."""
+    if section in raw and isinstance(raw[section], dict):
+        values = dict(raw[section])
+        name = values.pop("name", default)
+        others = values.pop(rest, {}) or {}
+        others.update(values)
+        raw = {**raw, section: {"name": name, rest: others}}
     return raw
 
 
@@ -610,7 +585,8 @@ def parse_config(raw: dict | None, source: str = "recipe") -> Config:
             f"{source}: a recipe must be a mapping of sections (run, data, model, ...), got {type(raw).__name__}"
         )
     cfg = Config()
-    _fill(cfg, _split_loss_section(_upgrade(raw)), "", source)
+    raw = _split_named_section(_upgrade(raw), "loss", "kwargs", LossConfig.name)
+    _fill(cfg, _split_named_section(raw, "method", "options", MethodConfig.name), "", source)
     return cfg
 
 
@@ -700,32 +676,6 @@ def replace_recipe_loss(recipe: dict, merged: dict, overrides: list[str]) -> str
     return "; ".join(parts)
 
 
-def check_command_line(argv: list[str], options: typing.Iterable[str]) -> None:
-    """One line for a ``--option`` the command does not take, with the override it probably meant.
-
-    Settings are ``section.key=value`` overrides; ``--epochs 3`` (as other trainers spell it)
-    would otherwise get argparse's usage text listing every later argument as unrecognised.
-    """
-    known = set(options) | {"-h", "--help"}
-    for index, token in enumerate(argv):
-        if not token.startswith("-") or token.split("=", 1)[0] in known:
-            continue
-        name = token.lstrip("-").split("=", 1)[0].replace("-", "_")
-        keys = [key for key in flatten(to_dict(Config())) if key.rsplit(".", 1)[-1] == name]
-        following = argv[index + 1] if index + 1 < len(argv) else ""
-        if "=" in token:  # --lr=0.1
-            value = token.split("=", 1)[1]
-        elif following and not following.startswith("-") and "=" not in following:  # --epochs 3
-            value = following
-        else:
-            value = "..."
-        meant = f"; did you mean {' or '.join(f'{key}={value}' for key in keys)}?" if keys else ""
-        raise UserError(
-            f"unknown option '{token}': settings are key=value overrides such as train.epochs=3 "
-            f"(options: {', '.join(sorted(known))}){meant}"
-        )
-
-
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     """``{"train": {"epochs": 4}}`` -> ``{"train.epochs": 4}``: the keys as overrides spell them."""
     out: dict[str, object] = {}
@@ -738,9 +688,10 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
 
 
 def to_dict(cfg: Config) -> dict:
-    """Plain-dict form of a config (the loss kwargs flattened back into the loss section)."""
+    """Plain-dict form of a config (the loss kwargs and the method options back beside their names)."""
     data = dataclasses.asdict(cfg)
-    loss = data.pop("loss")
+    data["method"] = {"name": cfg.method.name, **data["method"]["options"]}
+    loss = data.pop("loss")  # last, as saved configs have it
     data["loss"] = {"name": loss["name"], **loss["kwargs"]}
     return _plain(data)
 

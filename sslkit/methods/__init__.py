@@ -1,17 +1,20 @@
 """Methods: how a batch of augmented views (and maybe labels) becomes a loss.
 
 Every method subclasses :class:`~sslkit.methods.base.Method`, whose docstring is the interface
-(what the trainer calls and the attributes it reads, with their defaults), and is registered
-by name in :data:`METHODS`. To add one, see ``docs/add-a-method.md``.
+(what the trainer calls and the attributes it reads, with their defaults), declares its
+``method.*`` options and checks them itself, and is registered by name in :data:`METHODS`.
+To add one, see ``docs/add-a-method.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from torch import nn
 
 from sslkit import losses
+from sslkit.config.schema import coerce
 from sslkit.errors import UserError
 from sslkit.methods.base import Method
 from sslkit.methods.distill import Distill
@@ -63,13 +66,56 @@ def check_loss(method_name: str, loss_name: str, source: str = "recipe") -> None
     raise UserError(f"{source}: method '{method_name}' {needs}{hint}")
 
 
+def option_fields() -> dict[str, dataclasses.Field]:
+    """``{key: field}`` of every ``method.*`` option of every registered method, in registry order.
+
+    A key that several methods read (``momentum``: MoCo and MoCo v3) appears once, with the
+    field of the first; their types and defaults agree.
+    """
+    fields: dict[str, dataclasses.Field] = {}
+    for method in METHODS.values():
+        for item in dataclasses.fields(method.Options):
+            fields.setdefault(item.name, item)
+    return fields
+
+
+def check_config(cfg, source: str = "recipe") -> None:
+    """The recipe's ``method`` section and what the method needs of the rest of the recipe, one line each.
+
+    ``method.name`` must be registered; every other ``method.*`` key must be an option of some
+    method, of the type its options dataclass declares (a key only another method reads is kept:
+    :func:`unused_options` notes it when training starts); the loss and batch must suit the
+    method; then the method's own :meth:`~sslkit.methods.base.Method.check_config`. The method's
+    unset options take their defaults here, so the saved ``config.yaml`` lists every option the run used.
+    """
+    name = cfg.method.name
+    if name not in METHODS:
+        raise UserError(f"{source}: unknown method.name '{name}'; choose one of: {', '.join(sorted(METHODS))}")
+    fields = option_fields()
+    given = {}
+    for key, value in cfg.method.options.items():
+        if key not in fields:
+            raise UserError(f"{source}: unknown key 'method.{key}'; valid keys in 'method': name, {', '.join(fields)}")
+        owner = next(method.Options for method in METHODS.values() if key in _names(method.Options))
+        given[key] = coerce(value, typing.get_type_hints(owner)[key], f"method.{key}", source)
+    method = METHODS[name]
+    cfg.method.options = {**dataclasses.asdict(method.Options()), **given}
+    check_loss(name, cfg.loss.name, source)
+    check_batch_size(name, cfg.train.batch_size, source)
+    method.check_config(cfg, source)
+
+
+def _names(options: type) -> set[str]:
+    return {item.name for item in dataclasses.fields(options)}
+
+
 def build_method(cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> Method:
     """The method named by ``cfg.method.name`` around ``backbone``, with ``cfg.loss``.
 
     ``num_samples``, the training set's size, is for methods that keep per-sample state
     (``needs_indices``); the others ignore it.
     """
-    check_loss(cfg.method.name, cfg.loss.name)
+    check_config(cfg)
     return METHODS[cfg.method.name].from_config(cfg, backbone, num_classes, num_samples=num_samples)
 
 
@@ -92,25 +138,24 @@ def check_batch_size(method_name: str, batch_size: int, source: str = "recipe") 
 def unused_options(cfg) -> str:
     """A note naming the ``method.*`` settings the chosen method does not read, "" when there are none.
 
-    The method section holds every method's options (``queue_size`` is MoCo's, ``num_negatives``
-    NCE's), so a key set for another method (or a recipe for one method run as another) would
-    otherwise be ignored silently. A saved ``config.yaml`` lists every key, so a key counts only
-    when its value differs from the default: a default has no effect under any method.
+    A recipe may set an option of another method (``queue_size`` is MoCo's, ``num_negatives``
+    NCE's), or be run as another method: the key would otherwise be ignored silently. A key
+    counts only when its value differs from its default: a saved ``config.yaml`` of an earlier
+    version lists every method's options, and a default has no effect under any method.
     """
-    defaults = type(cfg.method)()
-    used = set(METHODS[cfg.method.name].options)
+    fields, own = option_fields(), _names(METHODS[cfg.method.name].Options)
     unused = [
-        f.name
-        for f in dataclasses.fields(cfg.method)
-        if f.name != "name" and f.name not in used and getattr(cfg.method, f.name) != getattr(defaults, f.name)
+        key
+        for key, value in cfg.method.options.items()
+        if key not in own and value != fields[key].default  # options are plain values: no default factories
     ]
     if not unused:
         return ""
 
     def owners(key: str) -> str:
-        return " or ".join(name for name, method in METHODS.items() if key in method.options) or "no method"
+        return " or ".join(name for name, method in METHODS.items() if key in _names(method.Options))
 
-    listed = ", ".join(f"method.{key}={getattr(cfg.method, key)} (read by {owners(key)})" for key in unused)
+    listed = ", ".join(f"method.{key}={cfg.method.options[key]} (read by {owners(key)})" for key in unused)
     effect = "it has" if len(unused) == 1 else "they have"
     return f"method '{cfg.method.name}' does not read {listed}; {effect} no effect on this run"
 
@@ -124,8 +169,10 @@ __all__ = [
     "METHODS",
     "Method",
     "build_method",
+    "check_config",
     "check_loss",
     "check_batch_size",
+    "option_fields",
     "unused_options",
     "notes",
     "SimCLR",

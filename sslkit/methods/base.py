@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, ClassVar
+
 import torch
 from torch import nn
+
+
+@dataclasses.dataclass
+class NoOptions:
+    """A method that reads no ``method.*`` key besides ``name``."""
 
 
 class Method(nn.Module):
@@ -27,8 +35,10 @@ class Method(nn.Module):
         min_batch_size: the smallest global batch it can contrast. 2 for the methods whose negatives
             are the batch's other images: with one image the loss is exactly 0 and nothing trains
             (:func:`sslkit.methods.check_batch_size`).
-        options: the ``method.*`` recipe keys it reads, so that a key set for another method is
-            noted when training starts (:func:`sslkit.methods.unused_options`).
+        Options: the dataclass of the ``method.*`` recipe keys it reads, with their types, defaults and
+            meanings (its ``Attributes:`` docstring is the method's part of ``docs/config.md``). The
+            recipe's values are checked against it when a recipe loads, and a key that only another
+            method reads is noted when training starts (:func:`sslkit.methods.unused_options`).
         num_views: how many augmented views of each image the trainer passes: 2 for the contrastive
             methods and distillation (teacher on view 1, student on view 2), 1 for fine-tuning
             (``forward(view, labels)``).
@@ -44,7 +54,7 @@ class Method(nn.Module):
     needs_indices: bool = False
     loss_names: tuple[str, ...] = ()
     min_batch_size: int = 1
-    options: tuple[str, ...] = ()
+    Options: ClassVar[type] = NoOptions
     num_views: int = 2
     classifier_metric: str | None = None
     backbone: nn.Module
@@ -68,6 +78,17 @@ class Method(nn.Module):
             UserError: one line for a setting the method cannot train with.
         """
         raise NotImplementedError(f"{cls.__name__} does not implement from_config")
+
+    @classmethod
+    def options_of(cls, cfg) -> Any:
+        """The recipe's ``method.*`` values as an :attr:`Options` instance (defaults for the keys not set)."""
+        names = {item.name for item in dataclasses.fields(cls.Options)}
+        return cls.Options(**{key: value for key, value in cfg.method.options.items() if key in names})
+
+    @classmethod
+    def check_config(cls, cfg, source: str = "recipe") -> None:
+        """Raise one line for options that cannot train with the rest of the recipe; run when a recipe
+        loads, before anything is written (:func:`sslkit.methods.check_config` has checked the types)."""
 
     @classmethod
     def notes(cls, cfg, num_samples: int) -> list[str]:

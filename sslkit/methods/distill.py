@@ -28,6 +28,7 @@ noised student of [1].
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -70,6 +71,23 @@ def load_teacher(source: str, num_classes: int, in_channels: int) -> Method:
     return teacher.requires_grad_(False).eval()
 
 
+@dataclasses.dataclass
+class DistillOptions:
+    """Distillation's options.
+
+    Attributes:
+        teacher: The fine-tuned run (a run directory or checkpoint) whose softened predictions the student learns
+            from.
+        distill_temperature: The temperature of teacher and student softmaxes (SimCLRv2: 1).
+        distill_label_weight: Weight of the cross-entropy on the labelled images (``data.label_fraction``) added to
+            the distillation loss; 0: distillation alone, as SimCLRv2.
+    """
+
+    teacher: str | None = None
+    distill_temperature: float = 1.0
+    distill_label_weight: float = 0.0
+
+
 class Distill(Method):
     """Student ``head(f(v2))`` against the teacher's softened predictions on ``v1``, two views of each image.
 
@@ -79,7 +97,7 @@ class Distill(Method):
 
     num_views = 2
     loss_names = tuple(losses.BY_KIND["head"])
-    options = ("teacher", "distill_temperature", "distill_label_weight")
+    Options = DistillOptions
     classifier_metric = "finetune_top1"
 
     def __init__(
@@ -95,8 +113,16 @@ class Distill(Method):
         self.temperature, self.label_weight = temperature, label_weight
 
     @classmethod
+    def check_config(cls, cfg, source: str = "recipe") -> None:
+        m = cls.options_of(cfg)
+        if not m.distill_temperature > 0:
+            raise UserError(f"{source}: 'method.distill_temperature' must be > 0, got {m.distill_temperature}")
+        if m.distill_label_weight < 0:
+            raise UserError(f"{source}: 'method.distill_label_weight' must be >= 0.0, got {m.distill_label_weight}")
+
+    @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> Distill:
-        m = cfg.method
+        m = cls.options_of(cfg)
         if not m.teacher:
             raise UserError(
                 "method.name=distill needs method.teacher: the run directory of a fine-tuned run "
