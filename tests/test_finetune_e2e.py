@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from sslkit import data, models
 from sslkit.augment import EvalTransform
 from sslkit.config import load_config
-from sslkit.methods import METHODS
+from sslkit.methods import METHODS, build_method
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN, EVALUATE = ROOT / "sslkit" / "pretrain.py", ROOT / "sslkit" / "evaluate.py"
@@ -57,7 +57,7 @@ def hand_top1(run_dir: Path) -> tuple[float, int]:
     test = data.build_dataset("digits", "test")
     info = test.info
     backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, info.channels)
-    method = METHODS[cfg.method.name].from_config(cfg, backbone, info.num_classes)
+    method = build_method(cfg, backbone, info.num_classes)
     checkpoint = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
     method.load_state_dict(load_file(str(checkpoint / "model.safetensors")))
     preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize)

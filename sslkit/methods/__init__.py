@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 
 from torch import nn
 
-from sslkit import losses
-from sslkit.config.schema import coerce
+from sslkit import checkpoint, losses, models
+from sslkit.config.schema import coerce, parse_config, read_yaml
 from sslkit.errors import UserError
 from sslkit.methods.base import Method
 from sslkit.methods.distill import Distill
@@ -113,10 +114,54 @@ def build_method(cfg, backbone: nn.Module, num_classes: int, num_samples: int | 
     """The method named by ``cfg.method.name`` around ``backbone``, with ``cfg.loss``.
 
     ``num_samples``, the training set's size, is for methods that keep per-sample state
-    (``needs_indices``); the others ignore it.
+    (``needs_indices``); the others ignore it. A method that ``needs_teacher`` gets the run
+    ``method.teacher`` names, built by :func:`load_teacher`.
     """
     check_config(cfg)
-    return METHODS[cfg.method.name].from_config(cfg, backbone, num_classes, num_samples=num_samples)
+    method = METHODS[cfg.method.name]
+    if method.needs_teacher:
+        teacher = load_teacher(cfg.method.options["teacher"], num_classes, backbone.in_channels)
+        return method.from_config(cfg, backbone, num_classes, num_samples=num_samples, teacher=teacher)
+    return method.from_config(cfg, backbone, num_classes, num_samples=num_samples)
+
+
+def load_teacher(source: str | None, num_classes: int, in_channels: int) -> Method:
+    """The classifier run at ``source`` (a run directory or a checkpoint in one), frozen, in eval mode.
+
+    Built from the run's own ``config.yaml`` (checked against the schema and its method's options;
+    the rest was checked when it trained) with its own method, which must have a classifier
+    (``classifier_metric``). The path is checked here, when the run starts, not when the recipe
+    loads: a sweep plans the student before its teacher exists (``tools/label_efficiency.py``).
+    """
+    if not source:
+        raise UserError(
+            "method.name=distill needs method.teacher: the run directory of a fine-tuned run "
+            "(method.name=finetune) whose predictions the student learns"
+        )
+    run_dir = checkpoint.run_directory_of(source) if Path(source).exists() else None
+    if run_dir is None:
+        raise UserError(
+            f"method.teacher '{source}' is not a run directory (no config.yaml); give the run directory of a "
+            f"fine-tuned run, e.g. runs/finetune (method.name=finetune)"
+        )
+    saved = run_dir / "config.yaml"
+    cfg = parse_config(read_yaml(saved), str(saved))
+    check_config(cfg, str(saved))
+    method = METHODS[cfg.method.name]
+    if not method.classifier_metric:
+        raise UserError(
+            f"method.teacher '{source}' was trained with method.name={cfg.method.name}, which has no classifier; "
+            f"give a fine-tuned run (method.name=finetune)"
+        )
+    teacher = build_method(cfg, models.backbone_from_config(cfg.model, in_channels), num_classes)
+    try:
+        teacher.load_state_dict(checkpoint.load_method_state(source))
+    except RuntimeError as error:
+        raise UserError(
+            f"method.teacher '{source}' does not fit its own recipe for this data ({num_classes} classes, "
+            f"{in_channels} channels): {' '.join(str(error).split())[:300]}"
+        ) from None
+    return teacher.requires_grad_(False).eval()
 
 
 def check_batch_size(method_name: str, batch_size: int, source: str = "recipe") -> None:
@@ -171,6 +216,7 @@ __all__ = [
     "build_method",
     "check_config",
     "check_loss",
+    "load_teacher",
     "check_batch_size",
     "option_fields",
     "unused_options",

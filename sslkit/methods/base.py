@@ -42,6 +42,9 @@ class Method(nn.Module):
         num_views: how many augmented views of each image the trainer passes: 2 for the contrastive
             methods and distillation (teacher on view 1, student on view 2), 1 for fine-tuning
             (``forward(view, labels)``).
+        needs_teacher: the method learns from a finished run with a classifier, named by
+            ``method.teacher``: :func:`sslkit.methods.build_method` loads it (its own recipe and
+            weights, frozen) and passes it to :meth:`from_config` as ``teacher``.
         classifier_metric: for a method with a classifier of its own (``logits(images)`` returns
             class scores), the name under which the final evaluation reports its test top-1
             (``finetune_top1``, ``head_top1``); None for the others.
@@ -56,6 +59,7 @@ class Method(nn.Module):
     min_batch_size: int = 1
     Options: ClassVar[type] = NoOptions
     num_views: int = 2
+    needs_teacher: bool = False
     classifier_metric: str | None = None
     backbone: nn.Module
 
