@@ -153,7 +153,7 @@ def test_finetune_from_the_projectors_first_layer_keeps_its_pretrained_weights(p
     assert [type(m) for m in method.projector] == [torch.nn.Linear, torch.nn.BatchNorm1d, torch.nn.ReLU]
     images = torch.randn(5, 1, 8, 8)
     linear, norm, _ = method.eval().projector
-    expected = method.loss.logits(torch.relu(norm(linear(method.backbone(images)))))
+    expected = method.head.logits(torch.relu(norm(linear(method.backbone(images)))))
     assert torch.allclose(method.logits(images), expected)
     # End to end: it trains, and its reported top-1 is its own classifier's, the kept layer included.
     common = ["quickstart_finetune", f"run.output_dir={tmp_path}", *TINY, *FINETUNE, *keep]

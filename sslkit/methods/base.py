@@ -45,10 +45,14 @@ class Method(nn.Module):
         needs_teacher: the method learns from a finished run with a classifier, named by
             ``method.teacher``: :func:`sslkit.methods.build_method` loads it (its own recipe and
             weights, frozen) and passes it to :meth:`from_config` as ``teacher``.
-        classifier_metric: for a method with a classifier of its own (``logits(images)`` returns
+        classifier_metric: for a method with a classifier of its own (:meth:`logits` returns
             class scores), the name under which the final evaluation reports its test top-1
             (``finetune_top1``, ``head_top1``); None for the others.
         backbone: the encoder that is evaluated and exported (set by the subclass).
+        head: the classifier with weights of its own (a loss of kind ``"head"``: ArcFace, a softmax
+            layer, proxies), or None. The optimizer gives its parameters the learning-rate scales it
+            declares (``param_groups``); two-view and label losses, which hold no weights, are the
+            method's ``loss``.
         backbone_frozen: the trainer sets it during ``train.freeze_backbone_epochs``; a method
             encodes through :meth:`encode`, which then sends no gradient to the backbone.
     """
@@ -66,6 +70,9 @@ class Method(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.backbone_frozen = False
+        self.head: nn.Module | None = None
+        # Checkpoints written before the classifier was called a head name its weights loss.*.
+        self.register_load_state_dict_pre_hook(_head_was_loss)
 
     @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> Method:
@@ -126,6 +133,15 @@ class Method(nn.Module):
         self.backbone.train(was_training)
         return features
 
-    def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """The features evaluation uses: the backbone's output (a method with a neck may add it)."""
-        return self.backbone(images)
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        """Class scores of preprocessed images, (B, num_classes), from a method with a classifier of its
+        own (:attr:`classifier_metric`); evaluation reports their top-1."""
+        raise NotImplementedError(f"{type(self).__name__} has no classifier")
+
+
+def _head_was_loss(module: Method, state_dict: dict, prefix: str, *args) -> None:
+    """``loss.*`` -> ``head.*`` in a state dict of a method with a head (run directories of earlier versions)."""
+    if module.head is None or any(key.startswith(f"{prefix}head.") for key in state_dict):
+        return
+    for key in [key for key in state_dict if key.startswith(f"{prefix}loss.")]:
+        state_dict[f"{prefix}head.{key[len(prefix) + 5 :]}"] = state_dict.pop(key)

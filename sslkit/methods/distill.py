@@ -82,7 +82,7 @@ class Distill(Method):
         label_weight: float = 0.0,
     ) -> None:
         super().__init__()
-        self.backbone, self.loss, self.teacher = backbone, head, teacher
+        self.backbone, self.head, self.teacher = backbone, head, teacher
         self.temperature, self.label_weight = temperature, label_weight
 
     @classmethod
@@ -116,16 +116,16 @@ class Distill(Method):
 
     def logits(self, images: torch.Tensor) -> torch.Tensor:
         """The student's class scores of preprocessed images, (B, num_classes)."""
-        return self.loss.logits(self.backbone(images))
+        return self.head.logits(self.backbone(images))
 
     def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         with torch.no_grad():
             targets = F.softmax(self.teacher.logits(view1).float() / self.temperature, dim=1)  # (B, C)
         features = self.encode(view2)  # (B, D)
-        student = F.log_softmax(self.loss.logits(features).float() / self.temperature, dim=1)  # (B, C)
+        student = F.log_softmax(self.head.logits(features).float() / self.temperature, dim=1)  # (B, C)
         loss = -(targets * student).sum(dim=1).mean()
         if self.label_weight > 0 and labels is not None:
             labelled = labels >= 0
             if bool(labelled.any()):
-                loss = loss + self.label_weight * self.loss(features[labelled], labels[labelled])
+                loss = loss + self.label_weight * self.head(features[labelled], labels[labelled])
         return loss

@@ -89,7 +89,7 @@ class FineTune(Method):
 
     def __init__(self, backbone: nn.Module, head: nn.Module, projector: nn.Sequential | None = None) -> None:
         super().__init__()
-        self.backbone, self.loss = backbone, head
+        self.backbone, self.head = backbone, head
         self.projector = projector if projector is not None else nn.Sequential()
 
     @classmethod
@@ -139,7 +139,7 @@ class FineTune(Method):
 
     def logits(self, images: torch.Tensor) -> torch.Tensor:
         """Class scores of preprocessed images, (B, num_classes)."""
-        return self.loss.logits(self.projector(self.backbone(images)))
+        return self.head.logits(self.projector(self.backbone(images)))
 
     def forward(self, view: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        return self.loss(self.projector(self.encode(view)), labels)
+        return self.head(self.projector(self.encode(view)), labels)
