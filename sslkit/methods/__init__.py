@@ -86,8 +86,10 @@ def check_config(cfg, source: str = "recipe") -> None:
     ``method.name`` must be registered; every other ``method.*`` key must be an option of some
     method, of the type its options dataclass declares (a key only another method reads is kept:
     :func:`unused_options` notes it when training starts); the loss and batch must suit the
-    method; then the method's own :meth:`~sslkit.methods.base.Method.check_config`. The method's
-    unset options take their defaults here, so the saved ``config.yaml`` lists every option the run used.
+    method; then the method's own :meth:`~sslkit.methods.base.Method.check_config`.
+
+    Unset options take their defaults here, the method's own first, so the saved ``config.yaml``
+    lists every option of every method, as a resumed run compares it (``method.*`` must not change).
     """
     name = cfg.method.name
     if name not in METHODS:
@@ -100,7 +102,8 @@ def check_config(cfg, source: str = "recipe") -> None:
         owner = next(method.Options for method in METHODS.values() if key in _names(method.Options))
         given[key] = coerce(value, typing.get_type_hints(owner)[key], f"method.{key}", source)
     method = METHODS[name]
-    cfg.method.options = {**dataclasses.asdict(method.Options()), **given}
+    defaults = {key: item.default for key, item in fields.items()}
+    cfg.method.options = {**defaults, **dataclasses.asdict(method.Options()), **given}
     check_loss(name, cfg.loss.name, source)
     check_batch_size(name, cfg.train.batch_size, source)
     method.check_config(cfg, source)
@@ -185,14 +188,14 @@ def unused_options(cfg) -> str:
 
     A recipe may set an option of another method (``queue_size`` is MoCo's, ``num_negatives``
     NCE's), or be run as another method: the key would otherwise be ignored silently. A key
-    counts only when its value differs from its default: a saved ``config.yaml`` of an earlier
-    version lists every method's options, and a default has no effect under any method.
+    counts only when its value differs from its default: a saved ``config.yaml`` lists every
+    method's options, and a default has no effect under any method.
     """
     fields, own = option_fields(), _names(METHODS[cfg.method.name].Options)
     unused = [
         key
         for key, value in cfg.method.options.items()
-        if key not in own and value != fields[key].default  # options are plain values: no default factories
+        if key not in own and value != fields[key].default  # options are plain values, without default factories
     ]
     if not unused:
         return ""
