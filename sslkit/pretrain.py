@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     from sslkit.config import load_config
     from sslkit.loop import train
+    from sslkit.loop.signals import REQUEUE_EXIT_STATUS, Preempted
 
     cfg = None
     try:
@@ -64,6 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print_user_error(error)
         return 2
+    except Preempted as stopped:  # train.stop_signals: saved; a batch script requeues on the exit status
+        if os.environ.get("RANK", "0") == "0":
+            from sslkit.console import error_console
+
+            error_console.print(
+                f"{stopped}: saved {stopped.checkpoint}; continue with run.resume=auto "
+                f"(exit status {REQUEUE_EXIT_STATUS}: requeue)",
+                highlight=False,
+                soft_wrap=True,
+            )
+        return REQUEUE_EXIT_STATUS
     except KeyboardInterrupt:  # Ctrl-C: a user's choice, not a crash; every checkpoint written so far is whole
         if os.environ.get("RANK", "0") == "0":  # one line, not one per process
             from sslkit.console import error_console
