@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     from sslkit.config import check_command_line
     from sslkit.console import print_user_error
-    from sslkit.errors import UserError
+    from sslkit.errors import REQUEUE_EXIT_STATUS, Preempted, UserError
 
     try:
         check_command_line(sys.argv[1:] if argv is None else argv, ())
@@ -56,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         return code
     from sslkit.config import load_config
     from sslkit.loop import train
-    from sslkit.loop.signals import REQUEUE_EXIT_STATUS, Preempted
 
     cfg = None
     try:

@@ -31,6 +31,7 @@ from sslkit import checkpoint, distributed, folders, label_subset, launch, metho
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, save_config, to_dict
 from sslkit.console import console, print_config, results_table
+from sslkit.errors import Preempted
 from sslkit.evaluation import RunEvaluator, Splits, build_splits
 from sslkit.loop.build import (
     EpochShuffleSampler,
@@ -45,7 +46,7 @@ from sslkit.loop.build import (
 )
 from sslkit.loop.checkpointer import Checkpointer
 from sslkit.loop.logs import LogWindow, MetricsLog, ProgressBar
-from sslkit.loop.signals import Preempted, StopSignals
+from sslkit.loop.signals import StopSignals
 from sslkit.loop.state import LoopState, Schedule
 from sslkit.loop.step import FiniteLoss, TrainingStep, compile_failures
 from sslkit.loop.trackers import start_trackers

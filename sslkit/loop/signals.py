@@ -7,8 +7,8 @@ signal kills the run and everything since the last periodic checkpoint is lost. 
 :meth:`StopSignals.agreed` after every optimizer step, and the processes all-reduce what they
 received, so that all of them stop after the same step even when the signal reached one first
 (a process that stopped alone would leave the others waiting in the next step's all-reduce).
-The run then saves a checkpoint and raises :class:`Preempted`; the command exits with
-:data:`REQUEUE_EXIT_STATUS`, and ``run.resume=auto`` continues exactly where it stopped.
+The run then saves a checkpoint and raises :class:`sslkit.errors.Preempted`; the command exits with
+:data:`sslkit.errors.REQUEUE_EXIT_STATUS` (75), and ``run.resume=auto`` continues exactly where it stopped.
 
 A second signal while the checkpoint is written changes nothing: the handler only records it,
 and the checkpoint itself is written into a hidden directory renamed once complete
@@ -19,22 +19,9 @@ from __future__ import annotations
 
 import signal
 import threading
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-# EX_TEMPFAIL in sysexits.h: "a temporary failure ... the user is invited to retry". A batch
-# script requeues the job on it; any other non-zero status is a failure to look at.
-REQUEUE_EXIT_STATUS = 75
-
-
-class Preempted(Exception):
-    """The run stopped on a signal after step ``step`` and saved ``checkpoint``."""
-
-    def __init__(self, signal_name: str, step: int, checkpoint: Path) -> None:
-        super().__init__(f"stopped by {signal_name} after step {step}")
-        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
 
 
 def signal_of(name: str) -> signal.Signals:
