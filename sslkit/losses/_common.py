@@ -133,6 +133,23 @@ def check_two_views(z1: torch.Tensor, z2: torch.Tensor) -> None:
         raise ValueError(f"z1 and z2 must be floating point, got {z1.dtype} and {z2.dtype}")
 
 
+def check_queries_keys(queries: torch.Tensor, keys: torch.Tensor) -> None:
+    """(2N, D) floating point queries and keys of the same shape, N >= 1: both views stacked in each,
+    ``[view 1; view 2]``, as every query-key loss takes them."""
+    check_tensor(queries, "queries")
+    check_tensor(keys, "keys")
+    if queries.dim() != 2 or queries.shape != keys.shape:
+        shapes = f"{tuple(queries.shape)} and {tuple(keys.shape)}"
+        raise ValueError(f"queries and keys must be 2-D (2N, D) of the same shape, got {shapes}")
+    if queries.shape[0] < 2 or queries.shape[0] % 2:
+        raise ValueError(
+            f"queries and keys must hold both views, [view 1; view 2]: an even number of rows >= 2, "
+            f"got {queries.shape[0]}"
+        )
+    if not queries.is_floating_point() or not keys.is_floating_point():
+        raise ValueError(f"queries and keys must be floating point, got {queries.dtype} and {keys.dtype}")
+
+
 def check_negatives(negatives: torch.Tensor | None, dim: int) -> None:
     """An optional bank of negatives must be (K, D) with the embeddings' D."""
     if negatives is None:
