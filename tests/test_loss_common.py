@@ -6,7 +6,7 @@ import torch
 from dist_utils import run_in_processes
 from loss_utils import value_and_grads
 
-from sslkit.losses import KIND, _common, build
+from sslkit.losses import KIND, _common, build, loss_arguments
 from sslkit.losses.dcl import dcl_loss
 from sslkit.losses.ntxent import ntxent_loss
 from sslkit.losses.proxy_anchor import proxy_anchor_loss
@@ -16,6 +16,8 @@ from sslkit.losses.supcon import supcon_loss
 # Called with labels: pair losses and heads. The others take two (N, D) embeddings: two views, or
 # queries and keys (whose rows must hold both views: N even).
 LABELLED = sorted(n for n, kind in KIND.items() if kind in ("label", "head"))
+# The losses that gather across processes say so with a gather_distributed switch.
+GATHERING = sorted(n for n in KIND if "gather_distributed" in loss_arguments(n))
 
 
 @pytest.mark.parametrize("n", [1, 5, 512, 513, 1100])  # one row, inside one block, on and across block edges
@@ -473,7 +475,7 @@ def test_supcon_on_batch_views_dim_embeddings_gives_the_reshape_hint_and_the_hin
 def _uneven_batches(rank: int, world: int) -> dict:
     """Every gathering loss of the registry with 4 samples on rank 0 and 3 on rank 1, then 4 and 4."""
     messages = {}
-    for name in sorted(n for n, kind in KIND.items() if kind != "head"):
+    for name in GATHERING:
         loss = build(name)
         results = []
         for n in (4 - rank, 4):  # uneven first: after the error the process group must still work

@@ -27,7 +27,7 @@ CALL = {
 }
 SECTION = {
     "two_view": "Self-supervised, two views",
-    "query_key": "Self-supervised, queries against a momentum encoder's keys (no gradient to the keys)",
+    "query_key": "Self-supervised, a predictor's outputs (queries) against target keys that get no gradient",
     "label": "Pair based, with labels",
     "head": "Classification and proxy heads (own weights; built with `embedding_dim`, `num_classes`)",
 }
@@ -87,11 +87,11 @@ def render() -> str:
         "any integer dtype. `build` with an argument the loss does not take, or without one it needs",
         "(`embedding_dim`, `num_classes` for a head), is a `ValueError` that lists the loss's arguments.",
         "",
-        "Across processes, every loss but the heads gathers the other processes' embeddings (with gradient,",
-        "but MoCo v3's keys; `gather_distributed=True` by default) and needs the same batch size on every",
-        "process: a last partial batch on one of them is a `ValueError` on all (use `DataLoader(drop_last=True)`,",
-        "as sslkit's trainer does), not an aborted process. The heads gather nothing: their class weights are",
-        "parameters.",
+        "Across processes, every loss with a `gather_distributed` argument (`True` by default) gathers the",
+        "other processes' embeddings (with gradient, but MoCo v3's keys) and needs the same batch size on",
+        "every process: a last partial batch on one of them is a `ValueError` on all (use",
+        "`DataLoader(drop_last=True)`, as sslkit's trainer does), not an aborted process. The others gather",
+        "nothing: a head's class weights are parameters, and BYOL's and SimSiam's terms are per image.",
         "",
         "Every head but `softmax` computes its loss in one fused autograd function that turns the (N, C)",
         "logits into their gradient in place, so its loss takes one backward pass: a second",

@@ -3,8 +3,8 @@
 Four call forms (``KIND[name]`` says which):
 
 - ``"two_view"``: ``loss(z1, z2, negatives=None)`` — self-supervised, no labels.
-- ``"query_key"``: ``loss(queries, keys)`` — self-supervised against a momentum encoder's keys
-  (no gradient), both views stacked in each.
+- ``"query_key"``: ``loss(queries, keys)`` — self-supervised, a predictor's outputs against target
+  keys that get no gradient (a momentum encoder's, or stopped), both views stacked in each.
 - ``"label"``: ``loss(embeddings, labels)`` — pair-based metric learning.
 - ``"head"``: ``head(embeddings, labels)`` with its own weights, ``head.logits(embeddings)``,
   built with ``embedding_dim`` and ``num_classes``; ``head.param_groups()`` names parameters
@@ -26,6 +26,7 @@ from sslkit.losses.adacos import AdaCosHead
 from sslkit.losses.adacos_dynamic import AdaCosDynamicHead
 from sslkit.losses.angular import AngularLoss
 from sslkit.losses.arcface import ArcFaceHead
+from sslkit.losses.byol import BYOLLoss, byol_loss
 from sslkit.losses.circle import CircleLoss
 from sslkit.losses.coco import CoCoHead
 from sslkit.losses.contrastive import ContrastiveLoss
@@ -41,6 +42,7 @@ from sslkit.losses.npair import NPairLoss
 from sslkit.losses.ntxent import NTXentLoss, ntxent_loss
 from sslkit.losses.proxy_anchor import ProxyAnchorHead
 from sslkit.losses.proxy_nca import ProxyNCAHead
+from sslkit.losses.simsiam import SimSiamLoss, simsiam_loss
 from sslkit.losses.soft_nn import SoftNearestNeighborsLoss
 from sslkit.losses.softmax import SoftmaxHead
 from sslkit.losses.sphereface import SphereFaceHead
@@ -58,6 +60,8 @@ BY_KIND: dict[str, dict[str, type[nn.Module]]] = {
     },
     "query_key": {
         "mocov3": MoCoV3Loss,
+        "byol": BYOLLoss,
+        "simsiam": SimSiamLoss,
     },
     "label": {
         "contrastive": ContrastiveLoss,
@@ -202,6 +206,10 @@ __all__ = [
     "nce_loss",
     "MoCoV3Loss",
     "mocov3_loss",
+    "BYOLLoss",
+    "byol_loss",
+    "SimSiamLoss",
+    "simsiam_loss",
     "ContrastiveLoss",
     "TripletLoss",
     "LiftedStructureLoss",

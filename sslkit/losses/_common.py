@@ -12,6 +12,7 @@ import contextlib
 import math
 
 import torch
+import torch.nn.functional as F
 
 from sslkit import distributed
 
@@ -148,6 +149,25 @@ def check_queries_keys(queries: torch.Tensor, keys: torch.Tensor) -> None:
         )
     if not queries.is_floating_point() or not keys.is_floating_point():
         raise ValueError(f"queries and keys must be floating point, got {queries.dtype} and {keys.dtype}")
+
+
+def cross_view_cosine(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The cosine of each query with the key of the same image's *other* view, keys detached.
+
+    The core of the predictor losses (BYOL, SimSiam): ``q1_i`` is compared with ``k2_i`` and
+    ``q2_i`` with ``k1_i``. The keys are targets, never trained through this term (BYOL's
+    momentum encoder, SimSiam's stop-gradient), so they are detached here. Call it under
+    :func:`full_precision`: the result is in fp32 or fp64.
+
+    Shape:
+        queries, keys: (2N, D), ``[view 1; view 2]``; returns (2N,), ``[cos(q1, k2); cos(q2, k1)]``.
+    """
+    n = queries.shape[0] // 2
+    targets = keys.detach().roll(n, dims=0)  # [k2; k1]: each query's other view
+    dtype = torch.promote_types(upcast(queries).dtype, upcast(targets).dtype)
+    q = F.normalize(upcast(queries).to(dtype), dim=1)
+    k = F.normalize(upcast(targets).to(dtype), dim=1)
+    return (q * k).sum(dim=1)
 
 
 def check_negatives(negatives: torch.Tensor | None, dim: int) -> None:
