@@ -69,10 +69,11 @@ def test_every_loss_names_an_input_that_is_not_a_tensor(name):
     """None for the second view, a Python list of labels, a NumPy array of embeddings: a
     ValueError naming the argument, not an AttributeError from inside the loss."""
     loss, x = _build(name), torch.randn(4, 8)
-    if KIND[name] == "two_view":
+    if KIND[name] in ("two_view", "batch_statistics"):
         calls = [((x, None), "z2"), ((x.numpy(), x), "z1"), ((x, x), None)]
-        with pytest.raises(ValueError, match="negatives"):
-            loss(x, x, negatives=[[0.0] * 8])
+        if KIND[name] == "two_view":
+            with pytest.raises(ValueError, match="negatives"):
+                loss(x, x, negatives=[[0.0] * 8])
     elif KIND[name] == "query_key":
         calls = [((x, None), "keys"), ((x.numpy(), x), "queries"), ((x, x), None)]
     else:
@@ -327,13 +328,21 @@ _EXTREME_BATCHES = {
 }
 
 
+# VICReg's covariance term grows as the 4th power of the embeddings' scale: at 300 its exact gradient
+# is about 6e6, past fp16's largest number (65504), so no implementation can return it in fp16.
+_BEYOND_HALF_PRECISION = {("vicreg", "fp16 of size 300")}
+
+
 @pytest.mark.parametrize("case", sorted(_EXTREME_BATCHES))
 @pytest.mark.parametrize("name", sorted(KIND))
 def test_every_loss_stays_finite_on_extreme_but_valid_batches(name, case):
     """No inf or NaN in the value or any gradient for degenerate batches a training run can
     produce: collapsed (identical) embeddings, zero or vanishing ones, large fp16 ones."""
     g = torch.Generator().manual_seed(0)
-    x = _EXTREME_BATCHES[case](torch.randn(8, 16, generator=g)).requires_grad_(True)
+    x = _EXTREME_BATCHES[case](torch.randn(8, 16, generator=g))
+    if (name, case) in _BEYOND_HALF_PRECISION:
+        x = x.float()  # the same numbers, with a gradient that has room
+    x.requires_grad_(True)
     labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
     loss = build(name, embedding_dim=16, num_classes=5) if KIND[name] == "head" else build(name)
     if name not in LABELLED:

@@ -21,12 +21,14 @@ from sslkit import losses  # noqa: E402
 DOC = Path(__file__).resolve().parents[1] / "docs" / "losses.md"
 CALL = {
     "two_view": "`loss(z1, z2, negatives=None)`",
+    "batch_statistics": "`loss(z1, z2)`",
     "query_key": "`loss(queries, keys)`, each `[view 1; view 2]`",
     "label": "`loss(embeddings, labels)`",
     "head": "`head(embeddings, labels)`, `head.logits(embeddings)`",
 }
 SECTION = {
     "two_view": "Self-supervised, two views",
+    "batch_statistics": "Self-supervised, two views, statistics of the global batch (no negatives; 2 samples or more)",
     "query_key": "Self-supervised, a predictor's outputs (queries) against target keys that get no gradient",
     "label": "Pair based, with labels",
     "head": "Classification and proxy heads (own weights; built with `embedding_dim`, `num_classes`)",

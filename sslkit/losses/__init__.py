@@ -1,8 +1,10 @@
 """Every sslkit loss, re-exported flat, and one registry: ``sslkit.losses.build(name, **kwargs)``.
 
-Four call forms (``KIND[name]`` says which):
+Five call forms (``KIND[name]`` says which):
 
 - ``"two_view"``: ``loss(z1, z2, negatives=None)`` — self-supervised, no labels.
+- ``"batch_statistics"``: ``loss(z1, z2)`` — self-supervised, no negatives: a function of the two
+  views' feature statistics over the global batch, which needs 2 samples or more.
 - ``"query_key"``: ``loss(queries, keys)`` — self-supervised, a predictor's outputs against target
   keys that get no gradient (a momentum encoder's, or stopped), both views stacked in each.
 - ``"label"``: ``loss(embeddings, labels)`` — pair-based metric learning.
@@ -26,6 +28,7 @@ from sslkit.losses.adacos import AdaCosHead
 from sslkit.losses.adacos_dynamic import AdaCosDynamicHead
 from sslkit.losses.angular import AngularLoss
 from sslkit.losses.arcface import ArcFaceHead
+from sslkit.losses.barlow_twins import BarlowTwinsLoss, barlow_twins_loss
 from sslkit.losses.byol import BYOLLoss, byol_loss
 from sslkit.losses.circle import CircleLoss
 from sslkit.losses.coco import CoCoHead
@@ -48,6 +51,7 @@ from sslkit.losses.softmax import SoftmaxHead
 from sslkit.losses.sphereface import SphereFaceHead
 from sslkit.losses.supcon import SupConLoss, supcon_loss
 from sslkit.losses.triplet import TripletLoss
+from sslkit.losses.vicreg import VICRegLoss, vicreg_loss
 
 # The registry, by call form: the one place a loss is added. LOSSES and KIND are views of it.
 BY_KIND: dict[str, dict[str, type[nn.Module]]] = {
@@ -57,6 +61,10 @@ BY_KIND: dict[str, dict[str, type[nn.Module]]] = {
         "dcl": DCLLoss,
         "dclw": DCLWLoss,
         "nce": NCELoss,
+    },
+    "batch_statistics": {
+        "barlow_twins": BarlowTwinsLoss,
+        "vicreg": VICRegLoss,
     },
     "query_key": {
         "mocov3": MoCoV3Loss,
@@ -204,6 +212,10 @@ __all__ = [
     "dclw_loss",
     "NCELoss",
     "nce_loss",
+    "BarlowTwinsLoss",
+    "barlow_twins_loss",
+    "VICRegLoss",
+    "vicreg_loss",
     "MoCoV3Loss",
     "mocov3_loss",
     "BYOLLoss",

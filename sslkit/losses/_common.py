@@ -170,6 +170,32 @@ def cross_view_cosine(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor
     return (q * k).sum(dim=1)
 
 
+def gather_views(z1: torch.Tensor, z2: torch.Tensor, gather_distributed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both views of every process's images, gathered with gradient, for a loss over batch statistics.
+
+    Each process then computes the loss of the whole global batch; the gather's backward sums
+    the W processes' gradients for this process's rows, which is the gradient convention of
+    :mod:`sslkit.distributed` (``world_size`` times the 1-process gradient of the slice, which
+    DDP's mean divides out). Without a process group, or with ``gather_distributed=False``, the
+    local views.
+
+    Shape:
+        z1, z2: (n, D); returns two (W n, D), process r's rows at ``r * n : (r + 1) * n``.
+    """
+    if not (gather_distributed and distributed.is_distributed()):
+        return z1, z2
+    return distributed.gather_with_grad(z1), distributed.gather_with_grad(z2, check=False)
+
+
+def check_batch_for_statistics(samples: int, why: str) -> None:
+    """Raise ``ValueError`` unless a loss computed from per-feature batch statistics has 2 samples or more."""
+    if samples < 2:
+        raise ValueError(
+            f"z1 and z2 must hold at least 2 samples in all (over every process), got {samples}: {why}; "
+            f"use a larger batch"
+        )
+
+
 def check_negatives(negatives: torch.Tensor | None, dim: int) -> None:
     """An optional bank of negatives must be (K, D) with the embeddings' D."""
     if negatives is None:
