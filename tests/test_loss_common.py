@@ -60,8 +60,16 @@ def test_every_labelled_loss_says_labels_are_required(name):
         loss(torch.randn(4, 8), None)
 
 
-def _build(name):
-    return build(name, embedding_dim=8, num_classes=5) if KIND[name] == "head" else build(name)
+def _build(name, dim=8):
+    """Loss ``name`` for (N, ``dim``) embeddings: a head gets its sizes, DINO its centre's size."""
+    if KIND[name] == "head":
+        return build(name, embedding_dim=dim, num_classes=5)
+    return build(name, output_dim=dim) if KIND[name] == "student_teacher" else build(name)
+
+
+def _call(name, loss, first, second):
+    """``loss(first, second)``; DINO's call also takes the epoch of its teacher-temperature schedule."""
+    return loss(first, second, epoch=0) if KIND[name] == "student_teacher" else loss(first, second)
 
 
 @pytest.mark.parametrize("name", sorted(KIND))
@@ -76,15 +84,17 @@ def test_every_loss_names_an_input_that_is_not_a_tensor(name):
                 loss(x, x, negatives=[[0.0] * 8])
     elif KIND[name] == "query_key":
         calls = [((x, None), "keys"), ((x.numpy(), x), "queries"), ((x, x), None)]
+    elif KIND[name] == "student_teacher":
+        calls = [((x, None), "teacher"), ((x.numpy(), x[:2]), "student"), ((x, x[:2]), None)]
     else:
         labels = torch.tensor([0, 1, 0, 1])
         calls = [((x, [0, 1, 0, 1]), "labels"), ((x.numpy(), labels), "embeddings"), ((x, labels), None)]
     for args, argument in calls:
         if argument is None:
-            assert torch.isfinite(loss(*args))  # the same call with tensors works
+            assert torch.isfinite(_call(name, loss, *args))  # the same call with tensors works
         else:
             with pytest.raises(ValueError, match=f"{argument} must be a torch.Tensor"):
-                loss(*args)
+                _call(name, loss, *args)
 
 
 @pytest.mark.parametrize("name", LABELLED)
@@ -128,8 +138,8 @@ def test_two_view_losses_take_views_of_different_float_dtypes(name):
     """A float64 view with a float32 one meets in float64 (the NCE loss once failed in its matmul)."""
     g = torch.Generator().manual_seed(0)
     z1, z2 = torch.randn(6, 8, generator=g, dtype=torch.float64), torch.randn(6, 8, generator=g, dtype=torch.float64)
-    loss = _build(name)
-    torch.testing.assert_close(loss(z1, z2.float()), loss(z1, z2.float().double()))
+    first, second = _build(name), _build(name)  # one each: DINO's centre moves with every call
+    torch.testing.assert_close(_call(name, first, z1, z2.float()), _call(name, second, z1, z2.float().double()))
 
 
 @pytest.mark.parametrize("name", sorted(KIND))
@@ -344,10 +354,10 @@ def test_every_loss_stays_finite_on_extreme_but_valid_batches(name, case):
         x = x.float()  # the same numbers, with a gradient that has room
     x.requires_grad_(True)
     labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
-    loss = build(name, embedding_dim=16, num_classes=5) if KIND[name] == "head" else build(name)
+    loss = _build(name, 16)
     if name not in LABELLED:
         z2 = (x.detach().float() * 1.01).to(x.dtype).requires_grad_(True)
-        value, leaves = loss(x, z2), [x, z2]
+        value, leaves = _call(name, loss, x, z2), [x, z2]
     else:
         value, leaves = loss(x, labels), [x]
     value.backward()
@@ -375,13 +385,13 @@ def test_every_loss_gives_the_same_value_and_gradients_for_non_contiguous_embedd
     results = []
     for make in (lambda x: x.clone(), _STRIDED[layout]):
         torch.manual_seed(0)  # a new loss each time: AdaCos's dynamic scale changes with every call
-        loss = build(name, embedding_dim=16, num_classes=5) if KIND[name] == "head" else build(name)
+        loss = _build(name, 16)
         loss = loss.double() if isinstance(loss, torch.nn.Module) else loss
         source = base.clone().requires_grad_(True)
         x = make(source)
         assert make is not _STRIDED[layout] or not x.is_contiguous()
         if name not in LABELLED:
-            value = loss(x, make(source * 0.9 + 0.1))
+            value = _call(name, loss, x, make(source * 0.9 + 0.1))
         else:
             value = loss(x, labels)
         value.backward()

@@ -1,12 +1,15 @@
 """Every sslkit loss, re-exported flat, and one registry: ``sslkit.losses.build(name, **kwargs)``.
 
-Five call forms (``KIND[name]`` says which):
+Six call forms (``KIND[name]`` says which):
 
 - ``"two_view"``: ``loss(z1, z2, negatives=None)`` — self-supervised, no labels.
 - ``"batch_statistics"``: ``loss(z1, z2)`` — self-supervised, no negatives: a function of the two
   views' feature statistics over the global batch, which needs 2 samples or more.
 - ``"query_key"``: ``loss(queries, keys)`` — self-supervised, a predictor's outputs against target
   keys that get no gradient (a momentum encoder's, or stopped), both views stacked in each.
+- ``"student_teacher"``: ``loss(student, teacher, epoch)`` — self-distillation with multi-crop: the
+  student's outputs for every view, the teacher's (no gradient) for the global views, each stacked
+  view by view; ``epoch`` drives the teacher-temperature schedule.
 - ``"label"``: ``loss(embeddings, labels)`` — pair-based metric learning.
 - ``"head"``: ``head(embeddings, labels)`` with its own weights, ``head.logits(embeddings)``,
   built with ``embedding_dim`` and ``num_classes``; ``head.param_groups()`` names parameters
@@ -36,6 +39,7 @@ from sslkit.losses.contrastive import ContrastiveLoss
 from sslkit.losses.cosface import CosFaceHead
 from sslkit.losses.dcl import DCLLoss, dcl_loss
 from sslkit.losses.dclw import DCLWLoss, dclw_loss
+from sslkit.losses.dino import DINOLoss, dino_loss, dino_teacher_temperature
 from sslkit.losses.lifted import LiftedStructureLoss
 from sslkit.losses.lsoftmax import LSoftmaxHead
 from sslkit.losses.mocov3 import MoCoV3Loss, mocov3_loss
@@ -70,6 +74,9 @@ BY_KIND: dict[str, dict[str, type[nn.Module]]] = {
         "mocov3": MoCoV3Loss,
         "byol": BYOLLoss,
         "simsiam": SimSiamLoss,
+    },
+    "student_teacher": {
+        "dino": DINOLoss,
     },
     "label": {
         "contrastive": ContrastiveLoss,
@@ -222,6 +229,9 @@ __all__ = [
     "byol_loss",
     "SimSiamLoss",
     "simsiam_loss",
+    "DINOLoss",
+    "dino_loss",
+    "dino_teacher_temperature",
     "ContrastiveLoss",
     "TripletLoss",
     "LiftedStructureLoss",
