@@ -191,8 +191,17 @@ def _two_steps(rank, world, sync_center):
     return loss.detach(), local.grad, loss_fn.center.clone()
 
 
+def _uneven_centre(rank, world):
+    """The centre after one step with 3 images on rank 0 and 1 on rank 1 (no drop_last)."""
+    student, teacher = _views_and_teacher()[0]
+    images = slice(0, 3) if rank == 0 else slice(3, 4)
+    loss_fn = DINOLoss(output_dim=6).double()
+    loss_fn(torch.cat([b[images] for b in student.split(4)]), torch.cat([b[images] for b in teacher.split(4)]), 0)
+    return loss_fn.center
+
+
 def _dino_worker(rank, world):
-    return {sync: _two_steps(rank, world, sync) for sync in (True, False)}
+    return {sync: _two_steps(rank, world, sync) for sync in (True, False)} | {"uneven": _uneven_centre(rank, world)}
 
 
 def test_two_processes_match_one_process_and_share_the_centre():
@@ -206,3 +215,7 @@ def test_two_processes_match_one_process_and_share_the_centre():
         torch.testing.assert_close(synced[rank][2], center)
     # without the synchronisation each process's centre follows its own images only
     assert not torch.allclose(results[0][False][2], results[1][False][2])
+    # uneven batches: the centre is the mean over all 4 images' teacher rows, not a mean of the two means
+    teacher = _views_and_teacher()[0][1]
+    for r in results:
+        torch.testing.assert_close(r["uneven"], 0.1 * teacher.mean(dim=0))
