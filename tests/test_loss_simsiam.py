@@ -1,4 +1,4 @@
-"""SimSiam's loss: value and gradient against a loop written from eq. 1 and 3 of Chen and He 2020,
+"""SimSiam's loss: value and gradient against a loop written from section 3 of Chen and He 2020,
 against lightly's NegativeCosineSimilarity as its SimSiam example uses it, and under autocast."""
 
 import pytest

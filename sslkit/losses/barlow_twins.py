@@ -44,9 +44,10 @@ def barlow_twins_loss(
 
     ``zn`` is ``z`` with each feature standardised over the N images of the batch:
     ``(z - mean) / sqrt(var + 1e-5)`` with the biased variance, as BatchNorm without affine
-    parameters computes it in the authors' code and in lightly. (The paper's pseudo-code,
-    Algorithm 1, divides by ``z.std(0)``, the unbiased standard deviation; the two differ by a
-    factor ``sqrt(N / (N - 1))`` in ``zn``.) ``lambda`` is ``off_diagonal_weight``.
+    parameters computes it in the authors' code and in lightly. But for the 1e-5, ``C`` is then
+    eq. 2's cosine between the centred feature columns. (The paper's pseudo-code, Algorithm 1,
+    divides by ``z.std(0)``, the unbiased standard deviation, which scales ``C`` by
+    ``(N - 1) / N``.) ``lambda`` is ``off_diagonal_weight``.
 
     Across processes, the statistics and ``C`` are those of the global batch: both views are
     gathered with gradient and every process computes the loss of all of it (see

@@ -1,7 +1,8 @@
 """DINO: cross-entropy of the student's views against the centred, sharpened teacher's global views.
 
 References:
-    [0] DINO, Caron et al. 2021, https://arxiv.org/abs/2104.14294 (eq. 1-4, Algorithm 1, appendix on the temperatures)
+    [0] DINO, Caron et al. 2021, https://arxiv.org/abs/2104.14294 (eq. 1-3, Algorithm 1,
+        the implementation details for the temperatures)
     [1] The authors' code, https://github.com/facebookresearch/dino (main_dino.py, ``DINOLoss``)
 
 The DINO projection head (3-layer MLP, bottleneck, weight-normalised last layer, frozen for the
@@ -23,7 +24,7 @@ from sslkit.losses.head import check_positive_int
 def dino_teacher_temperature(
     epoch: int, teacher_temperature: float = 0.07, warmup_teacher_temperature: float = 0.04, warmup_epochs: int = 30
 ) -> float:
-    """The teacher temperature at ``epoch``: a linear warm-up, then constant ([0], appendix; [1]).
+    """The teacher temperature at ``epoch``: a linear warm-up, then constant ([0], implementation details; [1]).
 
     ``warmup_teacher_temperature`` at epoch 0, rising linearly to ``teacher_temperature`` at
     epoch ``warmup_epochs - 1`` (``numpy.linspace(warmup, final, warmup_epochs)[epoch]``, as the
@@ -138,7 +139,7 @@ class DINOLoss(nn.Module):
 
     Call ``loss(student, teacher, epoch)``: :func:`dino_loss` with the teacher temperature of
     ``epoch`` (:func:`dino_teacher_temperature`) and the current centre; then the centre moves
-    towards the mean teacher output of this batch ([0], eq. 4)::
+    towards the mean teacher output of this batch ([0], section 3.1 and Algorithm 1)::
 
         c <- m c + (1 - m) mean over every process's teacher rows of g_t(x)
 
@@ -149,7 +150,7 @@ class DINOLoss(nn.Module):
     Args:
         output_dim: K, the size of the DINO head's output (65,536 in [0]); the centre's size.
         teacher_temperature: ``tau_t`` after the warm-up. 0.07 with a warm-up from 0.04 over 30
-            epochs is the paper's (appendix); the authors' code and lightly default to 0.04 flat.
+            epochs is the paper's (implementation details); the authors' code and lightly default to 0.04 flat.
         warmup_teacher_temperature: ``tau_t`` at epoch 0.
         warmup_epochs: epochs of the linear warm-up; 0 starts at ``teacher_temperature``.
         student_temperature: ``tau_s`` (0.1 in [0]).

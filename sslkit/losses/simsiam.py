@@ -1,7 +1,7 @@
 """SimSiam's loss: negative cosine of each view's prediction with the other view's stopped projection.
 
 References:
-    [0] SimSiam, Chen and He 2020, https://arxiv.org/abs/2011.10566 (eq. 1, and eq. 3 with the stop-gradient)
+    [0] SimSiam, Chen and He 2020, https://arxiv.org/abs/2011.10566 (section 3 and Algorithm 1)
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from sslkit.losses._common import check_queries_keys, cross_view_cosine, full_pr
 
 
 def simsiam_loss(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """``1/2 D(p1, stopgrad(z2)) + 1/2 D(p2, stopgrad(z1))``, eq. 3 of [0], averaged over the batch.
+    """``1/2 D(p1, stopgrad(z2)) + 1/2 D(p2, stopgrad(z1))`` ([0], section 3), averaged over the batch.
 
-    ``D`` is the negative cosine similarity (eq. 1)::
+    ``D`` is the negative cosine similarity::
 
         D(p, z) = - p / ||p|| . z / ||z||
 
