@@ -13,8 +13,8 @@ from sslkit.losses.proxy_anchor import proxy_anchor_loss
 from sslkit.losses.proxy_nca import proxy_nca_loss
 from sslkit.losses.supcon import supcon_loss
 
-# Called with labels: pair losses and heads. The others take two (N, D) embeddings: two views, or
-# queries and keys (whose rows must hold both views: N even).
+# Called with labels: pair losses and heads. The others take two (N, D) embeddings: two views,
+# queries and keys (whose rows must hold both views: N even), or a student's and a teacher's views.
 LABELLED = sorted(n for n, kind in KIND.items() if kind in ("label", "head"))
 # The losses that gather across processes say so with a gather_distributed switch.
 GATHERING = sorted(n for n in KIND if "gather_distributed" in loss_arguments(n))

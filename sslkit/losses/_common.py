@@ -190,10 +190,7 @@ def gather_views(z1: torch.Tensor, z2: torch.Tensor, gather_distributed: bool) -
 def check_batch_for_statistics(samples: int, why: str) -> None:
     """Raise ``ValueError`` unless a loss computed from per-feature batch statistics has 2 samples or more."""
     if samples < 2:
-        raise ValueError(
-            f"z1 and z2 must hold at least 2 samples in all (over every process), got {samples}: {why}; "
-            f"use a larger batch"
-        )
+        raise ValueError(f"z1 and z2 must hold at least 2 samples in all, got {samples}: {why}; use a larger batch")
 
 
 def check_negatives(negatives: torch.Tensor | None, dim: int) -> None:
