@@ -6,6 +6,7 @@ import torch
 from dist_utils import run_in_processes
 from loss_utils import (
     assert_processes_match_one_process,
+    emulated_processes,
     two_view_worker,
     value_and_grads,
 )
@@ -125,3 +126,13 @@ def test_two_processes_match_one_process_on_whole_batch():
     for c, (z1, z2, _, _) in enumerate(cases):
         expected = value_and_grads(vicreg_loss, z1, z2)
         assert_processes_match_one_process([r[c] for r in results], expected)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_emulated_processes_match_one_process(monkeypatch, world):
+    # The gathered path with W processes' slices as separate leaves, without spawning.
+    g = torch.Generator().manual_seed(world)
+    z1, z2 = torch.randn(2, 2 * world, 5, generator=g, dtype=torch.float64)
+    expected = value_and_grads(vicreg_loss, z1, z2)
+    got = emulated_processes(monkeypatch, vicreg_loss, z1, z2, world)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
