@@ -93,7 +93,8 @@ def dino_loss(
     compared with itself, which leaves ``G V - G`` pairs. The paper's eq. 3 sums over the pairs;
     the authors' code and lightly take the mean, and so does sslkit (the learning rates quoted
     with DINO are the code's). The teacher is a constant: no gradient flows into it or the centre.
-    Computed in fp32 (fp64 stays fp64): the teacher's 1/tau_t = 25 sharpening overflows fp16.
+    Computed in fp32 (fp64 stays fp64) under autocast, as every sslkit loss: a softmax over K
+    outputs summed in half precision loses most of its digits.
 
     Args:
         student, teacher: see Shape.
@@ -144,13 +145,15 @@ class DINOLoss(nn.Module):
         c <- m c + (1 - m) mean over every process's teacher rows of g_t(x)
 
     after the loss, as in the authors' code, so a step's loss uses the centre of the steps before.
-    The centre is a buffer: it is saved and restored with the state dict (exact resume), and it is
-    equal on every process by construction (``replicated_buffers``, so DDP does not re-send it).
+    The centre is a buffer: it is saved and restored with the state dict (exact resume), and with
+    ``sync_center`` it is equal on every process by construction (``replicated_buffers``, so DDP
+    does not re-send it).
 
     Args:
         output_dim: K, the size of the DINO head's output (65,536 in [0]); the centre's size.
         teacher_temperature: ``tau_t`` after the warm-up. 0.07 with a warm-up from 0.04 over 30
-            epochs is the paper's (implementation details); the authors' code and lightly default to 0.04 flat.
+            epochs is the paper's (implementation details); the authors' code and lightly
+            default to 0.04 flat.
         warmup_teacher_temperature: ``tau_t`` at epoch 0.
         warmup_epochs: epochs of the linear warm-up; 0 starts at ``teacher_temperature``.
         student_temperature: ``tau_s`` (0.1 in [0]).
