@@ -12,6 +12,7 @@ import contextlib
 import math
 
 import torch
+import torch.nn.functional as F
 
 from sslkit import distributed
 
@@ -131,6 +132,65 @@ def check_two_views(z1: torch.Tensor, z2: torch.Tensor) -> None:
         raise ValueError("z1 and z2 must hold at least one sample")
     if not z1.is_floating_point() or not z2.is_floating_point():
         raise ValueError(f"z1 and z2 must be floating point, got {z1.dtype} and {z2.dtype}")
+
+
+def check_queries_keys(queries: torch.Tensor, keys: torch.Tensor) -> None:
+    """(2N, D) floating point queries and keys of the same shape, N >= 1: both views stacked in each,
+    ``[view 1; view 2]``, as every query-key loss takes them."""
+    check_tensor(queries, "queries")
+    check_tensor(keys, "keys")
+    if queries.dim() != 2 or queries.shape != keys.shape:
+        shapes = f"{tuple(queries.shape)} and {tuple(keys.shape)}"
+        raise ValueError(f"queries and keys must be 2-D (2N, D) of the same shape, got {shapes}")
+    if queries.shape[0] < 2 or queries.shape[0] % 2:
+        raise ValueError(
+            f"queries and keys must hold both views, [view 1; view 2]: an even number of rows >= 2, "
+            f"got {queries.shape[0]}"
+        )
+    if not queries.is_floating_point() or not keys.is_floating_point():
+        raise ValueError(f"queries and keys must be floating point, got {queries.dtype} and {keys.dtype}")
+
+
+def cross_view_cosine(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The cosine of each query with the key of the same image's *other* view, keys detached.
+
+    The core of the predictor losses (BYOL, SimSiam): ``q1_i`` is compared with ``k2_i`` and
+    ``q2_i`` with ``k1_i``. The keys are targets, never trained through this term (BYOL's
+    momentum encoder, SimSiam's stop-gradient), so they are detached here. Call it under
+    :func:`full_precision`: the result is in fp32 or fp64.
+
+    Shape:
+        queries, keys: (2N, D), ``[view 1; view 2]``; returns (2N,), ``[cos(q1, k2); cos(q2, k1)]``.
+    """
+    n = queries.shape[0] // 2
+    targets = keys.detach().roll(n, dims=0)  # [k2; k1]: each query's other view
+    dtype = torch.promote_types(upcast(queries).dtype, upcast(targets).dtype)
+    q = F.normalize(upcast(queries).to(dtype), dim=1)
+    k = F.normalize(upcast(targets).to(dtype), dim=1)
+    return (q * k).sum(dim=1)
+
+
+def gather_views(z1: torch.Tensor, z2: torch.Tensor, gather_distributed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both views of every process's images, gathered with gradient, for a loss over batch statistics.
+
+    Each process then computes the loss of the whole global batch; the gather's backward sums
+    the W processes' gradients for this process's rows, which is the gradient convention of
+    :mod:`sslkit.distributed` (``world_size`` times the 1-process gradient of the slice, which
+    DDP's mean divides out). Without a process group, or with ``gather_distributed=False``, the
+    local views.
+
+    Shape:
+        z1, z2: (n, D); returns two (W n, D), process r's rows at ``r * n : (r + 1) * n``.
+    """
+    if not (gather_distributed and distributed.is_distributed()):
+        return z1, z2
+    return distributed.gather_with_grad(z1), distributed.gather_with_grad(z2, check=False)
+
+
+def check_batch_for_statistics(samples: int, why: str) -> None:
+    """Raise ``ValueError`` unless a loss computed from per-feature batch statistics has 2 samples or more."""
+    if samples < 2:
+        raise ValueError(f"z1 and z2 must hold at least 2 samples in all, got {samples}: {why}; use a larger batch")
 
 
 def check_negatives(negatives: torch.Tensor | None, dim: int) -> None:
