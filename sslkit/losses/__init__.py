@@ -35,6 +35,7 @@ from sslkit.losses.dclw import DCLWLoss, dclw_loss
 from sslkit.losses.lifted import LiftedStructureLoss
 from sslkit.losses.lsoftmax import LSoftmaxHead
 from sslkit.losses.mocov3 import MoCoV3Loss, mocov3_loss
+from sslkit.losses.multi_similarity import MultiSimilarityLoss, multi_similarity_loss
 from sslkit.losses.nce import NCELoss, nce_loss
 from sslkit.losses.normsoftmax import NormSoftmaxHead
 from sslkit.losses.npair import NPairLoss
@@ -69,6 +70,7 @@ BY_KIND: dict[str, dict[str, type[nn.Module]]] = {
         "soft_nn": SoftNearestNeighborsLoss,
         "supcon": SupConLoss,
         "circle": CircleLoss,
+        "multi_similarity": MultiSimilarityLoss,
     },
     "head": {
         "proxy_nca": ProxyNCAHead,
@@ -211,6 +213,8 @@ __all__ = [
     "SupConLoss",
     "supcon_loss",
     "CircleLoss",
+    "MultiSimilarityLoss",
+    "multi_similarity_loss",
     "ProxyNCAHead",
     "ProxyAnchorHead",
     "SoftmaxHead",
