@@ -15,15 +15,17 @@ from torch import nn
 
 from sslkit import distributed
 from sslkit.losses._common import (
+    batch_references,
     check_embeddings_labels,
     check_flag,
     check_nonnegative,
     full_precision,
-    gather_labelled,
     mean_over_processes,
+    pair_masks,
     pairwise_distance,
     upcast,
 )
+from sslkit.losses.miners import check_miner, mine
 
 
 def lifted_structure_loss(
@@ -31,6 +33,8 @@ def lifted_structure_loss(
     labels: torch.Tensor | None,
     margin: float = 1.0,
     normalize: bool = True,
+    miner: str | None = None,
+    epsilon: float = 0.1,
     gather_distributed: bool = True,
 ) -> torch.Tensor:
     """Smooth lifted structured loss, eq. 4 of [0].
@@ -54,6 +58,11 @@ def lifted_structure_loss(
     implements this same eq. 4 (its mean over ordered pairs of ``max(0, J)^2 / 2`` is the
     ``1 / (2|P|)`` above); the tests compare against it.
 
+    With a ``miner`` (see :mod:`sslkit.losses.miners`), P holds the positive pairs it keeps and
+    ``neg(i)`` the negatives it keeps for ``i`` (as an anchor). There is no cross-batch memory
+    for this loss: ``J_ij`` needs the negatives of the reference ``j`` too, which for a past
+    sample would mean its distances to the whole memory.
+
     Across processes: a local anchor ``i`` pairs with positives ``j`` from every process, and
     ``j``'s negative sum comes from the process that holds ``j`` (each process computes the
     sums of its own samples and gathers them with gradient), so no process builds the full
@@ -66,24 +75,22 @@ def lifted_structure_loss(
     check_embeddings_labels(embeddings, labels)
     margin = check_nonnegative(margin, "margin")
     normalize = check_flag(normalize, "normalize")
+    miner, epsilon = check_miner(miner, epsilon)
     gather_distributed = check_flag(gather_distributed, "gather_distributed")
     with full_precision(embeddings.device):
         x = upcast(embeddings)
         if normalize:
             x = F.normalize(x, dim=1)
-        candidates, candidate_labels, offset = gather_labelled(x, labels, gather_distributed)
+        references = batch_references(x, labels, gather_distributed)
+        positive, negative = pair_masks(labels, references)
+        mined = mine(miner, epsilon, x, references, positive, negative)
         n = x.shape[0]
-        dist = pairwise_distance(x, candidates)  # (n, N)
-        same = labels[:, None] == candidate_labels[None, :]  # (n, N)
-        positive = same.clone()
-        local = torch.arange(n, device=x.device)
-        positive[local, local + offset] = False
-        negative = ~same
+        dist = pairwise_distance(x, references.embeddings)  # (n, N)
 
         # log sum_{k in neg(i)} exp(m - d_ik) for each local i. A row without negatives would be a
         # logsumexp over only -inf, whose gradient is NaN: give it finite logits, then overwrite.
-        has_negative = negative.any(dim=1, keepdim=True)  # (n, 1)
-        logits = (margin - dist).masked_fill(~negative, float("-inf"))  # (n, N)
+        has_negative = mined.negative.any(dim=1, keepdim=True)  # (n, 1)
+        logits = (margin - dist).masked_fill(~mined.negative, float("-inf"))  # (n, N)
         logits = torch.where(has_negative, logits, torch.zeros_like(logits))
         # The most negative finite number stands for log(0): logaddexp(-inf, -inf) has a NaN
         # gradient, this gives J far below 0, so the hinge is 0 with a zero gradient.
@@ -96,8 +103,8 @@ def lifted_structure_loss(
             candidate_lse = negative_lse  # (N,)
 
         j = torch.logaddexp(negative_lse[:, None], candidate_lse[None, :]) + dist  # (n, N)
-        per_pair = torch.where(positive, j.clamp_min(0.0).square(), torch.zeros_like(j))
-        return mean_over_processes(per_pair.sum() / 2, positive.sum(), gather_distributed)
+        per_pair = torch.where(mined.positive, j.clamp_min(0.0).square(), torch.zeros_like(j))
+        return mean_over_processes(per_pair.sum() / 2, mined.positive.sum(), gather_distributed)
 
 
 class LiftedStructureLoss(nn.Module):
@@ -109,6 +116,9 @@ class LiftedStructureLoss(nn.Module):
     Args:
         margin: m >= 0 (``alpha`` in [0]); 1.0 as pytorch-metric-learning's ``neg_margin``.
         normalize: L2-normalise the embeddings first.
+        miner: which pairs count: ``None`` (every pair), ``"multi_similarity"``, ``"batch_hard"``,
+            ``"semi_hard"`` or ``"distance_weighted"`` (see :mod:`sslkit.losses.miners`).
+        epsilon: the miner's margin: multi-similarity's epsilon, the semi-hard window.
         gather_distributed: across processes, pair local samples with every process's
             samples (see :mod:`sslkit.distributed`).
 
@@ -121,14 +131,27 @@ class LiftedStructureLoss(nn.Module):
     torch.Size([])
     """
 
-    def __init__(self, margin: float = 1.0, normalize: bool = True, gather_distributed: bool = True) -> None:
+    def __init__(
+        self,
+        margin: float = 1.0,
+        normalize: bool = True,
+        miner: str | None = None,
+        epsilon: float = 0.1,
+        gather_distributed: bool = True,
+    ) -> None:
         super().__init__()
         self.margin = check_nonnegative(margin, "margin")
         self.normalize = check_flag(normalize, "normalize")
+        self.miner, self.epsilon = check_miner(miner, epsilon)
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        return lifted_structure_loss(embeddings, labels, self.margin, self.normalize, self.gather_distributed)
+        return lifted_structure_loss(
+            embeddings, labels, self.margin, self.normalize, self.miner, self.epsilon, self.gather_distributed
+        )
 
     def extra_repr(self) -> str:
-        return f"margin={self.margin}, normalize={self.normalize}, gather_distributed={self.gather_distributed}"
+        return (
+            f"margin={self.margin}, normalize={self.normalize}, miner={self.miner!r}, epsilon={self.epsilon}, "
+            f"gather_distributed={self.gather_distributed}"
+        )
