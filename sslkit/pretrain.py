@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and (code := relaunch_cpu_processes()) is not None:
         return code
     from sslkit.config import load_config
-    from sslkit.train import train
+    from sslkit.loop import train
 
     cfg = None
     try:
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 def interrupted_message(cfg) -> str:
     """What Ctrl-C leaves: a checkpoint to continue from, or (before the first one) nothing to resume."""
     from sslkit.checkpoint import list_checkpoints
-    from sslkit.train import make_run_dir
+    from sslkit.loop import make_run_dir
 
     if cfg is not None and list_checkpoints(make_run_dir(cfg)):
         return "interrupted: continue from the last checkpoint with run.resume=auto"
