@@ -1,7 +1,7 @@
 """Cross-batch memory: the first-in first-out memory itself; each pair loss with a memory as its batch
-loss plus pytorch-metric-learning's CrossBatchMemory loss over the same memory (value and gradient,
-float64, over steps that wrap the memory); one memory on two real processes as on one process;
-saved and restored with the state_dict."""
+loss plus pytorch-metric-learning's CrossBatchMemory loss over the same memory, or a loop of the
+paper's formula over it (value and gradient, float64, over steps that wrap the memory); one memory
+on two real processes as on one process; saved and restored with the state_dict."""
 
 import pytest
 import torch
@@ -88,8 +88,27 @@ def contrastive_memory_term(x, labels, memory_x, memory_labels, own_rows):
     return torch.stack(terms).mean()
 
 
-def test_contrastive_memory_term_matches_loops():
-    loss_fn = build("contrastive", memory_size=10)
+def lifted_memory_term(x, labels, memory_x, memory_labels, own_rows, margin=1.0):
+    """Song et al. eq. 4 with j and neg(i) from the memory, neg(j) over the memory, as loops."""
+    z = x / x.norm(dim=1, keepdim=True)
+    m = memory_x / memory_x.norm(dim=1, keepdim=True)
+    terms = []
+    for i in range(len(z)):
+        for j in range(len(m)):
+            if j == own_rows[i] or labels[i] != memory_labels[j]:
+                continue
+            exps = [torch.exp(margin - (z[i] - m[k]).norm()) for k in range(len(m)) if memory_labels[k] != labels[i]]
+            exps += [torch.exp(margin - (m[j] - m[k]).norm()) for k in range(len(m)) if memory_labels[k] != labels[i]]
+            terms.append(torch.relu(torch.log(torch.stack(exps).sum()) + (z[i] - m[j]).norm()) ** 2)
+    return torch.stack(terms).sum() / (2 * len(terms))
+
+
+MEMORY_TERMS = {"contrastive": contrastive_memory_term, "lifted": lifted_memory_term}
+
+
+@pytest.mark.parametrize("name", sorted(MEMORY_TERMS))
+def test_memory_term_matches_loops(name):
+    loss_fn = build(name, memory_size=10)
     seen_x, seen_labels = [], []
     for x, labels in batches(steps=3):
         seen_x.append(x)
@@ -97,15 +116,16 @@ def test_contrastive_memory_term_matches_loops():
         memory_x, memory_labels = torch.cat(seen_x)[-10:], torch.cat(seen_labels)[-10:]
         own_rows = range(len(memory_x) - len(x), len(memory_x))  # the batch was enqueued first
         ours = value_and_grads(loss_fn, x, labels)
-        plain = value_and_grads(build("contrastive"), x, labels)
+        plain = value_and_grads(build(name), x, labels)
         ref = value_and_grads(
-            lambda x, labels: contrastive_memory_term(x, labels, memory_x, memory_labels, own_rows), x, labels
+            lambda x, labels: MEMORY_TERMS[name](x, labels, memory_x, memory_labels, own_rows), x, labels
         )
+        assert ref[0] > 0
         for a, b, c in zip(ours, plain, ref):
             torch.testing.assert_close(a - b, c, rtol=1e-9, atol=1e-11)
 
 
-@pytest.mark.parametrize("name", ["contrastive", "triplet", "circle", "supcon", "multi_similarity"])
+@pytest.mark.parametrize("name", ["contrastive", "triplet", "lifted", "circle", "supcon", "multi_similarity"])
 def test_memory_is_saved_and_restored_with_the_state_dict(name):
     steps = batches(steps=3)
     loss_fn = build(name, memory_size=8, miner="multi_similarity")
@@ -127,8 +147,8 @@ def test_memory_size_is_a_recipe_key():
     for bad in (-1, 2.5, "big"):
         with pytest.raises(Exception, match="memory_size"):
             check_loss_kwargs("supcon", {"memory_size": bad})
-    with pytest.raises(Exception, match="unknown key 'loss.memory_size' for loss 'lifted'"):
-        check_loss_kwargs("lifted", {"memory_size": 16})
+    with pytest.raises(Exception, match="unknown key 'loss.memory_size' for loss 'npair'"):
+        check_loss_kwargs("npair", {"memory_size": 16})
 
 
 def _memory_worker(rank, world, cases, steps):
@@ -155,6 +175,7 @@ def test_two_processes_hold_one_memory_and_train_as_one_process():
         ("triplet", dict(memory_size=12)),
         ("contrastive", dict(memory_size=12, miner="distance_weighted")),
         ("circle", dict(memory_size=12, miner="batch_hard")),
+        ("lifted", dict(memory_size=12, miner="semi_hard", epsilon=0.4)),
     ]
     results = run_in_processes(_memory_worker, cases, steps)
     for k, (name, kwargs) in enumerate(cases):

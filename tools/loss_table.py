@@ -101,10 +101,10 @@ def render() -> str:
         "`miner` (`loss.miner` in a recipe): `multi_similarity` (with `loss.epsilon`), `batch_hard`, `semi_hard`",
         "(window `loss.epsilon`) or `distance_weighted` (Wu et al. 2017), or none (every pair); see",
         "`sslkit/losses/miners.py`. Across processes they mine the gathered batch, in rank order, as one",
-        "process would. All of them but `lifted` (whose J_ij needs each reference's own negatives) take",
-        "`loss.memory_size`: > 0 adds a cross-batch memory (XBM, Wang et al. 2020) of that many earlier",
-        "embeddings and labels; the batch is enqueued, then the loss against the memory is added to the batch",
-        "loss (`sslkit/losses/memory.py`). Every process holds the same memory, and checkpoints save it.",
+        "process would. `loss.memory_size` > 0 adds a cross-batch memory (XBM, Wang et al. 2020) of that many",
+        "earlier embeddings and labels: the batch is enqueued, then the loss against the memory is added to",
+        "the batch loss (`sslkit/losses/memory.py`). Every process holds the same memory, and checkpoints",
+        "save it.",
         "",
     ]
     for kind, table in losses.BY_KIND.items():
