@@ -38,7 +38,7 @@ def mined_reference(x, labels, miner, epsilon):
     for i in range(n):
         pos = [j for j in range(n) if j != i and labels[j] == labels[i]]
         neg = [k for k in range(n) if labels[k] != labels[i]]
-        if miner == "multi_similarity":  # Wang et al. eq. 9 and 10
+        if miner == "multi_similarity":  # Wang et al.'s pair mining
             kept_pos = [j for j in pos if neg and s(i, j) - epsilon < max(s(i, k) for k in neg)]
             kept_neg = [k for k in neg if pos and s(i, k) + epsilon > min(s(i, j) for j in pos)]
             pos, neg = kept_pos, kept_neg

@@ -1,5 +1,5 @@
-"""Multi-Similarity loss: value and gradient against a loop written from Wang et al. eq. 5 (with and
-without the paper's mining, eq. 9 and 10), against pytorch-metric-learning's MultiSimilarityLoss and
+"""Multi-Similarity loss: value and gradient against a loop written from Wang et al.'s formula (with and
+without the paper's pair mining), against pytorch-metric-learning's MultiSimilarityLoss and
 MultiSimilarityMiner, across two real processes, and under fp16/bf16 autocast."""
 
 import math
@@ -23,7 +23,7 @@ from sslkit.losses.multi_similarity import MultiSimilarityLoss, multi_similarity
 
 
 def multi_similarity_reference(embeddings, labels, alpha, beta, base, epsilon=None):
-    """Eq. 5 as loops over anchors and pairs, float64; with ``epsilon``, the pairs mined by eq. 9 and 10 first."""
+    """The MS loss as loops over anchors and pairs, float64; with ``epsilon``, the paper's pair mining first."""
     z = F.normalize(embeddings.double(), dim=1)
     n = len(z)
     terms = []
@@ -31,8 +31,8 @@ def multi_similarity_reference(embeddings, labels, alpha, beta, base, epsilon=No
         pos = [z[i] @ z[k] for k in range(n) if k != i and labels[k] == labels[i]]
         neg = [z[i] @ z[k] for k in range(n) if labels[k] != labels[i]]
         if epsilon is not None:
-            pos_mined = [s for s in pos if neg and s - epsilon < max(neg)]  # eq. 10
-            neg_mined = [s for s in neg if pos and s + epsilon > min(pos)]  # eq. 9
+            pos_mined = [s for s in pos if neg and s - epsilon < max(neg)]  # below the hardest negative + eps
+            neg_mined = [s for s in neg if pos and s + epsilon > min(pos)]  # above the easiest positive - eps
             pos, neg = pos_mined, neg_mined
         one = torch.ones((), dtype=torch.float64)
         pull = torch.log(one + sum(torch.exp(-alpha * (s - base)) for s in pos)) / alpha

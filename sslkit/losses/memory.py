@@ -2,12 +2,12 @@
 
 References:
     [0] Cross-Batch Memory for Embedding Learning, Wang, Zhang, Huang, Scott 2020,
-        https://arxiv.org/abs/1912.06798 (Sec. 3.3 and Algorithm 1; official code
+        https://arxiv.org/abs/1912.06798 (official code
         https://github.com/MalongTech/research-xbm, ``ret_benchmark/engine/trainer.py``)
     [1] pytorch-metric-learning ``CrossBatchMemory``; its distributed form keeps a different queue on
         each process (pytorch-metric-learning#639)
 
-Embeddings drift slowly during training ([0], Sec. 3.2), so those of the last few thousand
+Embeddings drift slowly during training (the "slow drift" of [0]), so those of the last few thousand
 samples are still valid references for the current batch: a pair loss compares each anchor
 with the memory as well as with the batch. The order of one step is that of the official
 code: the batch is enqueued first (the oldest entries dropped), then the loss is::

@@ -5,7 +5,7 @@ and keeps the informative pairs; the loss is then computed on those alone. Each 
 functional core on a (n, M) similarity or distance matrix and the masks of the positive and
 negative pairs; :func:`mine` runs the one a loss's ``miner`` argument names.
 
-- ``"multi_similarity"`` ([0], eq. 9 and 10): a negative is kept when it is more similar than
+- ``"multi_similarity"`` ([0], its pair mining): a negative is kept when it is more similar than
   the anchor's least similar positive minus ``epsilon``, a positive when it is less similar
   than the anchor's most similar negative plus ``epsilon``: ``S_in > min_p S_ip - epsilon``,
   ``S_ip < max_n S_in + epsilon``.
@@ -36,7 +36,7 @@ each process keeps its rows, so with the same seed on every process (``accelerat
 
 References:
     [0] Multi-Similarity Loss with General Pair Weighting for Deep Metric Learning, Wang et al. 2019,
-        https://arxiv.org/abs/1904.06627 (pair mining, eq. 9 and 10)
+        https://arxiv.org/abs/1904.06627 (pair mining)
     [1] In Defense of the Triplet Loss for Person Re-Identification, Hermans, Beyer, Leibe 2017,
         https://arxiv.org/abs/1703.07737 (batch hard, Sec. 2)
     [2] FaceNet, Schroff, Kalenichenko, Philbin 2015, https://arxiv.org/abs/1503.03832 (semi-hard, Sec. 3.2)
@@ -86,7 +86,7 @@ class Mined(NamedTuple):
 def multi_similarity_pairs(
     sim: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, epsilon: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Multi-similarity mining ([0], eq. 9 and 10) on cosine similarities.
+    """Multi-similarity pair mining ([0]) on cosine similarities.
 
     An anchor without a negative keeps no positive and one without a positive keeps no
     negative (the bounds are then -inf and +inf).

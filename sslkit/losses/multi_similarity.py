@@ -2,7 +2,7 @@
 
 References:
     [0] Multi-Similarity Loss with General Pair Weighting for Deep Metric Learning, Wang, Han, Huang,
-        Dong, Scott 2019, https://arxiv.org/abs/1904.06627 (eq. 5; pair mining eq. 9 and 10)
+        Dong, Scott 2019, https://arxiv.org/abs/1904.06627 (the MS loss and its pair mining)
     [1] pytorch-metric-learning ``MultiSimilarityLoss``,
         https://kevinmusgrave.github.io/pytorch-metric-learning/losses/#multisimilarityloss
 """
@@ -62,7 +62,7 @@ def multi_similarity_loss(
     memory: CrossBatchMemory | None = None,
     gather_distributed: bool = True,
 ) -> torch.Tensor:
-    """Multi-Similarity loss, eq. 5 of [0], mean over every anchor.
+    """Multi-Similarity loss of [0] (its pair-weighting loss), mean over every anchor.
 
     For anchor ``i`` with cosine similarities ``S_ik``, positives ``P_i`` (other samples of
     its class) and negatives ``N_i`` (other classes), over ``m`` anchors::
@@ -73,11 +73,11 @@ def multi_similarity_loss(
 
     ``lambda`` is ``base``. Each ``log(1 + sum exp)`` is a logsumexp with a 0 logit, so
     ``beta = 50`` cannot overflow. ``P_i`` and ``N_i`` are every pair, or the pairs ``miner``
-    keeps: ``miner="multi_similarity"`` with ``epsilon`` is the paper's own mining (eq. 9, 10),
+    keeps: ``miner="multi_similarity"`` with ``epsilon`` is the paper's own pair mining,
     which with this loss is the whole method of [0] (see :mod:`sslkit.losses.miners`).
 
     Reduction: the mean runs over all ``m`` anchors, an anchor with an empty ``P_i`` or
-    ``N_i`` adding the other term (an empty sum is ``log 1 = 0``). That is eq. 5 as written
+    ``N_i`` adding the other term (an empty sum is ``log 1 = 0``). That is the paper's equation as written
     and pytorch-metric-learning's ``MultiSimilarityLoss`` [1] (which the tests compare with);
     the authors' code skips an anchor that lacks a mined positive or a mined negative, but
     still divides by the batch size.
@@ -112,7 +112,7 @@ def _check_base(base: float) -> float:
 
 
 class MultiSimilarityLoss(nn.Module):
-    """Multi-Similarity loss of Wang et al. [0] (eq. 5), on cosine similarities.
+    """Multi-Similarity loss of Wang et al. [0], on cosine similarities.
 
     Weighs every positive pair by how much less similar it is than ``base`` (``alpha``) and
     every negative pair by how much more similar (``beta``), each relative to the anchor's

@@ -84,7 +84,7 @@ def triplet_loss(
     With ``memory`` (a :class:`~sslkit.losses.memory.CrossBatchMemory`) the batch is enqueued
     and the same loss over triplets whose positive and negative come from the memory is added.
 
-    Memory: ``"all"`` and ``"semihard"`` build a (positive pairs, N) matrix, about
+    Cost: every mining builds a (positive pairs, N) matrix, about
     ``n (k - 1) N`` entries for k samples per class.
 
     Shape:
