@@ -5,6 +5,8 @@ Also used by ``tools/bench/``, so that the benchmarks time the loop users run, n
 
 from __future__ import annotations
 
+import functools
+import signal
 from pathlib import Path
 
 import torch
@@ -17,6 +19,7 @@ from sslkit.config import Config
 from sslkit.console import console
 from sslkit.errors import UserError
 from sslkit.evaluation import Splits
+from sslkit.loop.signals import signal_of
 from sslkit.sync_batchnorm import convert_sync_batchnorm
 
 
@@ -97,11 +100,20 @@ def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoa
         collate_fn=data.collate_batch,
         num_workers=cfg.data.num_workers,
         persistent_workers=cfg.data.num_workers > 0,
+        # A preemption signal sent to every process must not kill a worker mid-epoch: the run stops at a step
+        # boundary and shuts the workers down itself (sslkit.loop.signals).
+        worker_init_fn=functools.partial(ignore_signals, tuple(cfg.train.stop_signals)),
         # Its own generator: otherwise starting an epoch's iterator draws from the global
         # RNG (worker base seed), and a resumed run would augment with shifted random numbers.
         generator=torch.Generator().manual_seed(cfg.run.seed),
     )
     return loader, sampler
+
+
+def ignore_signals(names: tuple[str, ...], worker_id: int = 0) -> None:
+    """A loader worker's start: ``names`` (``train.stop_signals``) are the main process's to act on."""
+    for name in names:
+        signal.signal(signal_of(name), signal.SIG_IGN)
 
 
 def make_backbone(cfg: Config, in_channels: int, main: bool) -> torch.nn.Module:

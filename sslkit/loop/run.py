@@ -31,6 +31,7 @@ from sslkit import checkpoint, distributed, folders, label_subset, launch, metho
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, save_config, to_dict
 from sslkit.console import console, print_config, results_table
+from sslkit.errors import Preempted
 from sslkit.evaluation import RunEvaluator, Splits, build_splits
 from sslkit.loop.build import (
     EpochShuffleSampler,
@@ -45,6 +46,7 @@ from sslkit.loop.build import (
 )
 from sslkit.loop.checkpointer import Checkpointer
 from sslkit.loop.logs import LogWindow, MetricsLog, ProgressBar
+from sslkit.loop.signals import StopSignals
 from sslkit.loop.state import LoopState, Schedule
 from sslkit.loop.step import FiniteLoss, TrainingStep, compile_failures
 from sslkit.loop.trackers import start_trackers
@@ -200,8 +202,9 @@ def end_epoch(run: Run) -> None:
         run.checkpoints.save(progress)
 
 
-def train_epochs(run: Run) -> None:
-    """The loop: epochs of augment -> step -> log -> checkpoint, until the schedule's last step."""
+def train_epochs(run: Run, stop: StopSignals) -> bool:
+    """The loop: epochs of augment -> step -> log -> checkpoint, until the schedule's last step; returns True
+    when a stop signal ended it early (every process returns after the same step)."""
     cfg, progress, total = run.cfg, run.progress, run.schedule.total_steps
     with ProgressBar(progress, total, run.main) as bar:
         while progress.step < total and progress.epoch < cfg.train.epochs:
@@ -221,12 +224,15 @@ def train_epochs(run: Run) -> None:
                     window = log_step(run, window, bar)
                     if cfg.train.checkpoint_every_steps and progress.step % cfg.train.checkpoint_every_steps == 0:
                         run.checkpoints.save(progress)
+                    if stop.agreed():
+                        return True
                 if progress.step >= total:
                     break
             if progress.batch_in_epoch == run.schedule.batches_per_epoch:
                 run.corrupt.end_epoch(progress.epoch)
                 end_epoch(run)
                 bar.update(epoch=progress.epoch)
+    return False
 
 
 def final_evaluation(cfg: Config, evaluator: RunEvaluator, method, start_state: dict | None, in_channels: int):
@@ -332,8 +338,11 @@ def train(cfg: Config) -> dict:
 
     # ------------------------------------------------------------------ loop
     run.method.train()
-    with compile_failures(cfg):
-        train_epochs(run)
+    with compile_failures(cfg), StopSignals(cfg.train.stop_signals) as stop:
+        if train_epochs(run, stop):  # preempted: save (a second signal meanwhile is only recorded) and stop
+            saved = run.checkpoints.save_unless_saved(run.progress)
+            run.accelerator.end_training()
+            raise Preempted(stop.name, run.progress.step, saved)
 
     # ------------------------------------------------------------------ export, evaluate
     progress, unwrapped = run.progress, run.unwrapped
