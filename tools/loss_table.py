@@ -104,6 +104,15 @@ def render() -> str:
         "logits into their gradient in place, so its loss takes one backward pass: a second",
         "`backward(retain_graph=True)` is a `RuntimeError` saying so. Call the head again for another graph.",
         "",
+        "Pair losses (`contrastive`, `triplet`, `lifted`, `circle`, `multi_similarity`, `supcon`) take a",
+        "`miner` (`loss.miner` in a recipe): `multi_similarity` (with `loss.epsilon`), `batch_hard`, `semi_hard`",
+        "(window `loss.epsilon`) or `distance_weighted` (Wu et al. 2017), or none (every pair); see",
+        "`sslkit/losses/miners.py`. Across processes they mine the gathered batch, in rank order, as one",
+        "process would. `loss.memory_size` > 0 adds a cross-batch memory (XBM, Wang et al. 2020) of that many",
+        "earlier embeddings and labels: the batch is enqueued, then the loss against the memory is added to",
+        "the batch loss (`sslkit/losses/memory.py`). Every process holds the same memory, and checkpoints",
+        "save it.",
+        "",
     ]
     for kind, table in losses.BY_KIND.items():
         out += [

@@ -43,6 +43,7 @@ from sslkit.losses.dino import DINOLoss, dino_loss, dino_teacher_temperature
 from sslkit.losses.lifted import LiftedStructureLoss
 from sslkit.losses.lsoftmax import LSoftmaxHead
 from sslkit.losses.mocov3 import MoCoV3Loss, mocov3_loss
+from sslkit.losses.multi_similarity import MultiSimilarityLoss, multi_similarity_loss
 from sslkit.losses.nce import NCELoss, nce_loss
 from sslkit.losses.normsoftmax import NormSoftmaxHead
 from sslkit.losses.npair import NPairLoss
@@ -88,6 +89,7 @@ BY_KIND: dict[str, dict[str, type[nn.Module]]] = {
         "soft_nn": SoftNearestNeighborsLoss,
         "supcon": SupConLoss,
         "circle": CircleLoss,
+        "multi_similarity": MultiSimilarityLoss,
     },
     "head": {
         "proxy_nca": ProxyNCAHead,
@@ -241,6 +243,8 @@ __all__ = [
     "SupConLoss",
     "supcon_loss",
     "CircleLoss",
+    "MultiSimilarityLoss",
+    "multi_similarity_loss",
     "ProxyNCAHead",
     "ProxyAnchorHead",
     "SoftmaxHead",

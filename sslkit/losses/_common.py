@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -304,3 +305,46 @@ def mean_over_processes(local_sum: torch.Tensor, local_count: torch.Tensor, gath
         count = distributed.gather_no_grad(count, check=False).sum()  # one number each
         scale = distributed.world_size()
     return (local_sum * scale / count.clamp_min(1)).reshape(())
+
+
+class References(NamedTuple):
+    """What a pair loss compares its local anchors with: the batch, or a cross-batch memory.
+
+    ``self_column[i]`` is local anchor ``i``'s own column among the references (its own row
+    is no pair), -1 where it is not among them. ``anchor_offset`` and ``num_anchors`` place
+    the local anchors among every process's anchors (rows ``anchor_offset : anchor_offset + n``
+    of ``num_anchors``): a random miner draws for all of them and keeps this process's rows.
+
+    Shape:
+        embeddings: (M, D); labels: (M,); self_column: (n,) int64.
+    """
+
+    embeddings: torch.Tensor
+    labels: torch.Tensor
+    self_column: torch.Tensor
+    anchor_offset: int
+    num_anchors: int
+
+
+def batch_references(embeddings: torch.Tensor, labels: torch.Tensor, gather_distributed: bool) -> References:
+    """The batch as references for its own local anchors: every process's samples when gathering
+    (with gradient, see :func:`gather_labelled`), else the local batch; anchor ``i`` is column
+    ``i + offset``."""
+    candidates, candidate_labels, offset = gather_labelled(embeddings, labels, gather_distributed)
+    n = embeddings.shape[0]
+    self_column = torch.arange(n, device=embeddings.device) + offset
+    return References(candidates, candidate_labels, self_column, offset, candidates.shape[0])
+
+
+def pair_masks(labels: torch.Tensor, references: References) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positive pairs (same label, not the anchor itself) and negative pairs (other label).
+
+    Shape:
+        labels: (n,); returns two (n, M) bool masks.
+    """
+    same = labels[:, None] == references.labels[None, :]  # (n, M)
+    positive = same.clone()
+    present = references.self_column >= 0
+    rows = torch.arange(labels.shape[0], device=labels.device)
+    positive[rows[present], references.self_column[present]] = False
+    return positive, ~same
