@@ -71,7 +71,7 @@ def test_state_dict_round_trips(case, tmp_path):
 
 
 def test_proxy_anchor_proxies_get_their_100x_in_the_trainer_groups():
-    from sslkit.train import make_optimizer
+    from sslkit.loop.build import make_optimizer
 
     cfg, _, _, method = build("supervised-proxy-anchor")
     optimizer, _ = make_optimizer(cfg, method)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import sys
 import typing
 from pathlib import Path
@@ -175,6 +176,19 @@ def _check_trackers(trackers: list[str], source: str) -> None:
             )
 
 
+def _check_stop_signals(names: list[str], source: str) -> None:
+    """Signals a process can catch, by name (``SIGTERM`` or ``TERM``); SIGKILL and SIGSTOP cannot be."""
+    catchable = sorted(s.name for s in signal.valid_signals() if isinstance(s, signal.Signals)) if names else []
+    catchable = [name for name in catchable if name not in ("SIGKILL", "SIGSTOP")]
+    for name in names:
+        full = name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()
+        if full not in catchable:
+            raise UserError(
+                f"{source}: train.stop_signals has {name!r}, which is not a signal this process can catch; "
+                f"use names such as SIGTERM, SIGUSR1, SIGUSR2, SIGINT (or [] to keep the signals' default action)"
+            )
+
+
 def _check_compile(backend: str, source: str) -> None:
     """A backend ``torch.compile`` knows, on a torch and Python that it supports."""
     import torch
@@ -281,6 +295,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     ):
         _check_range(value, key, source, 1)
     _check_trackers(cfg.train.trackers, source)
+    _check_stop_signals(cfg.train.stop_signals, source)
     if cfg.train.compile:
         _check_compile(cfg.train.compile_backend, source)
     _check_choice(cfg.train.compile_mode, ("default", "reduce-overhead", "max-autotune"), "train.compile_mode", source)

@@ -310,6 +310,10 @@ class TrainConfig:
         threads: ``torch.set_num_threads`` per process; ``null``: torch's default, except where
             ``accelerate launch`` on a machine without a GPU pinned one thread: then each process gets its
             share of the cores (:mod:`sslkit.launch`).
+        stop_signals: Signals that stop a run cleanly (a cluster's preemption notice, SLURM's ``--signal``):
+            every process finishes its step, all agree on one step, a checkpoint is saved and the run exits
+            with status 75 so that a batch script can requeue it (``run.resume=auto`` continues exactly).
+            ``[]``: signals keep their default action.
     """
 
     epochs: int = 100
@@ -328,6 +332,7 @@ class TrainConfig:
     compile_backend: str = "inductor"
     compile_mode: str = "default"
     threads: int | None = None
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
 
 
 @dataclass
