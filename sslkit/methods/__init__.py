@@ -168,18 +168,18 @@ def load_teacher(source: str | None, num_classes: int, in_channels: int) -> Meth
 
 
 def check_batch_size(method_name: str, batch_size: int, source: str = "recipe") -> None:
-    """Raise one line when the global batch is too small for the method to have anything to contrast.
+    """Raise one line when the global batch is too small for the method (``Method.min_batch_size``).
 
     SimCLR, MoCo v3 and SupCon take their negatives from the batch itself: with one image the
     softmax runs over its positive alone, the loss is exactly 0 and nothing trains, silently.
-    MoCo (queue), NCE (memory bank) and the supervised heads train on a batch of one.
+    Barlow Twins and VICReg take per-feature statistics over the batch, which one image does
+    not have. MoCo (queue), NCE (memory bank) and the supervised heads train on a batch of one.
     """
-    needed = METHODS[method_name].min_batch_size
-    if batch_size < needed:
+    method = METHODS[method_name]
+    if batch_size < method.min_batch_size:
         raise UserError(
-            f"{source}: method '{method_name}' contrasts each image with the other images of its batch; "
-            f"train.batch_size={batch_size} leaves none (the loss would be exactly 0): "
-            f"use train.batch_size >= {needed}"
+            f"{source}: method '{method_name}' {method.min_batch_reason}; train.batch_size={batch_size} is too "
+            f"small: use train.batch_size >= {method.min_batch_size}"
         )
 
 

@@ -35,6 +35,7 @@ class Method(nn.Module):
         min_batch_size: the smallest global batch it can contrast. 2 for the methods whose negatives
             are the batch's other images: with one image the loss is exactly 0 and nothing trains
             (:func:`sslkit.methods.check_batch_size`).
+        min_batch_reason: why it needs ``min_batch_size`` images, for the one-line error of a batch too small.
         Options: the dataclass of the ``method.*`` recipe keys it reads, with their types, defaults and
             meanings (its ``Attributes:`` docstring is the method's part of ``docs/config.md``). The
             recipe's values are checked against it when a recipe loads, and a key that only another
@@ -61,6 +62,7 @@ class Method(nn.Module):
     needs_indices: bool = False
     loss_names: tuple[str, ...] = ()
     min_batch_size: int = 1
+    min_batch_reason: str = "contrasts each image with the other images of its batch (with none the loss is exactly 0)"
     Options: ClassVar[type] = NoOptions
     num_views: int = 2
     needs_teacher: bool = False
