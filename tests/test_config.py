@@ -100,9 +100,14 @@ def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
         assert word in message
 
 
-@pytest.mark.parametrize("method, loss", [("simclr", "ntxent"), ("mocov3", "ntxent"), ("supcon", "supcon")])
-def test_a_batch_of_one_is_refused_where_the_batch_holds_the_negatives(tmp_path, method, loss):
-    """One image contrasted with nothing gives a loss of exactly 0: refused before any data is read."""
+@pytest.mark.parametrize(
+    "method, loss",
+    [("simclr", "ntxent"), ("mocov3", "ntxent"), ("supcon", "supcon"), ("byol", "byol"), ("simsiam", "simsiam")]
+    + [("barlow_twins", "barlow_twins"), ("vicreg", "vicreg")],
+)
+def test_a_batch_of_one_is_refused_where_the_batch_holds_the_negatives_or_the_statistics(tmp_path, method, loss):
+    """One image contrasted with nothing gives a loss of exactly 0, and has no per-feature statistics (the
+    losses' of Barlow Twins and VICReg, the predictor's BatchNorm): refused before any data is read."""
     with pytest.raises(UserError) as info:
         load_config(write(tmp_path, f"method: {{name: {method}}}\nloss: {{name: {loss}}}\ntrain: {{batch_size: 1}}\n"))
     message = str(info.value)

@@ -210,8 +210,8 @@ class MethodConfig:
     every method's. A key that only another method reads is noted when training starts.
 
     Attributes:
-        name: The method: ``simclr``, ``supcon``, ``supervised``, ``moco``, ``mocov3``, ``nce``, ``finetune`` or
-            ``distill`` (see :mod:`sslkit.methods`).
+        name: The method: ``simclr``, ``supcon``, ``supervised``, ``moco``, ``mocov3``, ``byol``, ``simsiam``,
+            ``barlow_twins``, ``vicreg``, ``nce``, ``finetune`` or ``distill`` (see :mod:`sslkit.methods`).
         options: The method's own options, written as the other keys of the ``method`` section
             (``method.queue_size=4096``); unset ones take the method's defaults.
     """

@@ -17,14 +17,18 @@ from torch import nn
 from sslkit import checkpoint, losses, models
 from sslkit.config.schema import coerce, parse_config, read_yaml
 from sslkit.errors import UserError
+from sslkit.methods.barlow_twins import BarlowTwins
 from sslkit.methods.base import Method
+from sslkit.methods.byol import BYOL
 from sslkit.methods.distill import Distill
 from sslkit.methods.finetune import FineTune
 from sslkit.methods.moco import MoCo, MoCoV3
 from sslkit.methods.nce import MemoryBankNCE
 from sslkit.methods.simclr import SimCLR
+from sslkit.methods.simsiam import SimSiam
 from sslkit.methods.supcon import SupCon
 from sslkit.methods.supervised import Supervised
+from sslkit.methods.vicreg import VICReg
 
 METHODS: dict[str, type[Method]] = {
     "simclr": SimCLR,
@@ -32,6 +36,10 @@ METHODS: dict[str, type[Method]] = {
     "supervised": Supervised,
     "moco": MoCo,
     "mocov3": MoCoV3,
+    "byol": BYOL,
+    "simsiam": SimSiam,
+    "barlow_twins": BarlowTwins,
+    "vicreg": VICReg,
     "nce": MemoryBankNCE,
     "finetune": FineTune,
     "distill": Distill,
@@ -41,6 +49,7 @@ METHODS: dict[str, type[Method]] = {
 # What each method's loss is called with, in words, for the error below.
 _LOSS_FORMS = {
     "two_view": "a two-view loss",
+    "batch_statistics": "a loss over batch statistics",
     "query_key": "a query-key loss",
     "label": "a label loss",
     "head": "a head",
@@ -70,8 +79,9 @@ def check_loss(method_name: str, loss_name: str, source: str = "recipe") -> None
 def option_fields() -> dict[str, dataclasses.Field]:
     """``{key: field}`` of every ``method.*`` option of every registered method, in registry order.
 
-    A key that several methods read (``momentum``: MoCo and MoCo v3) appears once, with the
-    field of the first; their types and defaults agree.
+    A key that several methods read (``momentum``: MoCo, MoCo v3 and BYOL) appears once, with the
+    field of the first; their types agree, their defaults may not (BYOL's ``momentum`` is 0.996,
+    MoCo's 0.99): :func:`check_config` fills a method's unset options with its own defaults.
     """
     fields: dict[str, dataclasses.Field] = {}
     for method in METHODS.values():
@@ -230,4 +240,8 @@ __all__ = [
     "MoCo",
     "MoCoV3",
     "MemoryBankNCE",
+    "BYOL",
+    "SimSiam",
+    "BarlowTwins",
+    "VICReg",
 ]

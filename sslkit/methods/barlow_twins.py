@@ -1,0 +1,34 @@
+"""Barlow Twins (Zbontar et al. 2021): the cross-correlation of the two views' projections to the identity.
+
+References:
+    [0] Barlow Twins, Zbontar et al. 2021, https://arxiv.org/abs/2103.03230 (section 2 and 4)
+    [1] The authors' code, https://github.com/facebookresearch/barlowtwins (main.py)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sslkit.methods.simclr import ProjectedViews
+
+
+class BarlowTwins(ProjectedViews):
+    """Barlow Twins [0]: :class:`~sslkit.losses.BarlowTwinsLoss` on the projections ``g(f(v1))`` and ``g(f(v2))``.
+
+    The loss standardises each feature over the global batch (every process's images) and drives
+    the cross-correlation of the two views to the identity, weighting the off-diagonal terms by
+    ``loss.off_diagonal_weight`` (``lambda``, 5e-3 in [0]). No negatives, no predictor and no
+    momentum encoder. The projector (``model.projector_*``) is 3 layers, 8192 wide at ImageNet
+    scale in [0]: the loss's statistics need many features ([0], figure 4). Both views go through
+    the encoder in one batch, as in :class:`~sslkit.methods.SimCLR`.
+
+    Shape:
+        view1, view2: (B, C, H, W); returns a scalar loss.
+    """
+
+    loss_names = ("barlow_twins",)
+    min_batch_reason = "standardises each feature over the global batch, and one image has no spread to standardise"
+
+    def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        z1, z2 = self.project(view1, view2).chunk(2)
+        return self.loss(z1, z2)
