@@ -176,6 +176,7 @@ def test_every_method_is_a_method_and_the_trainer_calls_need_no_probing():
         "simsiam": 2,
         "barlow_twins": 2,
         "vicreg": 2,
+        "dino": 1,
         "nce": 1,
         "finetune": 1,
         "distill": 1,

@@ -211,7 +211,7 @@ class MethodConfig:
 
     Attributes:
         name: The method: ``simclr``, ``supcon``, ``supervised``, ``moco``, ``mocov3``, ``byol``, ``simsiam``,
-            ``barlow_twins``, ``vicreg``, ``nce``, ``finetune`` or ``distill`` (see :mod:`sslkit.methods`).
+            ``barlow_twins``, ``vicreg``, ``dino``, ``nce``, ``finetune`` or ``distill`` (see :mod:`sslkit.methods`).
         options: The method's own options, written as the other keys of the ``method`` section
             (``method.queue_size=4096``); unset ones take the method's defaults.
     """

@@ -211,6 +211,7 @@ def train_epochs(run: Run, stop: StopSignals) -> bool:
     with ProgressBar(progress, total, run.main) as bar:
         while progress.step < total and progress.epoch < cfg.train.epochs:
             run.unwrapped.backbone_frozen = progress.epoch < cfg.train.freeze_backbone_epochs
+            run.unwrapped.epoch = progress.epoch
             window = LogWindow(run.step.finite)
             batches = run.corrupt.watch(epoch_batches(run))
             for images, labels, *indices in window.timed(batches):

@@ -20,6 +20,7 @@ from sslkit.errors import UserError
 from sslkit.methods.barlow_twins import BarlowTwins
 from sslkit.methods.base import Method
 from sslkit.methods.byol import BYOL
+from sslkit.methods.dino import DINO
 from sslkit.methods.distill import Distill
 from sslkit.methods.finetune import FineTune
 from sslkit.methods.moco import MoCo, MoCoV3
@@ -40,6 +41,7 @@ METHODS: dict[str, type[Method]] = {
     "simsiam": SimSiam,
     "barlow_twins": BarlowTwins,
     "vicreg": VICReg,
+    "dino": DINO,
     "nce": MemoryBankNCE,
     "finetune": FineTune,
     "distill": Distill,
@@ -51,6 +53,7 @@ _LOSS_FORMS = {
     "two_view": "a two-view loss",
     "batch_statistics": "a loss over batch statistics",
     "query_key": "a query-key loss",
+    "student_teacher": "a student-teacher loss",
     "label": "a label loss",
     "head": "a head",
 }
@@ -182,8 +185,9 @@ def check_batch_size(method_name: str, batch_size: int, source: str = "recipe") 
 
     SimCLR, MoCo v3 and SupCon take their negatives from the batch itself: with one image the
     softmax runs over its positive alone, the loss is exactly 0 and nothing trains, silently.
-    Barlow Twins and VICReg take per-feature statistics over the batch, which one image does
-    not have. MoCo (queue), NCE (memory bank) and the supervised heads train on a batch of one.
+    Barlow Twins and VICReg take per-feature statistics over the batch, and BYOL's and SimSiam's
+    predictors normalise by BatchNorm over it, which one image does not have. MoCo (queue), NCE
+    (memory bank), DINO (its centre) and the supervised heads train on a batch of one.
     """
     method = METHODS[method_name]
     if batch_size < method.min_batch_size:
@@ -244,4 +248,5 @@ __all__ = [
     "SimSiam",
     "BarlowTwins",
     "VICReg",
+    "DINO",
 ]

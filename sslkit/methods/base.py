@@ -54,6 +54,8 @@ class Method(nn.Module):
             layer, proxies), or None. The optimizer gives its parameters the learning-rate scales it
             declares (``param_groups``); two-view and label losses, which hold no weights, are the
             method's ``loss``.
+        epoch: the epoch being trained (from 0); the trainer sets it when each epoch starts, for a method
+            with schedules by epoch (DINO's teacher temperature and frozen last layer).
         backbone_frozen: the trainer sets it during ``train.freeze_backbone_epochs``; a method
             encodes through :meth:`encode`, which then sends no gradient to the backbone.
     """
@@ -72,6 +74,7 @@ class Method(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.backbone_frozen = False
+        self.epoch = 0
         self.head: nn.Module | None = None
         # Checkpoints written before the classifier was called a head name its weights loss.*.
         self.register_load_state_dict_pre_hook(_head_was_loss)
