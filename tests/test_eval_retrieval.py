@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from dist_utils import run_in_processes
 
 from sslkit.evaluation import retrieval_metrics
-from sslkit.evaluation.retrieval import kmeans_clusters
+from sslkit.evaluation.retrieval import _nearest, kmeans_clusters
 
 
 def on_circle(degrees):
@@ -227,6 +227,13 @@ def test_nmi_is_low_for_features_unrelated_to_labels_and_ignores_label_names():
     assert retrieval_metrics(features, shuffled_labels)["nmi"] < 0.1
 
 
+def test_nmi_false_leaves_out_nmi_only():
+    features, labels = clustered(80, 6, 4, seed=10)
+    everything = retrieval_metrics(features, labels)
+    without = retrieval_metrics(features, labels, nmi=False)
+    assert without == {name: value for name, value in everything.items() if name != "nmi"}
+
+
 def _two_process_metrics(rank, world):
     """Run by dist_utils.run_in_processes: the metrics of each case, and the error for unequal inputs."""
     features, labels = tied(101, 4, 6, seed=9)  # odd: the processes get 51 and 50 queries
@@ -285,3 +292,14 @@ def test_invalid_arguments_name_the_argument(kwargs, argument):
     arguments.update(kwargs)
     with pytest.raises(ValueError, match=argument):
         retrieval_metrics(**arguments)
+
+
+@pytest.mark.parametrize("depth", [1, 5, 39, 40])
+def test_neighbour_order_is_a_stable_sort_of_the_similarities(depth):
+    # Few distinct values (ties inside the kept ones and across the cut), both zeros, -inf as a masked query.
+    g = torch.Generator().manual_seed(depth)
+    similarity = torch.randint(-2, 3, (64, 40), generator=g).float() / 2
+    similarity[similarity == 0] = torch.tensor([0.0, -0.0])[torch.randint(0, 2, (int((similarity == 0).sum()),))]
+    similarity[:, 3] = float("-inf")
+    expected = similarity.sort(dim=1, descending=True, stable=True).indices[:, :depth]
+    assert torch.equal(_nearest(similarity, depth), expected)

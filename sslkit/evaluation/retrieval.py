@@ -92,23 +92,38 @@ def _check_same_labels_everywhere(query_labels: torch.Tensor, gallery_labels: to
         )
 
 
+def _order_key(values: torch.Tensor, indices: torch.Tensor, num_columns: int) -> torch.Tensor:
+    """One int64 per entry that sorts as (value, then lower index first) does: ties broken in one sort.
+
+    The high 32 bits are the float32 value's bits made monotonic (a negative float's bits count
+    down as it grows: flip them), the low 32 bits the index counted backwards.
+
+    Shape:
+        values: (c, k) float32; indices: (c, k) int64 column of each value; returns: (c, k) int64
+    """
+    bits = (values + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into 0.0, which compares equal to it
+    monotonic = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (monotonic.long() << 32) | (num_columns - 1 - indices)
+
+
 def _nearest(similarity: torch.Tensor, depth: int) -> torch.Tensor:
     """Column indices of each row's ``depth`` largest values: largest first, equal values by lowest index.
 
     Shape:
-        similarity: (c, G); returns: (c, depth) int64
+        similarity: (c, G) float32; returns: (c, depth) int64
     """
-    values, indices = similarity.topk(depth, dim=1)  # (c, depth), equal values in no set order
-    # topk keeps an arbitrary subset of the values equal to the last one kept. Where some of those
-    # were left out, a stable sort of the whole row keeps the lowest indices instead (rare: exact ties).
-    cut = values[:, -1:]  # (c, 1)
-    spills = (similarity == cut).sum(dim=1) > (values == cut).sum(dim=1)  # (c,)
-    if spills.any():
-        indices[spills] = similarity[spills].sort(dim=1, descending=True, stable=True).indices[:, :depth]
-    # Order by index, then stably by value: equal values stay by increasing index.
-    indices = indices.sort(dim=1).values
-    order = similarity.gather(1, indices).sort(dim=1, descending=True, stable=True).indices
-    return indices.gather(1, order)
+    num_columns = similarity.shape[1]
+    take = min(depth + 1, num_columns)  # one more than needed: it tells whether a tie crosses the cut
+    values, indices = similarity.topk(take, dim=1, sorted=False)  # (c, take), equal values in no set order
+    key = _order_key(values, indices, num_columns).sort(dim=1, descending=True).values  # (c, take)
+    if take > depth:
+        # Where the next value equals the last one kept, topk may have left out an equal value of lower
+        # index: those rows (rare, exact ties) are ranked again over all their columns.
+        spills = (key[:, depth - 1] >> 32) == (key[:, depth] >> 32)  # (c,)
+        if spills.any():
+            columns = torch.arange(num_columns, device=similarity.device).expand(int(spills.sum()), -1)
+            key[spills, :depth] = _order_key(similarity[spills], columns, num_columns).topk(depth, dim=1).values
+    return num_columns - 1 - (key[:, :depth] & 0xFFFFFFFF)
 
 
 def _chunk_sums(
@@ -149,6 +164,7 @@ def retrieval_metrics(
     ks: Sequence[int] = (1, 2, 4, 8),
     chunk_size: int = 1024,
     seed: int = 0,
+    nmi: bool = True,
 ) -> dict[str, float]:
     """Recall@K, R-Precision, MAP@R and NMI of cosine retrieval, in bounded memory and any number of processes.
 
@@ -170,7 +186,8 @@ def retrieval_metrics(
     labels (``KMEANS_RESTARTS`` starts, ``random_state=seed``) [0].
 
     Memory: one (chunk_size, G) similarity block and its top R, never the (N, G) matrix.
-    In several processes each scores its share of the queries (module docstring).
+    Under a process group every process must call it, with the same features, as with any
+    collective: each scores its share of the queries (module docstring).
 
     Args:
         query_features, query_labels: the samples that query (and, without a gallery, the
@@ -179,12 +196,13 @@ def retrieval_metrics(
         ks: the K of each Recall@K.
         chunk_size: queries per similarity block.
         seed: KMeans' random state.
+        nmi: False leaves NMI out, and with it k-means, most of the time on a large set of queries.
 
     Shape:
         query_features: (N, D); query_labels: (N,) integer
         gallery_features: (G, D); gallery_labels: (G,) integer
         returns: ``{"recall@1": ..., "recall@K": ..., "r_precision": ..., "map@r": ..., "nmi": ...}``,
-        floats in [0, 1].
+        floats in [0, 1] (no ``"nmi"`` with ``nmi=False``).
 
     >>> z = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
     >>> retrieval_metrics(z, torch.tensor([0, 0, 1, 1]), ks=(1,))
@@ -220,7 +238,7 @@ def retrieval_metrics(
             rows = torch.arange(stop - start, device=device)
             similarity[rows, rows + start] = float("-inf")  # a query never retrieves itself
         sums[:-1] += _chunk_sums(similarity, query_class[start:stop], relevant[start:stop], gallery_class, ks)
-    if distributed.rank() == 0:
+    if nmi and distributed.rank() == 0:
         sums[-1] = _nmi(queries, query_labels, seed)
     sums = distributed.all_reduce(sums).tolist()
 
@@ -228,7 +246,8 @@ def retrieval_metrics(
     averages = [total / num_scored if num_scored else float("nan") for total in sums[:-2]]
     metrics = {f"recall@{k}": average for k, average in zip(ks, averages)}
     metrics["r_precision"], metrics["map@r"] = averages[-2:]
-    metrics["nmi"] = sums[-1]
+    if nmi:
+        metrics["nmi"] = sums[-1]
     return metrics
 
 
