@@ -379,7 +379,7 @@ class EvalDataConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation at the end of a run and in ``sslkit/evaluate.py``, on the frozen backbone's features.
+    """Evaluation at the end of a run and in ``sslkit-evaluate``, on the frozen backbone's features.
 
     Attributes:
         knn_k: Neighbours of the weighted kNN classifier (InstDisc's; k=200 is the usual CIFAR figure).
@@ -873,7 +873,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     _check_choice(cfg.data.name, data.DATASETS, "data.name", source)
     _check_choice(cfg.method.name, methods.METHODS, "method.name", source)
     _check_choice(cfg.loss.name, losses.LOSSES, "loss.name", source)
-    # Before any data is read: tools/ablate.py checks every point of a sweep up front.
+    # Before any data is read: sslkit-ablate checks every point of a sweep up front.
     methods.check_loss(cfg.method.name, cfg.loss.name, source)
     _check_choice(cfg.optim.name, optim.OPTIMIZERS, "optim.name", source)
     _check_choice(cfg.optim.lr_scaling, ("none", "linear", "sqrt"), "optim.lr_scaling", source)

@@ -1,4 +1,4 @@
-"""tools/ablate.py: a real tiny sweep on digits (every point a ``sslkit/pretrain.py`` subprocess),
+"""sslkit-ablate: a real tiny sweep on digits (every point a ``python -m sslkit.cli.pretrain`` subprocess),
 resume after an unfinished point, a point that diverges, and the mistakes that must fail up front.
 
 The sweep is driven through ``ablate.main(argv)`` in this process (its points are real
@@ -24,12 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from sslkit.cli import ablate
+from sslkit.errors import UserError
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-import ablate  # noqa: E402
-
-from sslkit.errors import UserError  # noqa: E402
 
 QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
 TINY = [
@@ -185,7 +184,8 @@ def test_bad_sweep_syntax_gives_one_line_from_the_command(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "tools" / "ablate.py"),
+            "-m",
+            "sslkit.cli.ablate",
             QUICKSTART,
             "--sweep",
             "loss.temperature:0.1,0.2",
@@ -275,8 +275,8 @@ def test_grid_is_the_product_with_seeds_innermost_and_paths_made_safe():
 def test_point_command_is_the_users_command_behind_the_launcher(tmp_path):
     point = ablate.Point((("loss.temperature", "0.2"),), seed=1)
     plain = ablate.point_command(point, Path("r.yaml"), ["train.epochs=3"], tmp_path, None)
-    assert plain[:3] == [sys.executable, str(ROOT / "sslkit" / "pretrain.py"), "r.yaml"]
-    assert plain[3:] == [
+    assert plain[:4] == [sys.executable, "-m", "sslkit.cli.pretrain", "r.yaml"]
+    assert plain[4:] == [
         "train.epochs=3",
         "loss.temperature=0.2",
         "run.seed=1",

@@ -1,4 +1,4 @@
-"""tools/label_efficiency.py: the runs it plans, the mistakes that must fail up front, the aggregation
+"""sslkit-label-efficiency: the runs it plans, the mistakes that must fail up front, the aggregation
 (mean and std over seeds, best of the two scratch runs, tables and plot), and one real tiny comparison
 on digits with the bundled quick-start recipes (every run a subprocess), rerun to check it resumes.
 
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+from sslkit.cli import label_efficiency as le
 
-import label_efficiency as le  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Every run: a width-8 ResNet-18 on 8x8 crops of the digits, 2 epochs, one thread.
@@ -124,7 +124,7 @@ def test_every_road_runs_and_the_tables_hold_what_the_runs_wrote(comparison):
     runs = out / "runs"
     for row in rows:
         assert float(row["wall_s"]) > 0 and 0 <= float(row["top1"]) <= 1
-        if row["road"] in ("linear", "knn"):  # the frozen evaluation's JSON, as sslkit/evaluate.py wrote it
+        if row["road"] in ("linear", "knn"):  # the frozen evaluation's JSON, as sslkit-evaluate wrote it
             results = json.loads((out / "points" / f"{row['run']}.json").read_text())["results"]
             assert float(row["top1"]) == pytest.approx(results[f"{row['road']}_top1"], rel=1e-5)
         elif row["road"] != "scratch-best":  # the run's own classifier
@@ -230,7 +230,7 @@ def test_aggregation_of_the_real_results_without_matplotlib(comparison, tmp_path
 
 def test_a_bad_fraction_gives_one_line_from_the_command(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "label_efficiency.py"), "quickstart", "--fractions", "0.1,1.5"],
+        [sys.executable, "-m", "sslkit.cli.label_efficiency", "quickstart", "--fractions", "0.1,1.5"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -327,7 +327,8 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     tail = ["run.output_dir=" + str(tmp_path / "runs"), "run.resume=auto"]
     assert by["pretrain"].command == [
         python,
-        str(le.PRETRAIN),
+        "-m",
+        le.PRETRAIN,
         "/r/pre.yaml",
         "train.threads=2",
         "train.epochs=7",
@@ -338,7 +339,8 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     frozen = by["frozen-f0.01-s4"]
     assert frozen.command == [
         python,
-        str(le.EVALUATE),
+        "-m",
+        le.EVALUATE,
         str(pre),
         "train.threads=2",
         "eval.label_fraction=0.01",
@@ -349,7 +351,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     ]
     assert frozen.needs == ("pretrain",) and (frozen.fraction, frozen.seed) == (0.01, 4)
     labels = ["data.label_fraction=0.01", "data.label_seed=4", "run.seed=4"]
-    assert by["finetune-f0.01-s4"].command[2:] == [
+    assert by["finetune-f0.01-s4"].command[3:] == [
         "/r/ft.yaml",
         "train.threads=2",
         "train.epochs=5",
@@ -360,7 +362,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
         tail[1],
     ]
     distill = by["distill-f0.01-s4"]
-    assert distill.command[2:6] == [
+    assert distill.command[3:7] == [
         "/r/di.yaml",
         "train.threads=2",
         "train.epochs=5",
@@ -368,7 +370,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     ]
     assert distill.needs == ("pretrain", "finetune-f0.01-s4")
     scratch, long = by["scratch-f0.01-s4"], by["scratch-long-f0.01-s4"]
-    assert scratch.command[2:] == [
+    assert scratch.command[3:] == [
         "/r/ft.yaml",
         "train.threads=2",
         "train.epochs=5",
@@ -378,7 +380,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
         "run.name=scratch-f0.01-s4",
         tail[1],
     ]
-    assert long.command[4:7] == ["train.epochs=5", "train.epochs=15", "run.init_from=null"]  # the later one wins
+    assert long.command[5:8] == ["train.epochs=5", "train.epochs=15", "run.init_from=null"]  # the later one wins
     assert scratch.needs == long.needs == ()  # they run even when the pretraining failed
     assert by["scratch-f1-s3"].result == tmp_path / "runs" / "scratch-f1-s3" / "results.json"
 
@@ -392,14 +394,14 @@ def test_pretrained_run_no_distill_factor_one_and_launcher(tmp_path):
     assert [r.name for r in runs] == [
         f"{kind}-f{f}-s{seed}" for f in ("0.01", "1") for seed in (3, 4) for kind in ("frozen", "finetune", "scratch")
     ]
-    assert runs[0].command[:4] == ["accelerate", "launch", "--cpu", str(le.EVALUATE)]
-    assert runs[0].command[4] == str(pretrained) and runs[0].needs == ()
+    assert runs[0].command[:5] == ["accelerate", "launch", "--cpu", "-m", le.EVALUATE]
+    assert runs[0].command[5] == str(pretrained) and runs[0].needs == ()
     assert f"run.init_from={pretrained}" in runs[1].command and runs[1].needs == ()
 
 
 def test_epochs_at_a_fraction_go_to_its_fine_tune_and_scratch_runs_only(tmp_path):
     runs = {r.name: r for r in le.plan_runs(make_plan(tmp_path, epochs={"1": 2}))}
-    assert runs["finetune-f1-s3"].command[4:6] == ["train.epochs=5", "train.epochs=2"]  # the later one wins
+    assert runs["finetune-f1-s3"].command[5:7] == ["train.epochs=5", "train.epochs=2"]  # the later one wins
     assert "train.epochs=2" in runs["scratch-f1-s3"].command
     assert "train.epochs=6" in runs["scratch-long-f1-s3"].command  # --scratch-factor times the fraction's epochs
     for name in ("finetune-f0.01-s3", "distill-f0.01-s3", "scratch-f0.01-s3"):

@@ -1,8 +1,8 @@
 """Pretrain an encoder from a recipe.
 
-    accelerate launch sslkit/pretrain.py recipes/simclr.yaml [key.sub=value ...]
-    python sslkit/pretrain.py recipes/quickstart.yaml train.epochs=5 loss.temperature=0.2
-    sslkit-pretrain quickstart          # installed: a bundled recipe by name, from any directory
+    sslkit-pretrain recipes/quickstart.yaml train.epochs=5 loss.temperature=0.2
+    sslkit-pretrain quickstart          # a bundled recipe by name, from any directory
+    accelerate launch -m sslkit.cli.pretrain recipes/simclr.yaml [key.sub=value ...]
 
 A user's mistake (unknown key, wrong type, missing dataset, ...) prints one line and exits
 with status 2; nothing half-done is written.
@@ -10,23 +10,16 @@ with status 2; nothing half-done is written.
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
-from pathlib import Path
-
-if __package__ in (None, ""):
-    # Run as a script: put the repository root first on the path, not sslkit/ itself (whose
-    # module names, e.g. data.py, would shadow other packages' imports).
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-import argparse  # noqa: E402
-import os  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from sslkit.config import bundled_recipes
 
     parser = argparse.ArgumentParser(
-        prog="sslkit-pretrain" if Path(sys.argv[0]).name == "sslkit-pretrain" else "sslkit/pretrain.py",
+        prog="sslkit-pretrain",
         description="Pretrain an encoder from a YAML recipe.",
     )
     parser.add_argument(

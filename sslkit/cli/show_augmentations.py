@@ -1,7 +1,7 @@
 """Save a grid of a recipe's augmented views, to see what the encoder will be shown.
 
-    python tools/show_augmentations.py RECIPE [key.sub=value ...] [--out PATH] [--images N] [--views K]
-    python tools/show_augmentations.py recipes/quickstart.yaml augment.crop_scale=[0.08,1.0]
+    sslkit-show-augmentations RECIPE [key.sub=value ...] [--out PATH] [--images N] [--views K]
+    sslkit-show-augmentations recipes/quickstart.yaml augment.crop_scale=[0.08,1.0]
 
 Each row is one training image (resized to the crop size), then K augmented views of it, as
 :class:`sslkit.augment.TwoViewAugment` makes them (normalisation undone for display). A
@@ -14,22 +14,18 @@ import argparse
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    # Run as a script: the repository root first on the path, so `sslkit` imports from here.
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+import torch
+from torchvision.utils import save_image
 
-import torch  # noqa: E402
-from torchvision.utils import save_image  # noqa: E402
-
-from sslkit.augment import EvalTransform, TwoViewAugment  # noqa: E402
-from sslkit.config import load_config  # noqa: E402
-from sslkit.console import console, print_user_error  # noqa: E402
-from sslkit.errors import UserError  # noqa: E402
+from sslkit.augment import EvalTransform, TwoViewAugment
+from sslkit.config import load_config
+from sslkit.console import console, print_user_error
+from sslkit.errors import UserError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="tools/show_augmentations.py", description="Save a PNG grid of a recipe's augmented views."
+        prog="sslkit-show-augmentations", description="Save a PNG grid of a recipe's augmented views."
     )
     parser.add_argument(
         "recipe", help="a YAML recipe's path or a bundled recipe's name, e.g. recipes/quickstart.yaml or quickstart"

@@ -1,11 +1,11 @@
 """Label efficiency: what pretraining buys at 1%, 10%, 100% of the labels, against training from scratch.
 
-    python tools/label_efficiency.py RECIPE --fractions 0.01,0.1,1 --seeds 3 [--out DIR]
+    sslkit-label-efficiency RECIPE --fractions 0.01,0.1,1 --seeds 3 [--out DIR]
         [--pretrained RUN_DIR] [--finetune-recipe R] [--distill-recipe R] [--no-distill]
         [--scratch-factor 3] [--epochs F=E,...] [--launcher "..."]
         [--pretrain-override K=V ...] [--finetune-override K=V ...]
         [key.sub=value ...]
-    python tools/label_efficiency.py quickstart --fractions 0.05,0.1,1 --seeds 3 train.threads=2
+    sslkit-label-efficiency quickstart --fractions 0.05,0.1,1 --seeds 3 train.threads=2
 
 RECIPE is a self-supervised pretraining recipe. It is pretrained once (or ``--pretrained RUN_DIR``
 names a finished run to start from), then, for every label fraction f and seed s, the same
@@ -13,7 +13,7 @@ labelled images (``data.label_fraction=f data.label_seed=s``, chosen by :mod:`ss
 go down every road:
 
 - ``linear``, ``knn``: the frozen pretrained encoder, evaluated with f of the labels
-  (``sslkit/evaluate.py PRE eval.label_fraction=f data.label_seed=s run.seed=s``);
+  (``sslkit-evaluate PRE eval.label_fraction=f data.label_seed=s run.seed=s``);
 - ``finetune``: the whole network fine-tuned from the pretrained backbone on those labels
   (``--finetune-recipe``, ``run.init_from=PRE``); its own classifier's test top-1, ``finetune_top1``;
 - ``distill``: a student started from the pretrained backbone, taught by that fine-tuned network on
@@ -34,14 +34,14 @@ from the recipe's ``run.seed``. Overrides after RECIPE apply to every run (``tra
 ``--pretrain-override`` to the pretraining only, ``--finetune-override`` to the fine-tune, distill
 and scratch runs only (``train.epochs=5``). Every run is its own subprocess, the user's command:
 
-    python sslkit/pretrain.py RECIPE <overrides> run.output_dir=OUT/runs run.name=pretrain run.resume=auto
-    python sslkit/evaluate.py OUT/runs/pretrain <overrides> eval.label_fraction=F data.label_seed=S run.seed=S
+    python -m sslkit.cli.pretrain RECIPE <overrides> run.output_dir=OUT/runs run.name=pretrain run.resume=auto
+    python -m sslkit.cli.evaluate OUT/runs/pretrain <overrides> eval.label_fraction=F data.label_seed=S run.seed=S
         --out OUT/points/frozen-fF-sS.json
-    python sslkit/pretrain.py FINETUNE <overrides> run.init_from=OUT/runs/pretrain data.label_fraction=F
+    python -m sslkit.cli.pretrain FINETUNE <overrides> run.init_from=OUT/runs/pretrain data.label_fraction=F
         data.label_seed=S run.seed=S run.output_dir=OUT/runs run.name=finetune-fF-sS run.resume=auto
     ...
 
-(behind ``--launcher`` when given). Every run's config is validated before anything runs (a typo
+(``--launcher`` in place of ``python`` when given). Every run's config is validated before anything runs (a typo
 fails in a second, exit status 2, one line). The comparison is resumable: a run whose result
 file exists (``results.json`` in its run directory; the frozen evaluation's JSON) is skipped
 ("done, skipped"), any other runs again, continuing from its last checkpoint. A run that fails is
@@ -75,30 +75,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    # Run as a script: the repository root first on the path, so `sslkit` imports from here, and this
-    # folder after it, for the sibling tool whose helpers this one shares.
-    _TOOLS = Path(__file__).resolve().parent
-    sys.path[0] = str(_TOOLS.parent)
-    if str(_TOOLS) not in sys.path:
-        sys.path.insert(1, str(_TOOLS))
-    import ablate  # noqa: E402
-else:
-    from . import ablate  # noqa: E402
+import yaml
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-import yaml  # noqa: E402
-from rich.markup import escape  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
+from sslkit.cli import ablate
+from sslkit.config import Config, find_recipe, flatten, load_config, to_dict
+from sslkit.console import console, error_console, print_user_error
+from sslkit.errors import UserError
+from sslkit.report import PLOT_HINT, new_figure
 
-from sslkit.config import Config, find_recipe, flatten, load_config, to_dict  # noqa: E402
-from sslkit.console import console, error_console, print_user_error  # noqa: E402
-from sslkit.errors import UserError  # noqa: E402
-from sslkit.report import PLOT_HINT, new_figure  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-PRETRAIN = ROOT / "sslkit" / "pretrain.py"
-EVALUATE = ROOT / "sslkit" / "evaluate.py"
+# Every run is python -m one of these (or the launcher with -m).
+PRETRAIN = "sslkit.cli.pretrain"
+EVALUATE = "sslkit.cli.evaluate"
 PLOT_FILE = "label_efficiency.png"
 
 # Roads in table order; the kind of run each comes from and the metric read from its results.
@@ -153,7 +143,7 @@ class Run:
     # What validation loads: the recipe and the overrides the command gives it.
     recipe: Path | None = None
     overrides: list[str] = field(default_factory=list)
-    run_dir: Path | None = None  # for pretrain.py runs: where its config.yaml is saved
+    run_dir: Path | None = None  # for pretraining runs: where its config.yaml is saved
 
 
 @dataclass
@@ -339,7 +329,7 @@ def plan_runs(plan: Plan) -> list[Run]:
     pre = plan.pretrained or runs_dir / "pretrain"
 
     def trained(kind: str, recipe: Path, own: list[str], needs: tuple[str, ...], labels=None, **keys) -> Run:
-        """A sslkit/pretrain.py run; ``labels``: (fraction, seed) of its labelled subset and run seed."""
+        """A ``sslkit.cli.pretrain`` run; ``labels``: (fraction, seed) of its labelled subset and run seed."""
         fraction, seed = labels if labels is not None else (None, None)
         name = "pretrain" if labels is None else run_name(kind, fraction, seed)
         if labels is not None:
@@ -358,7 +348,7 @@ def plan_runs(plan: Plan) -> list[Run]:
             kind=kind,
             fraction=fraction,
             seed=seed,
-            command=[*prefix, str(PRETRAIN), str(recipe), *overrides],
+            command=[*prefix, "-m", PRETRAIN, str(recipe), *overrides],
             result=runs_dir / name / "results.json",
             needs=needs,
             recipe=recipe,
@@ -390,7 +380,7 @@ def plan_runs(plan: Plan) -> list[Run]:
                     kind="frozen",
                     fraction=fraction,
                     seed=seed,
-                    command=[*prefix, str(EVALUATE), str(pre), *eval_overrides, "--out", str(result)],
+                    command=[*prefix, "-m", EVALUATE, str(pre), *eval_overrides, "--out", str(result)],
                     result=result,
                     needs=needs_pre,
                     overrides=eval_overrides,
@@ -536,7 +526,7 @@ def run_or_skip(run: Run, out: Path, previous_wall_s: float | None, failed: dict
     if blocked:
         return {**record, "status": "failed", "error": f"not run: {blocked[0]} failed"}
     if run.kind == "frozen":
-        run.result.parent.mkdir(parents=True, exist_ok=True)  # evaluate.py wants --out's folder to exist
+        run.result.parent.mkdir(parents=True, exist_ok=True)  # sslkit-evaluate wants --out's folder to exist
     status, error, wall = ablate.run_point(run.command, out / "logs", run.name)
     metrics = read_result(run) if status == 0 else None
     if metrics is None:
@@ -800,7 +790,7 @@ def plot(summary: list[dict], seeds: int, path: Path, scratch_factor: int = 3) -
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="tools/label_efficiency.py",
+        prog="sslkit-label-efficiency",
         description="Compare, at several label fractions, a pretrained encoder frozen, fine-tuned and distilled "
         "against the same network trained from scratch on the same labels.",
     )

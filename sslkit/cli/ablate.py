@@ -1,18 +1,18 @@
 """Run a grid of pretraining runs (sweeps x seeds) and tabulate and plot what they give.
 
-    python tools/ablate.py RECIPE --sweep KEY=V1,V2,... [--sweep KEY=...] [--seeds N] [--out DIR]
-                           [--launcher "accelerate launch --cpu --num_processes 2"] [key.sub=value ...]
-    python tools/ablate.py recipes/quickstart.yaml --sweep loss.temperature=0.05,0.1,0.2,0.5 --seeds 2 train.epochs=10
+    sslkit-ablate RECIPE --sweep KEY=V1,V2,... [--sweep KEY=...] [--seeds N] [--out DIR]
+                  [--launcher "accelerate launch --cpu --num_processes 2"] [key.sub=value ...]
+    sslkit-ablate recipes/quickstart.yaml --sweep loss.temperature=0.05,0.1,0.2,0.5 --seeds 2 train.epochs=10
 
 The grid is the product of the sweeps and the seeds (``--seeds N``: ``run.seed`` = s, s+1, ...,
 from the recipe's seed s). Every point is the user's own command, run as a subprocess:
 
-    python sslkit/pretrain.py RECIPE key.sub=value ... <swept values> run.seed=S
+    python -m sslkit.cli.pretrain RECIPE key.sub=value ... <swept values> run.seed=S
         run.output_dir=OUT/runs run.name=<point> run.resume=auto
 
-(or ``--launcher`` followed by the same arguments), so a point that crashes or diverges cannot
-take the others down, and each leaves a normal run directory that ``sslkit/evaluate.py`` and
-``tools/report.py`` take as it is. Values are YAML, as in overrides; a value that holds a
+(or ``--launcher -m sslkit.cli.pretrain`` and the same arguments), so a point that crashes or diverges cannot
+take the others down, and each leaves a normal run directory that ``sslkit-evaluate`` and
+``sslkit-report`` take as it is. Values are YAML, as in overrides; a value that holds a
 comma goes in brackets: ``--sweep augment.crop_scale=[0.08,1.0],[0.2,1.0]``.
 
 Every point's config is loaded and validated before anything runs, so a typo fails in a second
@@ -51,21 +51,17 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    # Run as a script: the repository root first on the path, so `sslkit` imports from here.
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+import yaml
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-import yaml  # noqa: E402
-from rich.markup import escape  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
+from sslkit.config import find_recipe, flatten, load_config, to_dict
+from sslkit.console import console, print_user_error
+from sslkit.errors import UserError
+from sslkit.report import PLOT_HINT, new_figure
 
-from sslkit.config import find_recipe, flatten, load_config, to_dict  # noqa: E402
-from sslkit.console import console, print_user_error  # noqa: E402
-from sslkit.errors import UserError  # noqa: E402
-from sslkit.report import PLOT_HINT, new_figure  # noqa: E402
-
-PRETRAIN = Path(__file__).resolve().parents[1] / "sslkit" / "pretrain.py"
+PRETRAIN = "sslkit.cli.pretrain"  # every point runs python -m PRETRAIN, or the launcher with -m
 PLOTTED_METRICS = ("knn_top1", "linear_top1")
 # Set per point by this tool; a user's override of them would break the sweep's bookkeeping.
 # (run.seed may be overridden: it is the first of the --seeds.)
@@ -160,7 +156,7 @@ def point_overrides(point: Point, overrides: list[str], out: Path) -> list[str]:
 def point_command(point: Point, recipe: Path, overrides: list[str], out: Path, launcher: str | None) -> list[str]:
     """The command line of one point: the user's pretrain command with the point's values."""
     prefix = shlex.split(launcher) if launcher else [sys.executable]
-    return [*prefix, str(PRETRAIN), str(recipe), *point_overrides(point, overrides, out)]
+    return [*prefix, "-m", PRETRAIN, str(recipe), *point_overrides(point, overrides, out)]
 
 
 def check_points(recipe: Path, overrides: list[str], points: list[Point], out: Path) -> None:
@@ -397,7 +393,7 @@ def plot_metric(summary: list[dict], keys: list[str], metric: str, path: Path) -
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="tools/ablate.py", description="Run a grid of pretraining runs and tabulate and plot the results."
+        prog="sslkit-ablate", description="Run a grid of pretraining runs and tabulate and plot the results."
     )
     parser.add_argument(
         "recipe",
