@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from sslkit.cli import label_efficiency as le
+from sslkit.cli import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -328,7 +329,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     assert by["pretrain"].command == [
         python,
         "-m",
-        le.PRETRAIN,
+        sweep.PRETRAIN,
         "/r/pre.yaml",
         "train.threads=2",
         "train.epochs=7",
@@ -340,7 +341,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     assert frozen.command == [
         python,
         "-m",
-        le.EVALUATE,
+        sweep.EVALUATE,
         str(pre),
         "train.threads=2",
         "eval.label_fraction=0.01",
@@ -394,7 +395,7 @@ def test_pretrained_run_no_distill_factor_one_and_launcher(tmp_path):
     assert [r.name for r in runs] == [
         f"{kind}-f{f}-s{seed}" for f in ("0.01", "1") for seed in (3, 4) for kind in ("frozen", "finetune", "scratch")
     ]
-    assert runs[0].command[:5] == ["accelerate", "launch", "--cpu", "-m", le.EVALUATE]
+    assert runs[0].command[:5] == ["accelerate", "launch", "--cpu", "-m", sweep.EVALUATE]
     assert runs[0].command[5] == str(pretrained) and runs[0].needs == ()
     assert f"run.init_from={pretrained}" in runs[1].command and runs[1].needs == ()
 
@@ -430,41 +431,13 @@ def test_parse_fractions_sorts_and_names_them_plainly():
     assert le.run_name("scratch-long", 1.0, 0) == "scratch-long-f1-s0"
 
 
-def test_config_differences_compare_paths_resolved_and_runs_of_the_comparison_by_name(tmp_path):
-    wanted = {"run.init_from": str(tmp_path / "a" / ".." / "pre"), "run.output_dir": "x", "optim.lr": 0.1, "new": 1}
-    saved = {"run.init_from": str(tmp_path / "pre"), "run.output_dir": "/abs/x", "optim.lr": 0.1}
-    assert le.config_differences(wanted, saved) == []
-    assert le.config_differences({**wanted, "optim.lr": 0.2}, saved) == ["optim.lr"]
-    assert le.config_differences({**wanted, "run.init_from": "null"}, saved) == ["run.init_from"]
-    assert le.config_differences({"run.init_from": "null"}, {"run.init_from": None}) == []
-    # OUT moved from old/ to new/: its runs still start from its own pretraining and teacher
-    moved = {"run.output_dir": "/new/runs", "run.init_from": "/new/runs/pretrain", "method.teacher": "/new/runs/ft"}
-    before = {"run.output_dir": "/old/runs", "run.init_from": "/old/runs/pretrain", "method.teacher": "/old/runs/ft"}
-    assert le.config_differences(moved, before) == []
-    assert le.config_differences({**moved, "method.teacher": "/new/runs/ft2"}, before) == ["method.teacher"]
-    assert le.config_differences({**moved, "run.init_from": "/old/runs/pretrain"}, before) == ["run.init_from"]
-
-
-def test_a_failing_run_is_recorded_with_its_error_and_what_needs_it_is_not_run(tmp_path):
-    fail = le.Run(
-        name="finetune-f0.1-s0",
-        kind="finetune",
-        fraction=0.1,
-        seed=0,
-        command=[sys.executable, "-c", "import sys; print('error: the teacher ran away', file=sys.stderr); exit(2)"],
-        result=tmp_path / "runs" / "finetune-f0.1-s0" / "results.json",
-    )
-    record = le.run_or_skip(fail, tmp_path, None, {})
-    assert (record["status"], record["error"], record["skipped"]) == ("failed", "the teacher ran away", False)
-    assert record["wall_s"] > 0 and "the teacher ran away" in (tmp_path / "logs" / "finetune-f0.1-s0.err").read_text()
-    child = le.Run("distill-f0.1-s0", "distill", 0.1, 0, ["false"], tmp_path / "r.json", needs=("finetune-f0.1-s0",))
-    record = le.run_or_skip(child, tmp_path, None, {"finetune-f0.1-s0": "the teacher ran away"})
-    assert (record["status"], record["error"], record["wall_s"]) == (
-        "failed",
-        "not run: finetune-f0.1-s0 failed",
-        None,
-    )
-    assert not (tmp_path / "logs" / "distill-f0.1-s0.err").exists()
+def test_a_run_is_a_job_that_reads_its_own_result():
+    frozen = le.Run("frozen-f0.1-s0", "frozen", 0.1, 0, ["x"], Path("p.json"), needs=("pretrain",)).job()
+    assert (frozen.metrics_at, frozen.needs) == (("results",), ("pretrain",))
+    assert frozen.shown == ("linear_top1", "knn_top1")
+    finetune = le.Run("finetune-f0.1-s0", "finetune", 0.1, 0, ["x"], Path("r/results.json")).job()
+    assert finetune.metrics_at == ("results", "trained") and finetune.shown == ("finetune_top1",)
+    assert finetune.fields == {"kind": "finetune", "fraction": 0.1, "seed": 0}
 
 
 # --------------------------------------------------------------------------- aggregation and plot

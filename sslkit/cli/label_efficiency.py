@@ -68,7 +68,6 @@ import argparse
 import csv
 import json
 import math
-import shlex
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -76,19 +75,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sslkit.cli import ablate
+from sslkit.cli import sweep
 from sslkit.config import Config, find_recipe, flatten, load_config, to_dict
 from sslkit.console import console, error_console, print_user_error
 from sslkit.errors import UserError
 from sslkit.report import PLOT_HINT, new_figure
 
-# Every run is python -m one of these (or the launcher with -m).
-PRETRAIN = "sslkit.cli.pretrain"
-EVALUATE = "sslkit.cli.evaluate"
 PLOT_FILE = "label_efficiency.png"
 
 # Roads in table order; the kind of run each comes from and the metric read from its results.
@@ -144,6 +138,19 @@ class Run:
     recipe: Path | None = None
     overrides: list[str] = field(default_factory=list)
     run_dir: Path | None = None  # for pretraining runs: where its config.yaml is saved
+
+    def job(self) -> sweep.Job:
+        """The run as the sweep runner runs it; its record keeps the kind, fraction and seed."""
+        frozen = self.kind == "frozen"
+        return sweep.Job(
+            name=self.name,
+            command=self.command,
+            result=self.result,
+            metrics_at=("results",) if frozen else sweep.TRAINED,
+            needs=self.needs,
+            shown=("linear_top1", "knn_top1") if frozen else ("finetune_top1",),
+            fields={"kind": self.kind, "fraction": self.fraction, "seed": self.seed},
+        )
 
 
 @dataclass
@@ -324,7 +331,6 @@ def build_plan(args: argparse.Namespace) -> Plan:
 def plan_runs(plan: Plan) -> list[Run]:
     """Every run in the order they go: the pretraining, then per fraction and seed frozen, fine-tune,
     distill, scratch and scratch-long."""
-    prefix = shlex.split(plan.launcher) if plan.launcher else [sys.executable]
     runs_dir = plan.out / "runs"
     pre = plan.pretrained or runs_dir / "pretrain"
 
@@ -348,7 +354,7 @@ def plan_runs(plan: Plan) -> list[Run]:
             kind=kind,
             fraction=fraction,
             seed=seed,
-            command=[*prefix, "-m", PRETRAIN, str(recipe), *overrides],
+            command=sweep.command(sweep.PRETRAIN, [str(recipe), *overrides], plan.launcher),
             result=runs_dir / name / "results.json",
             needs=needs,
             recipe=recipe,
@@ -380,7 +386,9 @@ def plan_runs(plan: Plan) -> list[Run]:
                     kind="frozen",
                     fraction=fraction,
                     seed=seed,
-                    command=[*prefix, "-m", EVALUATE, str(pre), *eval_overrides, "--out", str(result)],
+                    command=sweep.command(
+                        sweep.EVALUATE, [str(pre), *eval_overrides, "--out", str(result)], plan.launcher
+                    ),
                     result=result,
                     needs=needs_pre,
                     overrides=eval_overrides,
@@ -446,93 +454,14 @@ def check_runs(runs: list[Run], plan: Plan) -> None:
                         f"every road needs the same network on the same images: pass {key}={theirs} "
                         f"(an override for every run) or another {option}"
                     )
-        if run.run_dir is None or not (saved_path := run.run_dir / "config.yaml").is_file():
+        if run.run_dir is None:
             continue
         wanted = flatten(to_dict(cfg))
         for override in run.overrides:  # the paths validation left out
             key, _, value = override.partition("=")
             if key in PATH_KEYS:
                 wanted[key] = value
-        saved = flatten(yaml.safe_load(saved_path.read_text()) or {})
-        differ = config_differences(wanted, saved)
-        if differ:
-            key = differ[0]
-            more = f" (and {len(differ) - 1} more keys)" if len(differ) > 1 else ""
-            raise UserError(
-                f"{saved_path.parent} was run with {key}={saved[key]}, this comparison asks for "
-                f"{key}={wanted[key]}{more}; use another --out, or delete that run directory to redo it"
-            )
-
-
-def config_differences(wanted: dict, saved: dict) -> list[str]:
-    """Keys whose values differ between the config a run would get and the one it was run with.
-
-    ``run.output_dir``: the same place, maybe spelled differently. A path to another run of the same
-    ``run.output_dir`` (the pretraining, the teacher) is compared by its name there, so that OUT may move;
-    other paths are compared resolved. Keys the saved config lacks came with a newer sslkit: the run
-    predates them, which alone is no reason to refuse it.
-    """
-
-    def place(config: dict, key: str) -> Any:
-        if config[key] in (None, "null"):
-            return None
-        path = Path(str(config[key])).resolve()
-        runs = config.get("run.output_dir")
-        if runs is not None and path.parent == Path(str(runs)).resolve():
-            return ("run.output_dir", path.name)
-        return path
-
-    def same(key: str) -> bool:
-        return place(wanted, key) == place(saved, key) if key in PATH_KEYS else wanted[key] == saved[key]
-
-    return sorted(k for k in wanted.keys() & saved.keys() if k != "run.output_dir" and not same(k))
-
-
-def read_result(run: Run) -> dict[str, float] | None:
-    """A finished run's metrics: the frozen evaluation's ``results``, a trained run's ``results.trained``."""
-    if run.kind != "frozen":
-        return ablate.read_trained_metrics(run.result.parent)
-    try:
-        results = json.loads(run.result.read_text())["results"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(results, dict):
-        return None
-    return {k: float(v) for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def run_or_skip(run: Run, out: Path, previous_wall_s: float | None, failed: dict[str, str]) -> dict:
-    """One run's record: read from its result file when it exists, else from running it.
-
-    ``failed`` maps the runs that failed so far to their errors; a run that needs one of them is not started.
-    """
-    record = {
-        "name": run.name,
-        "kind": run.kind,
-        "fraction": run.fraction,
-        "seed": run.seed,
-        "status": "ok",
-        "skipped": False,
-        "error": None,
-        "wall_s": None,
-        "metrics": {},
-        "result": str(run.result),
-        "command": shlex.join(run.command),
-    }
-    metrics = read_result(run)
-    if metrics is not None:
-        return {**record, "skipped": True, "metrics": metrics, "wall_s": previous_wall_s}
-    blocked = [name for name in run.needs if name in failed]
-    if blocked:
-        return {**record, "status": "failed", "error": f"not run: {blocked[0]} failed"}
-    if run.kind == "frozen":
-        run.result.parent.mkdir(parents=True, exist_ok=True)  # sslkit-evaluate wants --out's folder to exist
-    status, error, wall = ablate.run_point(run.command, out / "logs", run.name)
-    metrics = read_result(run) if status == 0 else None
-    if metrics is None:
-        missing = "finished without writing " + run.result.name
-        return {**record, "status": "failed", "error": error or missing, "wall_s": wall}
-    return {**record, "metrics": metrics, "wall_s": wall}
+        sweep.refuse_changed_run(run.run_dir, wanted, PATH_KEYS, "comparison")
 
 
 # --------------------------------------------------------------------------- rows, summary, plot
@@ -665,7 +594,7 @@ def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool =
                     r["error"] or "",
                     "" if r["wall_s"] is None else f"{r['wall_s']:.1f}",
                     r["metric"],
-                    ablate._csv(r["top1"]),
+                    sweep.csv_number(r["top1"]),
                 ]
             )
     (out / "points.json").write_text(json.dumps({**header, "runs": records, "points": rows}, indent=2))
@@ -679,7 +608,7 @@ def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool =
                 [
                     fraction_text(row["fraction"]),
                     *(row[c] for c in columns[1:4]),
-                    *(ablate._csv(row[c]) for c in columns[4:]),
+                    *(sweep.csv_number(row[c]) for c in columns[4:]),
                 ]
             )
     columns = ["fraction", "road", "n_seeds", "gain_mean", "gain_std", "seeds_ahead"]
@@ -692,7 +621,7 @@ def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool =
                     fraction_text(row["fraction"]),
                     row["road"],
                     row["n_seeds"],
-                    *(ablate._csv(row[c]) for c in columns[3:]),
+                    *(sweep.csv_number(row[c]) for c in columns[3:]),
                 ]
             )
     return summary
@@ -924,7 +853,8 @@ def run_all(runs: list[Run], plan: Plan, header: dict) -> int:
     """
     out = plan.out
     out.mkdir(parents=True, exist_ok=True)
-    previous = _previous_wall_times(out / "points.json")
+    # Every run ever timed into this output, also those outside this command's grid: skipped runs keep theirs.
+    previous = sweep.previous_wall_times(out / "points.json", "runs")
     seeds, fractions = len(plan.seeds), len(plan.fractions)
     console.print(
         f"label efficiency: {len(runs)} runs ({fractions} label fraction{'s' if fractions > 1 else ''} x {seeds} "
@@ -935,57 +865,17 @@ def run_all(runs: list[Run], plan: Plan, header: dict) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    records: list[dict] = []
-    failed: dict[str, str] = {}
-    progress = Progress(
-        TextColumn("[bold]runs"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[current]}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
-    try:
-        with progress:
-            task = progress.add_task("runs", total=len(runs), current="")
-            for index, run in enumerate(runs, 1):
-                progress.update(task, current=run.name)
-                record = run_or_skip(run, out, previous.get(run.name), failed)
-                tag = escape(f"[{index}/{len(runs)}] {run.name}")
-                if record["skipped"]:
-                    progress.console.print(f"{tag}: done, skipped", highlight=False, soft_wrap=True)
-                elif record["status"] == "failed":
-                    failed[run.name] = record["error"]
-                    after = "" if record["wall_s"] is None else f" after {record['wall_s']:.0f} s"
-                    progress.console.print(
-                        f"{tag}: [red]failed[/]{after}: {escape(record['error'])}", highlight=False, soft_wrap=True
-                    )
-                else:
-                    metrics = ("linear_top1", "knn_top1") if run.kind == "frozen" else ("finetune_top1",)
-                    shown = ", ".join(f"{m} {record['metrics'][m]:.4f}" for m in metrics if m in record["metrics"])
-                    progress.console.print(
-                        f"{tag}: ok in {record['wall_s']:.0f} s" + (f": {shown}" if shown else ""),
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-                records.append(record)
-                if record["wall_s"] is not None:
-                    previous[run.name] = record["wall_s"]
-                tables_header = {**header, "pretrain": _pretrain(records), "wall_times": previous}
-                write_tables(out, records, tables_header, plan.scratch_factor > 1)
-                progress.advance(task)
-    except KeyboardInterrupt:
-        console.print(
-            f"interrupted: the same command continues the comparison (finished runs are skipped, the stopped one "
-            f"resumes from its last checkpoint); results so far in {out}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+    (out / "points").mkdir(exist_ok=True)  # where the frozen evaluations write (--out's folder must exist)
+
+    def tables(records: list[dict]) -> list[dict]:
+        header_now = {**header, "pretrain": _pretrain(records), "wall_times": previous}
+        return write_tables(out, records, header_now, plan.scratch_factor > 1)
+
+    records = sweep.run_jobs([run.job() for run in runs], out, previous, tables, "runs")
+    if records is None:
         return 130
 
-    tables_header = {**header, "pretrain": _pretrain(records), "wall_times": previous}
-    summary = write_tables(out, records, tables_header, plan.scratch_factor > 1)
+    summary = tables(records)
     console.print(summary_table(summary, _pretrain(records)))
     if gains := paired_gains(point_rows(records, plan.scratch_factor > 1)):
         console.print(gains_table(gains))
@@ -997,31 +887,11 @@ def run_all(runs: list[Run], plan: Plan, header: dict) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    bad = [r for r in records if r["status"] == "failed"]
-    if bad:
-        console.print(
-            f"[red]{len(bad)} of {len(records)} runs failed[/]; rerunning the same command retries them "
-            f"(logs in {escape(str(out / 'logs'))})",
-            highlight=False,
-            soft_wrap=True,
-        )
-        return 1
-    return 0
+    return sweep.exit_status(records, out, "runs")
 
 
 def _pretrain(records: list[dict]) -> dict | None:
     return next((r for r in records if r["kind"] == "pretrain"), None)
-
-
-def _previous_wall_times(path: Path) -> dict[str, float]:
-    """Wall times of runs earlier invocations ran, so that skipped runs keep theirs: ``wall_times`` holds
-    every run ever timed into this output, also those outside the last command's grid."""
-    try:
-        saved = json.loads(path.read_text())
-        runs = {r["name"]: r["wall_s"] for r in saved["runs"] if r.get("wall_s") is not None}
-        return {**saved.get("wall_times", {}), **runs}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
 
 
 if __name__ == "__main__":
