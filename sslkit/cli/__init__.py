@@ -15,5 +15,6 @@ command                         what it does                                modu
 
 ``python -m sslkit.cli.<module>`` is the same command. A launcher starts the training commands
 as modules: ``accelerate launch -m sslkit.cli.pretrain RECIPE`` (or ``torchrun -m``), and
-``sslkit-ablate`` and ``sslkit-label-efficiency`` start every run they make that way.
+``sslkit-ablate`` and ``sslkit-label-efficiency`` start every run they make that way, through one
+runner (:mod:`sslkit.cli.sweep`).
 """
