@@ -13,14 +13,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torchvision.utils import save_image
-
-from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import load_config
 from sslkit.console import console, print_user_error
 from sslkit.errors import UserError
+
+# torch, torchvision and kornia are imported where they are used: --help answers at once, not after seconds.
+if TYPE_CHECKING:
+    import torch
+
+    from sslkit.augment import EvalTransform, TwoViewAugment
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def first_images(dataset, count: int):
     """The first ``count`` images of a dataset as one uint8 (N, C, H, W) batch, or a padded batch of
     images of different sizes (image folders, shards)."""
+    import torch
+
     count = min(count, len(dataset))
     if hasattr(dataset, "images"):
         return dataset.images[:count]
@@ -69,6 +74,8 @@ def augmentation_grid(
     Shape:
         images: (N, C, H, W) uint8; returns (N * (K + 1), C, S, S).
     """
+    import torch
+
     made = []
     for _ in range((views + 1) // 2):  # each call makes two views
         made.extend(augment(images))
@@ -94,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print_user_error(error)
         return 2
+
+    import torch
+    from torchvision.utils import save_image
+
+    from sslkit.augment import EvalTransform, TwoViewAugment
 
     info = dataset.info
     torch.manual_seed(cfg.run.seed if args.seed is None else args.seed)
