@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from sslkit import models
 from sslkit.cli import export
 from sslkit.config import load_config
-from sslkit.train import train
+from sslkit.loop import train
 
 timm = pytest.importorskip("timm")
 
