@@ -46,10 +46,11 @@ def test_each_command_starts_and_calls_itself_by_its_installed_name(command, cap
     assert capsys.readouterr().out.startswith(f"usage: {command} ")
 
 
-def test_the_file_path_a_launcher_takes_runs_in_a_clone(tmp_path):
-    """``accelerate launch sslkit/cli/pretrain.py RECIPE`` runs the file: it must work as a script too."""
-    script = ROOT / "sslkit" / "cli" / "pretrain.py"
-    result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=tmp_path)
+@pytest.mark.parametrize("script", ["sslkit/cli/pretrain.py", "sslkit/pretrain.py"])
+def test_the_file_path_a_launcher_takes_runs_in_a_clone(tmp_path, script):
+    """``accelerate launch sslkit/pretrain.py RECIPE`` runs the file: it must work as a script too."""
+    command = [sys.executable, str(ROOT / script), "--help"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.startswith("usage: sslkit-pretrain "), result.stderr
 
 
