@@ -17,7 +17,7 @@ from torch import nn
 
 from sslkit import distributed
 from sslkit.losses import ArcFaceHead, CosFaceHead, ProxyNCAHead, build, check_loss_kwargs
-from sslkit.losses.partial_fc import sample_centres, shard_bounds
+from sslkit.losses.partial_fc import keep_optimizer_state_in_class_order, sample_centres, shard_bounds
 
 D, C, n = 6, 7, 5  # 7 classes over 2 processes: blocks of 4 and 3
 CASES = [
@@ -189,6 +189,7 @@ def test_sampling_keeps_every_positive_is_seeded_and_changes_by_step():
     # More positives than the rate allows: all of them, nothing else.
     assert sample_centres(labels, 0, 4, 0.25, generator(0)).tolist() == [3]
     assert sample_centres(torch.tensor([0, 1, 2]), 0, 4, 0.25, generator(0)).tolist() == [0, 1, 2]
+    assert len(sample_centres(torch.tensor([9]), 0, 4, 0.1, generator(0))) == 1  # none here: one at least
     head = ArcFaceHead(4, 1000, partial_fc=True, sample_rate=0.1)
     assert not torch.equal(head.partial_fc.sample(labels, 0), head.partial_fc.sample(labels, 1))
     torch.testing.assert_close(head.partial_fc.sample(labels, 7), head.partial_fc.sample(labels, 7))
@@ -198,7 +199,7 @@ def _optimizer_worker(rank, world, state, x, labels):
     head = ArcFaceHead(D, C, partial_fc=True).double()
     head.load_state_dict(state)
     optimizer = torch.optim.AdamW(head.parameters(), lr=0.1)
-    head.partial_fc.keep_optimizer_state_in_class_order(optimizer, head.weight)
+    assert keep_optimizer_state_in_class_order(nn.Sequential(head), optimizer) == ["0.weight"]
     mine = slice(rank * n, (rank + 1) * n)
     head(x[mine], labels[mine]).backward()
     optimizer.step()

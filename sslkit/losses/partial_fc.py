@@ -86,7 +86,8 @@ def sample_centres(
     labels: torch.Tensor, start: int, stop: int, sample_rate: float, generator: torch.Generator
 ) -> torch.Tensor:
     """The rows of block ``[start, stop)`` kept this step: every class of ``labels`` in the block,
-    then random others up to ``int(sample_rate * block)`` rows (all of the block at rate 1).
+    then random others up to ``int(sample_rate * block)`` rows, at least one (all of the block at
+    rate 1).
 
     Shape:
         labels: (N,) the global batch's class ids; returns (S,) sorted row indices into the block.
@@ -95,7 +96,7 @@ def sample_centres(
     if sample_rate >= 1:
         return torch.arange(rows, device=labels.device)
     here = labels[(labels >= start) & (labels < stop)] - start
-    keep = max(int(sample_rate * rows), 0)
+    keep = max(int(sample_rate * rows), 1)  # one at least: no process scores an empty (N, 0) block
     # Random priorities in [0, 1), the positives' above them: the top `keep` are the positives
     # and a uniform sample of the rest (insightface's partial_fc_v2 samples the same way).
     priority = torch.rand(rows, generator=generator, device=generator.device).to(labels.device)
@@ -370,3 +371,16 @@ class PartialFC:
 
         optimizer.register_state_dict_post_hook(gathered)
         optimizer.register_load_state_dict_pre_hook(own)
+
+
+def keep_optimizer_state_in_class_order(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """For every Partial FC head in ``model``, :meth:`PartialFC.keep_optimizer_state_in_class_order`
+    on ``optimizer``: its checkpoints then hold each head's optimizer state whole, in class order,
+    and resume on any number of processes. Call it once, after the optimizer is built and before
+    a checkpoint is loaded. Returns the names of the parameters it covers (``[]``: none)."""
+    names = []
+    for prefix, module in model.named_modules():
+        for name in getattr(module, "sharded_parameters", ()):
+            module.partial_fc.keep_optimizer_state_in_class_order(optimizer, getattr(module, name))
+            names.append(f"{prefix}.{name}" if prefix else name)
+    return names
