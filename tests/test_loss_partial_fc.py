@@ -96,6 +96,17 @@ def test_rate_one_in_one_process_is_the_full_head(cls, kwargs):
         torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
 
 
+def test_a_zero_class_row_gets_the_full_heads_gradient():
+    x, labels = _batch()
+    full = _full_head(ArcFaceHead, {})
+    with torch.no_grad():
+        full.weight[2] = 0.0  # no direction: no radial part to remove
+    head = ArcFaceHead(D, C, partial_fc=True).double()
+    head.load_state_dict(full.state_dict())
+    for ours, theirs in zip(_loss_and_grads(head, x, labels), _loss_and_grads(full, x, labels)):
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
 def restricted_reference(x, weight, labels, classes, cls, kwargs):
     """The head's loss with only ``classes`` in the softmax, as loops from the papers' formulas:
     ArcFace ``s cos(theta_y + m)`` (``cos - m sin m`` past pi - m), CosFace ``s (cos - m)``,

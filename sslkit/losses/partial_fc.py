@@ -55,7 +55,6 @@ from sslkit.losses.margin_softmax import (
     _cosines_in_workspace,
     _scaled_unit_rows,
     _TargetGraph,
-    _weight_grad_via_workspace,
 )
 
 # Rows initialised from one seeded generator each: the initial head in class order is then the
@@ -124,6 +123,22 @@ def _all_reduce(tensor: torch.Tensor, op) -> torch.Tensor:
     return tensor
 
 
+def _unit_weight_grad_in_place(grad: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """``grad_j - W_j <grad_j, W_j> / ||W_j||^2`` written into ``grad`` (rows with ``||W_j||`` <= eps
+    keep theirs): the chain rule through ``W / ||W||`` for ``grad`` already divided by ``||W_j||``.
+
+    The same as :func:`~sslkit.losses.margin_softmax._unit_weight_grad`, without its second
+    (S, D) array: at Partial FC's sizes the block's gradient is a quarter of its memory with AdamW,
+    and a reused buffer beside it (the full head's workspace) would be one more.
+
+    Shape:
+        grad, weight: (S, D); norm: (S,) unclamped. Returns ``grad``.
+    """
+    clamped = norm.clamp_min(_NORM_EPS)
+    radial = torch.linalg.vecdot(grad, weight, dim=1).div_(clamped * clamped).masked_fill_(norm <= _NORM_EPS, 0.0)
+    return grad.addcmul_(weight, radial.unsqueeze(1), value=-1.0)
+
+
 class _ShardedMarginCE(torch.autograd.Function):
     """The margin-softmax loss of the global batch against this process's sampled centres,
     normalised over every process's: see :func:`sharded_margin_cross_entropy`.
@@ -141,7 +156,8 @@ class _ShardedMarginCE(torch.autograd.Function):
         dL/dF = a * (E' W);   dL/dW_j = K_j - W_j inv_j^2 <K_j, W_j>,  K = E'^T (a * F)
 
     as :class:`~sslkit.losses.margin_softmax._CosineMarginCE`, whose fp-range shortcuts it
-    leaves out (the row max is all-reduced here anyway).
+    leaves out (the row max is all-reduced here anyway), and whose reused (C, D) buffer for the
+    weight gradient it does without (:func:`_unit_weight_grad_in_place`).
     """
 
     @staticmethod
@@ -185,10 +201,7 @@ class _ShardedMarginCE(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_features = (scaled @ weight).mul_(row_scale)  # (N, D)
         if ctx.needs_input_grad[1]:
-            degenerate = bool((norm <= _NORM_EPS).any())
-            grad_weight = _weight_grad_via_workspace(
-                scaled, features * row_scale, weight, norm, ctx.workspace, degenerate
-            )  # (S, D)
+            grad_weight = _unit_weight_grad_in_place(scaled.T @ (features * row_scale), weight, norm)  # (S, D)
         ctx.workspace.give_back("logits", scaled)
         return grad_features, grad_weight, None, None, None, None, None
 
