@@ -11,6 +11,11 @@ by default:
 * ``partial_fc`` at each ``--rates``: ``ArcFaceHead(partial_fc=True, sample_rate=r)``, a block of
   C / W classes per process.
 
+``--thp`` sets ``THP_MEM_ALLOC_ENABLE=1`` for the workers: torch's CPU allocator then asks the
+kernel for transparent huge pages for large tensors (``madvise``), so writing a fresh gradient
+faults 2 MiB pages instead of 4 KiB ones. A Partial FC step allocates and zero-fills its block's
+whole gradient however few rows it sampled, which makes page faults a large share of its time.
+
 Peak memory: Linux ``VmHWM`` (after resetting it through ``/proc/self/clear_refs``) minus
 ``VmRSS`` before the head is built, per process (torch has no CPU allocator statistics and
 ``tracemalloc`` does not see its allocations). The aim it is set against:
@@ -165,14 +170,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="timed steps, after one warm-up step")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--memory-budget", type=float, default=14.0, help="GiB for a full head, all processes")
+    parser.add_argument(
+        "--thp",
+        action="store_true",
+        help="THP_MEM_ALLOC_ENABLE=1 in the workers: torch asks for transparent huge pages for large CPU tensors",
+    )
     parser.add_argument("--quick", action="store_true", help="C = 20,000 and 2 steps: seconds, a smoke run")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     if args.quick:
         args.classes, args.steps = 20_000, 2
+    if args.thp:  # read by torch's CPU allocator; the spawned workers inherit it
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
     console = Console()
     host = describe_host()
-    console.print(f"host: {host_line(host)}; {args.threads} torch thread(s) per process")
+    huge_pages = "transparent huge pages asked for" if args.thp else "default pages"
+    console.print(f"host: {host_line(host)}; {args.threads} torch thread(s) per process; {huge_pages}")
     rows = []
     for world in args.processes:
         full_classes = full_head_classes(args.classes, args.dim, args.batch, world, args.memory_budget * 2**30)
@@ -223,7 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        report = {"host": host, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
+        report = {
+            "host": host,
+            "load_average": os.getloadavg(),
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "rows": rows,
+        }
         args.out.write_text(json.dumps(report, indent=1))
         console.print(f"wrote {args.out}")
     return 0
