@@ -134,9 +134,11 @@ def _unit_weight_grad_in_place(grad: torch.Tensor, weight: torch.Tensor, norm: t
     Shape:
         grad, weight: (S, D); norm: (S,) unclamped. Returns ``grad``.
     """
-    clamped = norm.clamp_min(_NORM_EPS)
-    radial = torch.linalg.vecdot(grad, weight, dim=1).div_(clamped * clamped).masked_fill_(norm <= _NORM_EPS, 0.0)
-    return grad.addcmul_(weight, radial.unsqueeze(1), value=-1.0)
+    clamped = norm.clamp_min(_NORM_EPS).unsqueeze(1)  # (S, 1)
+    # <grad_j, W_j> as S dot products (a batched matmul): vecdot would first build grad * W, (S, D).
+    radial = torch.bmm(grad.unsqueeze(1), weight.unsqueeze(2)).squeeze(2)  # (S, 1)
+    radial = radial.div_(clamped * clamped).masked_fill_((norm <= _NORM_EPS).unsqueeze(1), 0.0)
+    return grad.addcmul_(weight, radial, value=-1.0)
 
 
 class _ShardedMarginCE(torch.autograd.Function):
