@@ -35,7 +35,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from sslkit.config import flatten
+from sslkit.config.schema import flatten
 from sslkit.errors import UserError
 
 PROGRESS_FILE = "progress.json"
@@ -162,6 +162,11 @@ _FIXED_ON_RESUME = (
     "data.max_size",
     "augment.image_size",
     "optim.name",
+    # The checkpoint's place in its epoch counts global batches of this size, and a contrastive loss's
+    # negatives are the batch: another global batch would be another run. (The number of processes may
+    # change: each then takes its share of the same global batch.)
+    "train.batch_size",
+    "train.grad_accum_steps",
 )
 
 

@@ -144,3 +144,15 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_previous_checkpoint
     assert checkpoint.damage(small_filesystem / "step-00000002") is None
     assert not (run_dir / "backbone.safetensors").exists()
     del raised
+
+
+def test_a_resume_keeps_its_global_batch_whatever_the_process_count(finished, tmp_path):
+    from sslkit.config import to_dict
+
+    run_dir = copy_of(finished, tmp_path)
+    recorded = load_config(run_dir / "config.yaml")
+    assert checkpoint.check_run_directory(run_dir, "auto", to_dict(recorded)) == []
+    for key, value in (("train.batch_size", 128), ("train.grad_accum_steps", 2)):
+        changed = load_config(run_dir / "config.yaml", [f"{key}={value}"])
+        with pytest.raises(UserError, match=f"{key}=.* but this command sets {key}={value}"):
+            checkpoint.check_run_directory(run_dir, "auto", to_dict(changed))
