@@ -16,6 +16,7 @@ from dist_utils import run_in_processes
 from torch import nn
 
 from sslkit import distributed
+from sslkit.errors import UserError
 from sslkit.losses import ArcFaceHead, CosFaceHead, ProxyNCAHead, build, check_loss_kwargs
 from sslkit.losses.partial_fc import keep_optimizer_state_in_class_order, sample_centres, shard_bounds
 
@@ -334,3 +335,5 @@ def test_recipe_keys_partial_fc_and_sample_rate():
     }
     head = build("arcface", embedding_dim=4, num_classes=10, partial_fc=True, sample_rate=0.1)
     assert "partial_fc=True, sample_rate=0.1" in repr(head)
+    with pytest.raises(UserError, match="loss 'cosface': sample_rate=0.5 samples class centres only with partial_fc"):
+        check_loss_kwargs("cosface", {"sample_rate": 0.5})
