@@ -20,6 +20,7 @@ from sslkit.console import console
 from sslkit.errors import UserError
 from sslkit.evaluation import Splits
 from sslkit.loop.signals import signal_of
+from sslkit.losses.partial_fc import keep_optimizer_state_in_class_order
 from sslkit.sync_batchnorm import convert_sync_batchnorm
 
 
@@ -166,6 +167,8 @@ def make_optimizer(cfg: Config, method: torch.nn.Module) -> tuple[torch.optim.Op
     no_decay = {f"backbone.{name}" for name in optim.model_no_weight_decay(method.backbone)}
     groups = optim.parameter_groups(method, o.weight_decay, o.exclude_bias_and_norm, lr_scales, no_decay)
     optimizer = optim.build_optimizer(o.name, groups, lr, o.momentum, o.weight_decay, o.betas, o.trust_coefficient)
+    # Partial FC heads hold a block of classes per process: their optimizer state is saved whole, in class order.
+    keep_optimizer_state_in_class_order(method, optimizer)
     return optimizer, lr
 
 
