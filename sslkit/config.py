@@ -65,7 +65,7 @@ class DataConfig:
 
     Attributes:
         name: The dataset: ``digits`` (scikit-learn's, bundled), ``fashion_mnist``, ``cifar10``, ``cifar100``,
-            ``stl10``, ``imagefolder`` or ``webdataset`` (see :mod:`sslkit.data`).
+            ``stl10``, ``imagefolder`` or ``webdataset`` (see :mod:`sslkit.datasets`).
         root: Where the files are; ``null`` is the dataset's standard place (``fashion_mnist``:
             ``/usr/share/datasets/fashion-mnist``; torchvision's datasets: ``~/.cache/sslkit/datasets``).
             ``imagefolder`` needs it: a folder of images at any depth (unlabelled), or labelled
@@ -862,7 +862,7 @@ def _check_image_files(cfg: Config, source: str, datasets: typing.Iterable[str])
 def validate(cfg: Config, source: str = "recipe") -> None:
     """Check names against the registries and numbers against their valid ranges."""
     # Imported here: the registries import torch-heavy modules that plain YAML parsing does not need.
-    from sslkit import data, losses, methods, models, optim
+    from sslkit import datasets, losses, methods, models, optim
 
     name = cfg.run.name
     if not name or name in (".", "..") or "/" in name or os.sep in name:  # it is joined to run.output_dir
@@ -870,7 +870,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
             f"{source}: 'run.name' must be a plain folder name (no '/', not '.' or '..'), got {name!r}; "
             f"choose where runs go with run.output_dir"
         )
-    _check_choice(cfg.data.name, data.DATASETS, "data.name", source)
+    _check_choice(cfg.data.name, datasets.DATASETS, "data.name", source)
     _check_choice(cfg.method.name, methods.METHODS, "method.name", source)
     _check_choice(cfg.loss.name, losses.LOSSES, "loss.name", source)
     # Before any data is read: tools/ablate.py checks every point of a sweep up front.
@@ -951,7 +951,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         if not value > 0:
             raise UserError(f"{source}: '{key}' must be > 0, got {value}")
     _check_label_subset(cfg.data, "data", source)
-    _check_image_files(cfg, source, data.DATASETS)
+    _check_image_files(cfg, source, datasets.DATASETS)
     _check_label_subset(cfg.eval, "eval", source)
     if not cfg.method.distill_temperature > 0:
         raise UserError(f"{source}: 'method.distill_temperature' must be > 0, got {cfg.method.distill_temperature}")

@@ -11,7 +11,7 @@ log -> checkpoint. Evaluation (the kNN monitor and the final rows) lives in
 :mod:`sslkit.evaluation`, shared with ``sslkit/evaluate.py``.
 
 Exactness of resume: the data order of epoch ``e`` is a pure function of ``(seed, e)``
-(:class:`EpochShuffleSampler`), the learning rate a pure function of the step, and
+(:class:`~sslkit.datasets.samplers.EpochShuffleSampler`), the learning rate a pure function of the step, and
 ``accelerator.save_state`` stores model, optimizer, scaler and every process's RNG states
 (kornia draws augmentation parameters from the torch RNG). A run resumed from a checkpoint
 therefore continues with the same batches, augmentations and updates.
@@ -32,37 +32,26 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, set_seed
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
-from sslkit import checkpoint, data, distributed, folders, label_subset, launch, methods, models, optim, shards
+from sslkit import checkpoint, distributed, launch, methods, models, optim
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, flatten, save_config, to_dict
 from sslkit.console import console, print_config, results_table
+from sslkit.datasets import (
+    EpochShuffleSampler,
+    Splits,
+    WithIndices,
+    build_splits,
+    collate_batch,
+    folders,
+    label_subset,
+    shards,
+)
 from sslkit.errors import UserError
-from sslkit.evaluation import RunEvaluator, Splits, build_splits
+from sslkit.evaluation import RunEvaluator
 from sslkit.report import write_report
 from sslkit.sync_batchnorm import convert_sync_batchnorm
-
-
-class EpochShuffleSampler(Sampler[int]):
-    """A permutation of the dataset that depends only on ``(seed, epoch)``.
-
-    Why not ``RandomSampler``: its order depends on the global RNG at the moment the epoch
-    starts, so a resumed run would see different batches. Here ``set_epoch`` picks the order.
-    """
-
-    def __init__(self, size: int, seed: int) -> None:
-        self.size, self.seed, self.epoch = size, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return iter(torch.randperm(self.size, generator=generator).tolist())
-
-    def __len__(self) -> int:
-        return self.size
 
 
 @dataclass
@@ -276,11 +265,11 @@ def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoa
     # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
     needs_indices = methods.METHODS[cfg.method.name].needs_indices
     loader = DataLoader(
-        data.WithIndices(train_set) if needs_indices else train_set,
+        WithIndices(train_set) if needs_indices else train_set,
         batch_size=local_batch,
         sampler=sampler,
         drop_last=True,
-        collate_fn=data.collate_batch,
+        collate_fn=collate_batch,
         num_workers=cfg.data.num_workers,
         persistent_workers=cfg.data.num_workers > 0,
         # Its own generator: otherwise starting an epoch's iterator draws from the global
@@ -605,7 +594,9 @@ def train(cfg: Config) -> dict:
     set_seed(cfg.run.seed, device_specific=True)
 
     # ------------------------------------------------------------------ data
-    splits = build_splits(cfg, run_dir=run_dir)  # a resumed run reads its label subset back
+    # A resumed run reads its label subset back; supervised methods train on the labelled images only.
+    needs_labels = methods.METHODS[cfg.method.name].needs_labels
+    splits = build_splits(cfg, run_dir=run_dir, labelled_training=needs_labels)
     info = splits.info
     notes += folders.prepare_training_set(cfg, splits, accelerator.device)  # where images decode; evaluation or not
     local_batch = check_training_set(cfg, splits, accelerator.num_processes)

@@ -23,8 +23,8 @@ from sslkit.augment import (
     kernel_size_for,
     resized_crop,
 )
-from sslkit.batches import ImageBatch
 from sslkit.config import AugmentConfig
+from sslkit.datasets.batches import ImageBatch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))

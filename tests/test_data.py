@@ -13,19 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
-from sslkit.data import (
-    DATASETS,
-    FASHION_MNIST_CLASSES,
-    FASHION_MNIST_MEAN,
-    FASHION_MNIST_ROOT,
-    FASHION_MNIST_STD,
-    DatasetInfo,
-    ImageFolderDataset,
-    ImageTensorDataset,
-    build_dataset,
-    build_loader,
-    collate_batch,
-)
+from sslkit.datasets import DATASETS, DatasetInfo, ImageTensorDataset, build_dataset, build_loader, collate_batch
+from sslkit.datasets.folders import ImageFolderDataset
+from sslkit.datasets.idx import FASHION_MNIST_CLASSES, FASHION_MNIST_MEAN, FASHION_MNIST_ROOT, FASHION_MNIST_STD
 from sslkit.errors import UserError
 
 

@@ -17,18 +17,17 @@ from __future__ import annotations
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from sslkit import data
+from sslkit.datasets import ImageTensorDataset, Splits, build_loader
 from sslkit.errors import UserError
 from sslkit.evaluation.features import extract_features
 from sslkit.evaluation.knn import knn_accuracy
 from sslkit.evaluation.linear import linear_probe
 from sslkit.evaluation.retrieval import retrieval_metrics
-from sslkit.evaluation.splits import Splits
 
 
 def eval_loader(dataset: Dataset, batch_size: int, num_workers: int = 0) -> DataLoader:
     """An unshuffled loader over every sample, for feature extraction."""
-    return data.build_loader(dataset, batch_size, shuffle=False, drop_last=False, num_workers=num_workers)
+    return build_loader(dataset, batch_size, shuffle=False, drop_last=False, num_workers=num_workers)
 
 
 class RunEvaluator:
@@ -99,7 +98,7 @@ class RunEvaluator:
     def raw_pixels(self, linear: bool = True) -> dict[str, float]:
         """The same kNN (and probe) on flattened pixels in [0, 1]; {} for a dataset not held in memory."""
         memory, test = self.splits.memory, self.splits.test
-        if not self.available or not hasattr(memory, "images"):
+        if not self.available or not isinstance(memory, ImageTensorDataset):
             return {}
         train_x, test_x = memory.images.flatten(1).float() / 255, test.images.flatten(1).float() / 255
         return self._scores(train_x, memory.labels, test_x, test.labels, linear)

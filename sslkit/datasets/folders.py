@@ -11,7 +11,7 @@
 
 Files are listed by extension (:data:`IMAGE_EXTENSIONS`, any case); other files and hidden
 files and folders are ignored. Images keep their own size and aspect ratio (reduced to
-``data.max_size`` if set): a batch is an :class:`~sslkit.batches.ImageBatch` of padded images, and
+``data.max_size`` if set): a batch is an :class:`~sslkit.datasets.batches.ImageBatch` of padded images, and
 the crops are drawn on each original image (:mod:`sslkit.crops`).
 
 Decoding (:mod:`sslkit.decode`) runs in the DataLoader workers, or, when the accelerator is a
@@ -30,15 +30,19 @@ sslkit.errors.UserError: imagefolder: data.root /nonexistent does not exist
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
+from torchvision.datasets.folder import find_classes, make_dataset
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2 import functional as TF
 
 from sslkit import decode
-from sslkit.batches import EncodedBatch, ImageBatch, pad_images
-from sslkit.data import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, _class_indices
+from sslkit.datasets.base import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, ImageDataset
+from sslkit.datasets.batches import EncodedBatch, ImageBatch, pad_images
 from sslkit.errors import UserError
 
 # What torchvision.io or Pillow decodes; every other file in the folder is ignored.
@@ -64,7 +68,7 @@ def _is_image(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS)
 
 
-class ImageFiles(Dataset):
+class ImageFiles(ImageDataset):
     """Image files decoded when a batch is fetched, at their own size (reduced to ``max_size``).
 
     Batches come from ``__getitems__`` (PyTorch's fetcher calls it with the batch's indices):
@@ -83,6 +87,8 @@ class ImageFiles(Dataset):
         labels: (N,) int64.
     """
 
+    reads_files = True
+
     def __init__(
         self, paths: Sequence[Path], labels: torch.Tensor, classes: list[str], max_size: int | None = None
     ) -> None:
@@ -90,13 +96,9 @@ class ImageFiles(Dataset):
         self.labels = labels
         self.classes = list(classes)
         self.max_size = max_size
-        self.decode_on_device = False
         # Statistics of the folder are unknown without decoding it all; ImageNet's are the usual stand-in.
         # image_size 0: the images keep their own sizes.
         self.info = DatasetInfo(3, 0, len(self.classes), IMAGENET_MEAN, IMAGENET_STD)
-
-    def __len__(self) -> int:
-        return len(self.paths)
 
     def _read(self, index: int) -> torch.Tensor | None:
         try:
@@ -143,10 +145,6 @@ class ImageFiles(Dataset):
     def with_labels(self, labels: torch.Tensor) -> ImageFiles:
         """The same images with other labels (-1: unlabelled)."""
         return ImageFiles(self.paths, labels, self.classes, self.max_size)
-
-    def select_classes(self, classes: Iterable[int], keep: bool = True) -> ImageFiles:
-        """The samples of ``classes`` (``keep=True``) or of every other class; labels unchanged."""
-        return self.subset(_class_indices(self.labels, classes, len(self.classes), keep))
 
 
 def has_labelled_splits(root: str | None) -> bool:
@@ -214,7 +212,7 @@ def prepare_training_set(cfg, splits, device: torch.device) -> list[str]:
     """
     notes = []
     train = splits.train
-    if hasattr(train, "decode_on_device") and cfg.data.decode == "auto" and device.type == "cuda":
+    if train.reads_files and cfg.data.decode == "auto" and device.type == "cuda":
         train.decode_on_device = True
         notes.append(f"JPEGs are decoded on {device} (nvJPEG) in batches; other formats in the loader workers")
     if splits.test is None:
@@ -243,7 +241,8 @@ class CorruptCount:
     def watch(self, batches: Iterable) -> Iterator:
         """``batches``, counting the corrupt files each one names."""
         for batch in batches:
-            self.add(getattr(batch[0], "corrupt", ()))
+            images = batch[0]
+            self.add(images.corrupt if isinstance(images, (ImageBatch, EncodedBatch)) else ())
             yield batch
 
     def add(self, names: Sequence[str]) -> None:
@@ -275,3 +274,115 @@ class CorruptCount:
             )
         self.names = {}
         return total
+
+
+# --------------------------------------------------------------------------- images resized to a square
+# data.image_size set: the older reader, labelled <class>/<image> folders, every image resized to one square.
+
+# The formats torchvision.io.decode_image reads; other files in an image folder are not listed.
+RESIZED_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".webp")
+
+
+class ImageFolderDataset(ImageDataset):
+    """Images in ``<class>/<image>`` folders, decoded when fetched and resized to a square.
+
+    Decoding is lazy: building the dataset only lists the files, so a corrupt image is found
+    when a batch first needs it. It then raises :class:`UserError` naming the file (with
+    ``num_workers > 0`` PyTorch re-raises it in the main process with the worker's traceback
+    in the message; the file name is on its last line). Checking every file up front would
+    mean decoding the whole folder before training starts.
+
+    Args:
+        samples: ``(path, label)`` pairs, as torchvision's ``make_dataset`` lists them.
+        classes: class names; ``classes[k]`` names label ``k``.
+        image_size: every image is resized to ``image_size x image_size``.
+    """
+
+    def __init__(self, samples: list[tuple[str, int]], classes: list[str], image_size: int) -> None:
+        self.samples = list(samples)
+        self.labels = torch.tensor([label for _, label in self.samples], dtype=torch.int64)
+        self.classes = list(classes)
+        self.image_size = image_size
+        # Statistics of the folder are unknown without decoding it all; ImageNet's are the usual stand-in.
+        self.info = DatasetInfo(3, image_size, len(self.classes), IMAGENET_MEAN, IMAGENET_STD)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One image ``(3, image_size, image_size)`` uint8 and its label, an int64 scalar tensor."""
+        return decode_and_resize(self.samples[index][0], self.image_size), self.labels[index]
+
+    def subset(self, indices: Sequence[int] | torch.Tensor) -> ImageFolderDataset:
+        """A new dataset of the given samples (labels and class names unchanged)."""
+        return ImageFolderDataset([self.samples[int(i)] for i in indices], self.classes, self.image_size)
+
+    def with_labels(self, labels: torch.Tensor) -> ImageFolderDataset:
+        """The same images with other labels (-1: unlabelled), e.g. only a labelled subset's."""
+        samples = [(path, int(label)) for (path, _), label in zip(self.samples, labels)]
+        return ImageFolderDataset(samples, self.classes, self.image_size)
+
+
+def decode_and_resize(path: str, image_size: int) -> torch.Tensor:
+    """Decode an image file to RGB uint8 and resize it to a square.
+
+    Resizing every image to one size is loading, not augmentation: it is what lets a folder of
+    differently sized images form a batch. The aspect ratio is not kept.
+
+    Shape:
+        returns: (3, image_size, image_size), uint8.
+    """
+    try:
+        with warnings.catch_warnings():
+            # torchvision 0.29 deprecates its decoders in favour of TorchCodec, which is not a
+            # dependency here; the warning would repeat once per image.
+            warnings.filterwarnings(
+                "ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning
+            )
+            image = decode_image(path, mode=ImageReadMode.RGB)
+    except RuntimeError as error:
+        # The C++ message starts with "decode_png, /path/to/decode_png.cpp:66, ": keep the reason.
+        reason = re.sub(r"^\w+, \S+:\d+, ", "", str(error).splitlines()[0])
+        raise UserError(f"cannot decode image {path} ({reason}); remove or fix this file") from None
+    if image.dim() == 4:  # an animated GIF: (frames, C, H, W); use the first frame
+        image = image[0]
+    if image.dtype != torch.uint8:  # 16-bit PNGs decode to uint16
+        image = TF.to_dtype(image, torch.uint8, scale=True)
+    if image.shape[-2:] != (image_size, image_size):
+        image = TF.resize(image, [image_size, image_size], antialias=True)
+    return image
+
+
+def resized_image_folder(split: str, root: str | None, image_size: int) -> ImageFolderDataset:
+    """Images in ``root/<class>/<image>``, or ``root/train/<class>/...`` and ``root/test/<class>/...``,
+    resized to ``image_size`` squares (with ``image_size`` None, :func:`image_folder` reads the folder).
+
+    When ``root/train`` exists the splits are ``root/train`` and ``root/test``; otherwise ``root``
+    itself is the training split and there is no test split. Test classes are matched to the
+    training classes by name, so a class missing from the test folder does not shift the labels.
+    """
+    if root is None:
+        raise UserError(
+            "imagefolder needs data.root: a directory laid out as root/train/<class>/<image> "
+            "and root/test/<class>/<image>"
+        )
+    root_path = Path(root).expanduser()
+    if not root_path.is_dir():
+        raise UserError(f"imagefolder: data.root {root_path} is not a directory")
+    has_splits = (root_path / "train").is_dir()
+    train_dir = root_path / "train" if has_splits else root_path
+    if split == "test" and not (root_path / "test").is_dir():
+        raise UserError(
+            f"imagefolder: no test split: {root_path / 'test'} does not exist; training evaluates on one, "
+            f"so lay the folder out as root/train/<class>/... and root/test/<class>/... (a few images a class will do)"
+        )
+    folder = train_dir if split == "train" else root_path / "test"
+    try:
+        classes, class_to_idx = find_classes(train_dir)
+        if split == "test":
+            unknown = sorted(set(find_classes(folder)[0]) - set(classes))
+            if unknown:
+                raise UserError(f"imagefolder: {folder} has classes that {train_dir} lacks: {', '.join(unknown)}")
+        samples = make_dataset(folder, class_to_idx, extensions=RESIZED_EXTENSIONS, allow_empty=split == "test")
+    except FileNotFoundError as error:  # no class folders, or a training class without images
+        raise UserError(f"imagefolder: {folder}: {error}") from None
+    if not samples:
+        raise UserError(f"imagefolder: no images ({', '.join(RESIZED_EXTENSIONS)}) under {folder}")
+    return ImageFolderDataset(samples, classes, image_size)
