@@ -332,6 +332,17 @@ def test_imagefolder_without_split_folders_is_the_training_split(tmp_path):
         build_dataset("imagefolder", "test", root=str(tmp_path / "train"), image_size=8)
 
 
+def test_imagefolder_resized_lists_and_decodes_as_the_folder_reader_does(tmp_path):
+    write_image_folder(tmp_path)
+    Image.new("RGB", (5, 7), (10, 20, 30)).save(tmp_path / "train" / "dog" / "e.BMP")  # Pillow decodes it
+    (tmp_path / "train" / ".thumbs").mkdir()  # hidden: not a class
+    resized = build_dataset("imagefolder", root=str(tmp_path), image_size=8)
+    files = build_dataset("imagefolder", root=str(tmp_path))
+    assert [path for path, _ in resized.samples] == [str(path) for path in files.paths]
+    assert resized.classes == files.classes == ["cat", "dog"] and resized.labels.tolist() == files.labels.tolist()
+    assert resized[3][0].shape == (3, 8, 8) and resized[3][0][:, 0, 0].tolist() == [10, 20, 30]
+
+
 def test_imagefolder_corrupt_image_is_a_one_line_error_naming_it(tmp_path):
     write_image_folder(tmp_path)
     bad = tmp_path / "train" / "dog" / "broken.png"

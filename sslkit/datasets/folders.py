@@ -30,14 +30,10 @@ sslkit.errors.UserError: imagefolder: data.root /nonexistent does not exist
 from __future__ import annotations
 
 import os
-import re
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
-from torchvision.datasets.folder import find_classes, make_dataset
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional as TF
 
 from sslkit import decode
@@ -175,15 +171,13 @@ def image_folder(split: str, root: str | None, max_size: int | None = None) -> I
         paths = list_images(folder)
         _check_found(paths, folder)
         return ImageFiles(paths, torch.full((len(paths),), -1, dtype=torch.int64), [], max_size)
-    classes = sorted(d.name for d in (folder / "train").iterdir() if d.is_dir() and not d.name.startswith("."))
+    classes = _class_folders(folder / "train")
     if not classes:
         raise UserError(f"imagefolder: {folder / 'train'} has no class folders; put the images in train/<class>/")
     split_dir = folder / split
     if not split_dir.is_dir():
         raise UserError(f"imagefolder: {split_dir} does not exist; add it with the same class folders as train/")
-    unknown = sorted(
-        d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith(".") and d.name not in classes
-    )
+    unknown = sorted(set(_class_folders(split_dir)) - set(classes))
     if unknown:
         raise UserError(f"imagefolder: {split_dir} has classes that {folder / 'train'} lacks: {', '.join(unknown)}")
     paths, labels = [], []
@@ -278,9 +272,12 @@ class CorruptCount:
 
 # --------------------------------------------------------------------------- images resized to a square
 # data.image_size set: the older reader, labelled <class>/<image> folders, every image resized to one square.
+# It lists and decodes files as image_folder does; only the labels' layout and the square differ.
 
-# The formats torchvision.io.decode_image reads; other files in an image folder are not listed.
-RESIZED_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".webp")
+
+def _class_folders(folder: Path) -> list[str]:
+    """The class folders directly under ``folder``, sorted; hidden ones skipped."""
+    return sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
 
 
 class ImageFolderDataset(ImageDataset):
@@ -321,30 +318,23 @@ class ImageFolderDataset(ImageDataset):
 
 
 def decode_and_resize(path: str, image_size: int) -> torch.Tensor:
-    """Decode an image file to RGB uint8 and resize it to a square.
+    """Decode an image file to RGB uint8 (:func:`sslkit.decode.decode_rgb`) and resize it to a square.
 
     Resizing every image to one size is loading, not augmentation: it is what lets a folder of
     differently sized images form a batch. The aspect ratio is not kept.
+
+    Raises:
+        UserError: a file that cannot be read or decoded, named.
 
     Shape:
         returns: (3, image_size, image_size), uint8.
     """
     try:
-        with warnings.catch_warnings():
-            # torchvision 0.29 deprecates its decoders in favour of TorchCodec, which is not a
-            # dependency here; the warning would repeat once per image.
-            warnings.filterwarnings(
-                "ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning
-            )
-            image = decode_image(path, mode=ImageReadMode.RGB)
-    except RuntimeError as error:
-        # The C++ message starts with "decode_png, /path/to/decode_png.cpp:66, ": keep the reason.
-        reason = re.sub(r"^\w+, \S+:\d+, ", "", str(error).splitlines()[0])
-        raise UserError(f"cannot decode image {path} ({reason}); remove or fix this file") from None
-    if image.dim() == 4:  # an animated GIF: (frames, C, H, W); use the first frame
-        image = image[0]
-    if image.dtype != torch.uint8:  # 16-bit PNGs decode to uint16
-        image = TF.to_dtype(image, torch.uint8, scale=True)
+        image = decode.decode_rgb(torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8))
+    except (OSError, ValueError) as error:  # unreadable, or an empty file (frombuffer of no bytes)
+        raise UserError(f"cannot read image {path} ({error}); remove or fix this file") from None
+    if image is None:
+        raise UserError(f"cannot decode image {path}; remove or fix this file")
     if image.shape[-2:] != (image_size, image_size):
         image = TF.resize(image, [image_size, image_size], antialias=True)
     return image
@@ -374,15 +364,21 @@ def resized_image_folder(split: str, root: str | None, image_size: int) -> Image
             f"so lay the folder out as root/train/<class>/... and root/test/<class>/... (a few images a class will do)"
         )
     folder = train_dir if split == "train" else root_path / "test"
-    try:
-        classes, class_to_idx = find_classes(train_dir)
-        if split == "test":
-            unknown = sorted(set(find_classes(folder)[0]) - set(classes))
-            if unknown:
-                raise UserError(f"imagefolder: {folder} has classes that {train_dir} lacks: {', '.join(unknown)}")
-        samples = make_dataset(folder, class_to_idx, extensions=RESIZED_EXTENSIONS, allow_empty=split == "test")
-    except FileNotFoundError as error:  # no class folders, or a training class without images
-        raise UserError(f"imagefolder: {folder}: {error}") from None
+    classes = _class_folders(train_dir)
+    if not classes:
+        raise UserError(f"imagefolder: {train_dir} has no class folders; put the images in <class>/ folders")
+    if split == "test":
+        unknown = sorted(set(_class_folders(folder)) - set(classes))
+        if unknown:
+            raise UserError(f"imagefolder: {folder} has classes that {train_dir} lacks: {', '.join(unknown)}")
+    samples = []
+    for label, name in enumerate(classes):
+        found = list_images(folder / name) if (folder / name).is_dir() else []
+        if not found and split == "train":
+            raise UserError(
+                f"imagefolder: the class folder {folder / name} holds no images ({', '.join(IMAGE_EXTENSIONS)})"
+            )
+        samples += [(str(path), label) for path in found]
     if not samples:
-        raise UserError(f"imagefolder: no images ({', '.join(RESIZED_EXTENSIONS)}) under {folder}")
+        raise UserError(f"imagefolder: no images ({', '.join(IMAGE_EXTENSIONS)}) under {folder}")
     return ImageFolderDataset(samples, classes, image_size)
