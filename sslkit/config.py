@@ -99,6 +99,13 @@ class DataConfig:
         decode: ``imagefolder`` and ``webdataset``: where JPEGs are decoded. ``auto``: on the accelerator when it
             is a CUDA device (nvJPEG, in batches; other formats fall back to the CPU), otherwise in the loader
             workers; ``cpu``: always in the loader workers.
+        sampler: The training order. ``random``: a shuffle of every image each epoch. ``m_per_class``: class-balanced
+            P x K batches for metric learning, ``train.batch_size / data.m_per_class`` distinct classes of
+            ``data.m_per_class`` images each, every image about once an epoch (a class with fewer images than that
+            is drawn with replacement); over several processes each takes its own classes. Needs a label for every
+            training image.
+        m_per_class: Images of each class in a batch with ``data.sampler=m_per_class`` (4 in "A Metric Learning
+            Reality Check"); ``train.batch_size`` divided by the number of processes must be a multiple of it.
     """
 
     name: str = "digits"
@@ -114,6 +121,8 @@ class DataConfig:
     max_size: int | None = None
     on_corrupt: str = "skip"
     decode: str = "auto"
+    sampler: str = "random"
+    m_per_class: int = 4
 
 
 @dataclass
@@ -871,6 +880,13 @@ def validate(cfg: Config, source: str = "recipe") -> None:
             f"choose where runs go with run.output_dir"
         )
     _check_choice(cfg.data.name, datasets.DATASETS, "data.name", source)
+    _check_choice(cfg.data.sampler, datasets.SAMPLERS, "data.sampler", source)
+    _check_range(cfg.data.m_per_class, "data.m_per_class", source, 1)
+    if cfg.data.sampler == "m_per_class" and cfg.data.name == "webdataset":
+        raise UserError(
+            f"{source}: data.sampler=m_per_class needs labelled images, and tar shards are unlabelled; "
+            f"use data.sampler=random, or a labelled dataset (an image folder with train/<class>/)"
+        )
     _check_choice(cfg.method.name, methods.METHODS, "method.name", source)
     _check_choice(cfg.loss.name, losses.LOSSES, "loss.name", source)
     # Before any data is read: tools/ablate.py checks every point of a sweep up front.

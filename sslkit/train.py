@@ -11,7 +11,7 @@ log -> checkpoint. Evaluation (the kNN monitor and the final rows) lives in
 :mod:`sslkit.evaluation`, shared with ``sslkit/evaluate.py``.
 
 Exactness of resume: the data order of epoch ``e`` is a pure function of ``(seed, e)``
-(:class:`~sslkit.datasets.samplers.EpochShuffleSampler`), the learning rate a pure function of the step, and
+(:mod:`sslkit.datasets.samplers`), the learning rate a pure function of the step, and
 ``accelerator.save_state`` stores model, optimizer, scaler and every process's RNG states
 (kornia draws augmentation parameters from the torch RNG). A run resumed from a checkpoint
 therefore continues with the same batches, augmentations and updates.
@@ -32,14 +32,13 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, set_seed
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from sslkit import checkpoint, distributed, launch, methods, models, optim
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, flatten, save_config, to_dict
 from sslkit.console import console, print_config, results_table
 from sslkit.datasets import (
-    EpochShuffleSampler,
     Splits,
     WithIndices,
     build_splits,
@@ -47,6 +46,7 @@ from sslkit.datasets import (
     folders,
     label_subset,
     shards,
+    training_sampler,
 )
 from sslkit.errors import UserError
 from sslkit.evaluation import RunEvaluator
@@ -254,14 +254,17 @@ def check_training_set(cfg: Config, splits: Splits, world: int) -> int:
     return batch // world
 
 
-def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoader, EpochShuffleSampler]:
+def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoader, Sampler]:
     """The training loader (uint8 batches, ``local_batch`` per process) and the sampler that orders its epochs."""
     if isinstance(train_set, shards.ShardStream):  # tar shards: the stream splits and orders its own epochs
         if methods.METHODS[cfg.method.name].needs_indices:
             raise UserError(f"method '{cfg.method.name}' keeps per-sample state, which streamed shards cannot index")
         loader = shards.stream_loader(train_set, local_batch, cfg.data.num_workers, cfg.run.seed)
         return loader, loader
-    sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
+    d = cfg.data
+    sampler = training_sampler(
+        d.sampler, train_set.labels, d.m_per_class, cfg.train.batch_size, local_batch, cfg.run.seed
+    )
     # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
     needs_indices = methods.METHODS[cfg.method.name].needs_indices
     loader = DataLoader(
@@ -482,7 +485,7 @@ def resume(cfg: Config, run_dir: Path, accelerator: Accelerator, total_steps: in
     return progress, resume_from
 
 
-def epoch_batches(train_loader, sampler: EpochShuffleSampler, progress: LoopState, accelerator: Accelerator):
+def epoch_batches(train_loader, sampler: Sampler, progress: LoopState, accelerator: Accelerator):
     """The batches of ``progress.epoch`` that remain (all of them, unless resuming mid-epoch)."""
     skip = progress.batch_in_epoch
     if isinstance(train_loader, shards.StreamLoader):  # it skips inside the stream, without decoding

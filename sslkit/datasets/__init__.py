@@ -14,20 +14,23 @@
 from sslkit.datasets.base import DatasetInfo, ImageDataset, ImageSource, WithIndices, collate_batch
 from sslkit.datasets.build import DATASETS, build_dataset, build_loader
 from sslkit.datasets.memory import ImageTensorDataset
-from sslkit.datasets.samplers import EpochShuffleSampler
+from sslkit.datasets.samplers import SAMPLERS, EpochShuffleSampler, MPerClassSampler, training_sampler
 from sslkit.datasets.splits import Splits, build_splits
 
 __all__ = [
     "DATASETS",
+    "SAMPLERS",
     "DatasetInfo",
     "EpochShuffleSampler",
     "ImageDataset",
     "ImageSource",
     "ImageTensorDataset",
+    "MPerClassSampler",
     "Splits",
     "WithIndices",
     "build_dataset",
     "build_loader",
     "build_splits",
     "collate_batch",
+    "training_sampler",
 ]
