@@ -104,6 +104,9 @@ class DataConfig:
             ``data.m_per_class`` images each, every image about once an epoch (a class with fewer images than that
             is drawn with replacement); over several processes each takes its own classes. Needs a label for every
             training image.
+        class_split: ``imagefolder`` only: split the classes rather than the images, as the retrieval benchmarks
+            do. Train on the first fraction (0 < f < 1) of the sorted class folders of ``root`` (or ``root/train``)
+            and evaluate by retrieval (Recall@K, MAP@R, NMI) among the images of the others; ``null``: no split.
         m_per_class: Images of each class in a batch with ``data.sampler=m_per_class`` (4 in "A Metric Learning
             Reality Check"); ``train.batch_size`` divided by the number of processes must be a multiple of it.
     """
@@ -123,6 +126,7 @@ class DataConfig:
     decode: str = "auto"
     sampler: str = "random"
     m_per_class: int = 4
+    class_split: float | None = None
 
 
 @dataclass
@@ -882,6 +886,14 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     _check_choice(cfg.data.name, datasets.DATASETS, "data.name", source)
     _check_choice(cfg.data.sampler, datasets.SAMPLERS, "data.sampler", source)
     _check_range(cfg.data.m_per_class, "data.m_per_class", source, 1)
+    if cfg.data.class_split is not None:
+        _check_range(cfg.data.class_split, "data.class_split", source, 0, 1)
+        if cfg.data.class_split in (0, 1) or cfg.data.name != "imagefolder" or cfg.data.image_size is not None:
+            raise UserError(
+                f"{source}: data.class_split={cfg.data.class_split}: give a fraction strictly between 0 and 1, with "
+                f"data.name=imagefolder and data.image_size null (the retrieval benchmarks cub200, cars196, sop and "
+                f"inshop have their own class split)"
+            )
     if cfg.data.sampler == "m_per_class" and cfg.data.name == "webdataset":
         raise UserError(
             f"{source}: data.sampler=m_per_class needs labelled images, and tar shards are unlabelled; "

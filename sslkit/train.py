@@ -538,7 +538,7 @@ def log_step(
 def end_epoch(cfg: Config, progress: LoopState, total_steps: int, evaluator: RunEvaluator, method, log, checkpoints):
     """An epoch ran to its end: count it, run the kNN monitor and save when the recipe says so."""
     progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
-    every = cfg.train.knn_every_epochs if evaluator.available else 0  # no labelled evaluation set: no monitor
+    every = cfg.train.knn_every_epochs if evaluator.classifies else 0  # no labelled evaluation set: no monitor
     if every and progress.epoch % every == 0 and progress.step < total_steps:  # the last epoch: final evaluation
         distributed.broadcast_buffers(log.accelerator.unwrap_model(method))  # every process evaluates rank 0's
         knn = evaluator.knn(log.accelerator.unwrap_model(method).backbone)
@@ -556,7 +556,7 @@ def final_evaluation(cfg: Config, evaluator: RunEvaluator, method, start_state: 
     if not evaluator.available:
         return {"trained": {}}
     results = {"trained": evaluator.evaluate(method.backbone)}
-    if method.classifier_metric:  # fine-tuning, the heads: the network's own test top-1
+    if method.classifier_metric and evaluator.classifies:  # fine-tuning, the heads: the network's own test top-1
         results["trained"][method.classifier_metric] = evaluator.classifier_top1(method)
     if start_state is not None:
         # Built only now: building it draws from the RNG, which training must not see.

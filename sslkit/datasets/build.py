@@ -12,6 +12,8 @@ Datasets, by ``data.name`` (one reader module each):
   (:mod:`.folders`). With ``data.image_size`` set, the older behaviour: labelled
   ``<class>/<image>`` folders, each image resized to that square.
 - ``webdataset``: tar shards streamed by the webdataset package (:mod:`.shards`).
+- ``cub200``, ``cars196``, ``sop``, ``inshop``: the metric-learning retrieval benchmarks in their own
+  layouts, split by class (:mod:`.retrieval`).
 
 Whole in-memory datasets are small (:mod:`.memory`). Only ``imagefolder`` and ``webdataset``
 decode lazily, because an image folder can be any size.
@@ -32,6 +34,8 @@ from sslkit.datasets.cifar_stl import cifar10, cifar100, stl10
 from sslkit.datasets.digits import digits
 from sslkit.datasets.folders import image_folder, resized_image_folder
 from sslkit.datasets.idx import fashion_mnist
+from sslkit.datasets.retrieval import READERS as RETRIEVAL_READERS
+from sslkit.datasets.retrieval import SPLITS as RETRIEVAL_SPLITS
 from sslkit.datasets.shards import shard_stream
 from sslkit.errors import UserError
 
@@ -43,9 +47,12 @@ _BUILDERS = {
     "stl10": stl10,
     "imagefolder": lambda split, root, download, image_size: resized_image_folder(split, root, image_size),
 }
-DATASETS: tuple[str, ...] = (*_BUILDERS, "webdataset")
+DATASETS: tuple[str, ...] = (*_BUILDERS, "webdataset", *RETRIEVAL_READERS)
 _SPLITS = {name: ("train", "test") for name in DATASETS} | {"stl10": ("train", "test", "unlabeled", "train+unlabeled")}
 _SPLITS["webdataset"] = ("train",)  # unlabelled shards; evaluation uses eval.data
+_SPLITS |= RETRIEVAL_SPLITS
+# Read as image files at their own size: data.max_size applies.
+_FILE_DATASETS = ("imagefolder", "webdataset", *RETRIEVAL_READERS)
 
 
 def build_dataset(
@@ -61,13 +68,14 @@ def build_dataset(
     Args:
         name: one of :data:`DATASETS`.
         split: ``"train"`` or ``"test"``; STL-10 also ``"unlabeled"`` and ``"train+unlabeled"``
-            (unlabelled samples have label -1).
+            (unlabelled samples have label -1); In-shop ``"train"``, ``"query"`` and ``"gallery"``.
         root: where the files are; None for the dataset's standard place
             (:data:`.idx.FASHION_MNIST_ROOT`, :data:`.cifar_stl.DEFAULT_ROOT`). ``digits`` is bundled and ignores it.
         download: let torchvision download CIFAR-10/100 or STL-10 when missing. Nothing else downloads.
         image_size: ``imagefolder`` only: resize every image to this square (labelled ``<class>/``
             folders). None: images keep their size and aspect (:mod:`.folders`).
-        max_size: ``imagefolder`` and ``webdataset``: the longest side kept at decode (None: all of it).
+        max_size: datasets read as image files (``imagefolder``, ``webdataset`` and the retrieval
+            benchmarks): the longest side kept at decode (None: all of it).
 
     Raises:
         UserError: an unknown name or split, missing or damaged files, or a misplaced ``image_size``.
@@ -81,15 +89,17 @@ def build_dataset(
             f"data.image_size applies to imagefolder only, not {name} (its images are used at their native size; "
             f"augment.image_size sets the training crop)"
         )
-    if max_size is not None and (name not in ("imagefolder", "webdataset") or image_size is not None):
+    if max_size is not None and (name not in _FILE_DATASETS or image_size is not None):
         raise UserError(
-            "data.max_size applies to imagefolder (with data.image_size null) and webdataset only; "
+            f"data.max_size applies to {', '.join(_FILE_DATASETS)} only (imagefolder with data.image_size null); "
             f"{name} images are used at their native size"
         )
     if name == "imagefolder" and image_size is None:
         return image_folder(split, root, max_size)
     if name == "webdataset":
         return shard_stream(root, max_size)
+    if name in RETRIEVAL_READERS:
+        return RETRIEVAL_READERS[name](split, root, max_size)
     return _BUILDERS[name](split, root, download, image_size)
 
 

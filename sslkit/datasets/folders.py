@@ -189,6 +189,31 @@ def image_folder(split: str, root: str | None, max_size: int | None = None) -> I
     return ImageFiles(paths, torch.tensor(labels, dtype=torch.int64), classes, max_size)
 
 
+def labelled_folder(root: str | None, max_size: int | None = None) -> ImageFiles:
+    """Every image of the class folders of ``root`` (``root/train`` when the folder has one), labelled by class.
+
+    For ``data.class_split``, which splits the classes rather than the images.
+
+    Raises:
+        UserError: no root, or no class folders with images in it.
+    """
+    if root is None:
+        raise UserError("data.class_split needs data.root: a folder of <class>/ folders of images")
+    base = Path(root).expanduser()
+    folder = base / "train" if has_labelled_splits(root) else base
+    if not folder.is_dir():
+        raise UserError(f"data.class_split: data.root {folder} is not a folder")
+    found = {name: list_images(folder / name) for name in _class_folders(folder)}
+    classes = [name for name, images in found.items() if images]  # sorted, as _class_folders lists them
+    if not classes:
+        raise UserError(f"data.class_split: {folder} has no <class>/ folders of images")
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        paths += found[name]
+        labels += [label] * len(found[name])
+    return ImageFiles(paths, torch.tensor(labels, dtype=torch.int64), classes, max_size)
+
+
 def _check_found(paths: list[Path], folder: Path) -> None:
     if not paths:
         others = sum(1 for _ in folder.rglob("*") if _.is_file())
@@ -209,7 +234,13 @@ def prepare_training_set(cfg, splits, device: torch.device) -> list[str]:
     if train.reads_files and cfg.data.decode == "auto" and device.type == "cuda":
         train.decode_on_device = True
         notes.append(f"JPEGs are decoded on {device} (nvJPEG) in batches; other formats in the loader workers")
-    if splits.test is None:
+    if splits.test is None and splits.unseen is not None:
+        queries = f"{len(splits.unseen)} queries against a gallery of {len(splits.gallery)}" if splits.gallery else ""
+        notes.append(
+            f"evaluation: retrieval (Recall@K, MAP@R, NMI) among the {len(splits.unseen.classes)} classes kept out of "
+            f"training{', ' + queries if queries else ''}; no kNN monitor (its classes are not the training classes)"
+        )
+    elif splits.test is None:
         notes.append(
             f"{cfg.data.name} at {cfg.data.root} has no labels and eval.data is not set: the kNN monitor and the "
             f"final evaluation are skipped (the backbone is still exported); set eval.data.root to a folder with "

@@ -9,6 +9,12 @@ Four roles, all from the recipe's ``data`` section:
 - ``unseen``: with ``data.holdout_classes``, those classes of the test split, kept out of the
   other three and used for retrieval among classes never trained on (the CUB / Cars protocol).
 
+Class-disjoint data (the retrieval benchmarks ``cub200``, ``cars196``, ``sop``, ``inshop``, or an
+image folder with ``data.class_split``) trains on its training classes and is evaluated by
+retrieval only: ``unseen`` holds the test classes (In-shop: the queries, with the ``gallery``
+they are retrieved from), and there is no ``memory`` or ``test`` (no kNN or linear probe over
+classes the network never trained on).
+
 With ``eval.data`` set, or training data that has no labels (an unlabelled image folder, tar
 shards), ``memory`` and ``test`` are the ``train`` and ``test`` splits of the evaluation set
 (``eval.data``), or None when there is none: the run then trains without evaluation.
@@ -29,8 +35,9 @@ import torch
 
 from sslkit.datasets.base import DatasetInfo, ImageDataset, ImageSource
 from sslkit.datasets.build import build_dataset
-from sslkit.datasets.folders import has_labelled_splits
+from sslkit.datasets.folders import ImageFiles, has_labelled_splits, labelled_folder
 from sslkit.datasets.label_subset import FILE_NAME, LabelSpec, labelled_subset, spec_for
+from sslkit.datasets.retrieval import READERS as RETRIEVAL_READERS
 from sslkit.errors import UserError
 
 
@@ -45,6 +52,7 @@ class Splits:
     info: DatasetInfo
     subset: torch.Tensor | None = None
     subset_spec: LabelSpec | None = None
+    gallery: ImageDataset | None = None  # what ``unseen`` queries are retrieved from (None: one another)
 
 
 def build_splits(
@@ -74,6 +82,8 @@ def build_splits(
     """
     d = cfg.data
     train_split = train_split or d.train_split
+    if d.name in RETRIEVAL_READERS or d.class_split is not None:
+        return _class_disjoint_splits(cfg, for_evaluation)
     if _separate_evaluation(cfg):
         return _splits_with_evaluation_set(cfg, train_split, run_dir, for_evaluation)
     load = lambda split: build_dataset(d.name, split, d.root, d.download, d.image_size)  # noqa: E731
@@ -152,3 +162,42 @@ def _splits_with_evaluation_set(cfg, train_split: str, run_dir: Path | None, for
     if subset is None:
         return Splits(train_set, memory, test, None, info)
     return Splits(train_set, memory.subset(subset), test, None, info, subset, spec)
+
+
+def _class_disjoint_splits(cfg, for_evaluation: bool) -> Splits:
+    """Training classes to train on, the other classes to retrieve among (see the module docstring)."""
+    d, e = cfg.data, cfg.eval
+    subset = spec_for(cfg, for_evaluation)
+    what = f"data.class_split={d.class_split}" if d.class_split is not None else f"data.name={d.name}"
+    for used, key in (
+        (bool(d.holdout_classes), "data.holdout_classes"),
+        (not subset.everything, "a label subset (data/eval.label_fraction, labels_per_class)"),
+        (e.data.name is not None or e.data.root is not None, "eval.data"),
+    ):
+        if used:
+            raise UserError(
+                f"{what} trains and evaluates on disjoint classes already; drop {key}, which would split them again"
+            )
+    if d.class_split is not None:
+        train, unseen = split_classes(labelled_folder(d.root, d.max_size), d.class_split)
+        return Splits(train, None, None, unseen, train.info)
+    load = lambda split: build_dataset(d.name, split, d.root, d.download, None, d.max_size)  # noqa: E731
+    train = load("train")
+    if d.name == "inshop":
+        return Splits(train, None, None, load("query"), train.info, gallery=load("gallery"))
+    return Splits(train, None, None, load("test"), train.info)
+
+
+def split_classes(files: ImageFiles, fraction: float) -> tuple[ImageFiles, ImageFiles]:
+    """The images of the first ``fraction`` of the classes (at least one, at most all but one), and the rest.
+
+    Each part is labelled ``0 ..`` within its own classes, which keep their sorted order.
+    """
+    count = len(files.classes)
+    if count < 2:
+        raise UserError(f"data.class_split needs at least 2 classes to split, found {count}")
+    first = min(max(1, round(fraction * count)), count - 1)
+    seen = files.labels < first
+    paths = [[path for path, keep in zip(files.paths, seen.tolist()) if keep == part] for part in (True, False)]
+    train = ImageFiles(paths[0], files.labels[seen], files.classes[:first], files.max_size)
+    return train, ImageFiles(paths[1], files.labels[~seen] - first, files.classes[first:], files.max_size)
