@@ -9,7 +9,7 @@ The package is organised one idea per module:
 - :mod:`sslkit.losses`      every loss, one per file, one registry (``sslkit.losses.build``).
 - :mod:`sslkit.distributed` rank helpers and the gradient-carrying all-gather.
 - :mod:`sslkit.optim`       optimizers (SGD, AdamW, LARS) and schedules as pure functions.
-- :mod:`sslkit.train`       the Accelerate training loop.
+- :mod:`sslkit.loop`        the Accelerate training loop, its state, logs and checkpoints.
 - :mod:`sslkit.evaluation`  weighted kNN and linear probe.
 """
 

@@ -24,6 +24,7 @@ import importlib.util
 import inspect
 import os
 import re
+import signal
 import sys
 import types
 import typing
@@ -356,6 +357,10 @@ class TrainConfig:
         threads: ``torch.set_num_threads`` per process; ``null``: torch's default, except where
             ``accelerate launch`` on a machine without a GPU pinned one thread: then each process gets its
             share of the cores (:mod:`sslkit.launch`).
+        stop_signals: Signals that stop a run cleanly (a cluster's preemption notice, SLURM's ``--signal``):
+            every process finishes its step, all agree on one step, a checkpoint is saved and the run exits
+            with status 75 so that a batch script can requeue it (``run.resume=auto`` continues exactly).
+            ``[]``: signals keep their default action.
     """
 
     epochs: int = 100
@@ -374,6 +379,7 @@ class TrainConfig:
     compile_backend: str = "inductor"
     compile_mode: str = "default"
     threads: int | None = None
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
 
 
 @dataclass
@@ -847,6 +853,19 @@ def _check_trackers(trackers: list[str], source: str) -> None:
             )
 
 
+def _check_stop_signals(names: list[str], source: str) -> None:
+    """Signals a process can catch, by name (``SIGTERM`` or ``TERM``); SIGKILL and SIGSTOP cannot be."""
+    catchable = sorted(s.name for s in signal.valid_signals() if isinstance(s, signal.Signals)) if names else []
+    catchable = [name for name in catchable if name not in ("SIGKILL", "SIGSTOP")]
+    for name in names:
+        full = name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()
+        if full not in catchable:
+            raise UserError(
+                f"{source}: train.stop_signals has {name!r}, which is not a signal this process can catch; "
+                f"use names such as SIGTERM, SIGUSR1, SIGUSR2, SIGINT (or [] to keep the signals' default action)"
+            )
+
+
 def _check_compile(backend: str, source: str) -> None:
     """A backend ``torch.compile`` knows, on a torch and Python that it supports."""
     import torch
@@ -968,6 +987,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     ):
         _check_range(value, key, source, 1)
     _check_trackers(cfg.train.trackers, source)
+    _check_stop_signals(cfg.train.stop_signals, source)
     if cfg.train.compile:
         _check_compile(cfg.train.compile_backend, source)
     _check_choice(cfg.train.compile_mode, ("default", "reduce-overhead", "max-autotune"), "train.compile_mode", source)

@@ -21,7 +21,10 @@ several.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+
+from sslkit.errors import REQUEUE_EXIT_STATUS
 
 
 def _option_given(cmdline: list[str], *names: str) -> bool:
@@ -98,8 +101,10 @@ def relaunch_cpu_processes() -> int | None:
         torchrun.run(args)
     except ChildFailedError as failed:
         return next((f.exitcode for _, f in sorted(failed.failures.items()) if f.exitcode), 1)
-    except (SignalException, KeyboardInterrupt):  # Ctrl-C reached the workers too: they printed one line
+    except KeyboardInterrupt:  # Ctrl-C reached the workers too: they printed one line
         return 130
+    except SignalException as stopped:  # passed on to the workers, which save and stop (train.stop_signals)
+        return 130 if stopped.sigval == signal.SIGINT else REQUEUE_EXIT_STATUS
     return 0
 
 

@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     from sslkit.config import check_command_line
     from sslkit.console import print_user_error
-    from sslkit.errors import UserError
+    from sslkit.errors import REQUEUE_EXIT_STATUS, Preempted, UserError
 
     try:
         check_command_line(sys.argv[1:] if argv is None else argv, ())
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and (code := relaunch_cpu_processes()) is not None:
         return code
     from sslkit.config import load_config
-    from sslkit.train import train
+    from sslkit.loop import train
 
     cfg = None
     try:
@@ -64,6 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print_user_error(error)
         return 2
+    except Preempted as stopped:  # train.stop_signals: saved; a batch script requeues on the exit status
+        if os.environ.get("RANK", "0") == "0":
+            from sslkit.console import error_console
+
+            error_console.print(
+                f"{stopped}: saved {stopped.checkpoint}; continue with run.resume=auto "
+                f"(exit status {REQUEUE_EXIT_STATUS}: requeue)",
+                highlight=False,
+                soft_wrap=True,
+            )
+        return REQUEUE_EXIT_STATUS
     except KeyboardInterrupt:  # Ctrl-C: a user's choice, not a crash; every checkpoint written so far is whole
         if os.environ.get("RANK", "0") == "0":  # one line, not one per process
             from sslkit.console import error_console
@@ -76,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 def interrupted_message(cfg) -> str:
     """What Ctrl-C leaves: a checkpoint to continue from, or (before the first one) nothing to resume."""
     from sslkit.checkpoint import list_checkpoints
-    from sslkit.train import make_run_dir
+    from sslkit.loop import make_run_dir
 
     if cfg is not None and list_checkpoints(make_run_dir(cfg)):
         return "interrupted: continue from the last checkpoint with run.resume=auto"

@@ -134,7 +134,7 @@ def test_headlines_read_each_benchmark_layout(tmp_path):
 
 def test_race_reads_per_step_metrics_across_epochs(tmp_path):
     race = load("race")
-    # As sslkit.train writes metrics.jsonl with log_every_steps=1: 3 batches an epoch, 2 epochs,
+    # As sslkit.loop writes metrics.jsonl with log_every_steps=1: 3 batches an epoch, 2 epochs,
     # then the final evaluation.
     records, batch = [], 32
     for epoch in range(2):
@@ -198,7 +198,7 @@ def test_race_default_recipe_is_raceable():
 
 
 def test_train_bench_builds_with_the_trainers_builders_and_times_npid():
-    """The training benchmark builds its pieces with sslkit.train's own builders (so a recipe's
+    """The training benchmark builds its pieces with sslkit.loop's own builders (so a recipe's
     global BatchNorm reaches it), and passes sample indices to a method that needs them."""
     bench = load("train")
     cfg, *_ = bench.resolve_config(
@@ -207,6 +207,6 @@ def test_train_bench_builds_with_the_trainers_builders_and_times_npid():
         quick=True,
     )
     pieces = bench.build_pieces(cfg, total_steps=4)
-    assert any(type(m).__name__ == "GlobalBatchNorm" for m in pieces.method.modules())
+    assert any(type(m).__name__ == "GlobalBatchNorm" for m in pieces.step.method.modules())
     full, floor, order = bench.measure(pieces, steps=1, warmup=1, num_workers=0)
     assert order == "interleaved" and _positive(full[0]["loss"]) and _positive(floor[0]["loss"])

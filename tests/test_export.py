@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from sslkit import export, models
 from sslkit.config import load_config
-from sslkit.train import train
+from sslkit.loop import train
 
 timm = pytest.importorskip("timm")
 

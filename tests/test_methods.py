@@ -71,7 +71,7 @@ def test_state_dict_round_trips(case, tmp_path):
 
 
 def test_proxy_anchor_proxies_get_their_100x_in_the_trainer_groups():
-    from sslkit.train import _loss_lr_scales
+    from sslkit.loop.build import _loss_lr_scales
 
     _, _, _, method = build("supervised-proxy-anchor")
     scales = {f"loss.{k}": v for k, v in _loss_lr_scales(method.loss).items()}

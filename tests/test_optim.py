@@ -102,7 +102,7 @@ def test_the_trainer_decays_the_backbone_layers_and_keeps_a_vits_embeddings_out_
     pytest.importorskip("timm")
     from sslkit import methods, models
     from sslkit.config import load_config
-    from sslkit.train import make_optimizer
+    from sslkit.loop.build import make_optimizer
 
     kwargs = "model.kwargs={" + ", ".join(f"{k}: {v}" for k, v in VIT_KWARGS.items()) + "}"
     cfg = load_config(

@@ -22,7 +22,7 @@ STEPS_PER_EPOCH = 10
 
 
 def write_run(run_dir: Path, epochs: int = 3, finished: bool = True, torn_last_line: bool = False) -> Path:
-    """A run directory as sslkit/train.py leaves it (without checkpoints and weights)."""
+    """A run directory as the training loop leaves it (without checkpoints and weights)."""
     run_dir.mkdir(parents=True)
     cfg = Config()
     cfg.run.name, cfg.run.output_dir = run_dir.name, str(run_dir.parent)

@@ -2,6 +2,7 @@
 
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -116,13 +117,19 @@ def epoch_of(rank: int, world: int, labels: torch.Tensor, skip: int = 0) -> list
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     from accelerate import Accelerator
 
-    from sslkit.train import LoopState, epoch_batches, make_train_loader
+    from sslkit.loop.build import make_train_loader
+    from sslkit.loop.run import epoch_batches
+    from sslkit.loop.state import LoopState
 
     accelerator = Accelerator(cpu=True)
     cfg = config_from_dict({"data": {"sampler": "m_per_class", "m_per_class": 4}, "train": {"batch_size": 32}})
     loader, sampler = make_train_loader(cfg, tiny_dataset(labels), cfg.train.batch_size // world)
-    loader = accelerator.prepare(loader)
-    batches = epoch_batches(loader, sampler, LoopState(epoch=1, batch_in_epoch=skip), accelerator)
+    # The parts of a Run that epoch_batches reads.
+    run = SimpleNamespace(
+        loader=accelerator.prepare(loader), sampler=sampler, accelerator=accelerator,
+        progress=LoopState(epoch=1, batch_in_epoch=skip),
+    )  # fmt: skip
+    batches = epoch_batches(run)
     return [images.flatten().tolist() for images, _ in batches]
 
 

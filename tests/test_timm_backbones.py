@@ -146,7 +146,7 @@ def test_mocov3_with_a_frozen_patch_projection_trains_everything_else():
         + ["method.predictor_hidden=32", "method.predictor_last_batch_norm=true", "train.batch_size=8"],
     )
     net = methods.build_method(cfg, models.backbone_from_config(cfg.model, 1), 10, num_samples=100)
-    from sslkit.train import make_optimizer
+    from sslkit.loop.build import make_optimizer
 
     optimizer, _ = make_optimizer(cfg, net)
     trained = {id(p) for group in optimizer.param_groups for p in group["params"]}

@@ -14,7 +14,10 @@ from safetensors.torch import load_file
 
 from sslkit.config import load_config
 from sslkit.errors import UserError
-from sslkit.train import FiniteLoss, LoopState, make_accelerator, train
+from sslkit.loop import train
+from sslkit.loop.build import make_accelerator
+from sslkit.loop.state import LoopState
+from sslkit.loop.step import FiniteLoss
 
 TINY = ["train.batch_size=32", "train.threads=1", "eval.linear_epochs=0", "eval.compare_random_init=false"]
 TINY += ["eval.compare_raw_pixels=false", "model.projector_hidden=32", "train.log_every_steps=1"]

@@ -7,7 +7,7 @@ kept and reused): ``--images`` JPEGs of random smooth content, each side drawn f
 independently, so sizes and aspect ratios vary. Two pipelines then read it, each in a
 DataLoader with ``--workers`` worker processes and batches of ``--batch`` images:
 
-- ``sslkit``: :func:`sslkit.datasets.folders.image_folder` with the loader :func:`sslkit.train.make_train_loader`
+- ``sslkit``: :func:`sslkit.datasets.folders.image_folder` with the loader :func:`sslkit.loop.build.make_train_loader`
   builds; the workers decode each JPEG at its own size into a padded batch, and
   :class:`sslkit.augment.TwoViewAugment` (the SimCLR set at 224 px) augments the whole batch in the
   training process, as in training.
@@ -52,7 +52,7 @@ from sslkit.augment import TwoViewAugment, kernel_size_for  # noqa: E402
 from sslkit.config import Config  # noqa: E402
 from sslkit.datasets import folders  # noqa: E402
 from sslkit.datasets.base import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
-from sslkit.train import make_train_loader  # noqa: E402
+from sslkit.loop.build import make_train_loader  # noqa: E402
 
 
 def write_folder(folder: Path, count: int, seed: int = 0) -> None:

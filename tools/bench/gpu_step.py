@@ -5,8 +5,9 @@
     python tools/bench/gpu_step.py --quick        # a smoke run on any device (tiny models, 2 steps)
 
 Each model is built from the quick start recipe with the overrides in :data:`MODELS` (sslkit's method,
-optimizer and step: ``sslkit.train.make_method``, ``make_optimizer``, ``optimizer_step``), fed a fixed batch
-of random uint8 images augmented on the device (so that no loader is timed). The FLOPs of one step
+optimizer and step: ``sslkit.loop.build.make_method``, ``make_optimizer``,
+``sslkit.loop.step.TrainingStep``), fed a fixed batch of random uint8 images augmented on the device (so
+that no loader is timed). The FLOPs of one step
 (forward and backward of both views, from ``torch.utils.flop_counter``) divided by the median step time
 give the achieved FLOP/s; MFU is that over the GPU's dense bf16 peak (:data:`PEAK_BF16`, by device name).
 Without a known GPU, MFU is left out and images/s stays.
@@ -29,9 +30,11 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from sslkit import models, train  # noqa: E402
+from sslkit import models  # noqa: E402
 from sslkit.augment import TwoViewAugment  # noqa: E402
 from sslkit.config import load_config  # noqa: E402
+from sslkit.loop import build  # noqa: E402
+from sslkit.loop.step import FiniteLoss, TrainingStep  # noqa: E402
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched against the device name.
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
@@ -68,14 +71,14 @@ def peak_of(name: str) -> float | None:
 
 def measure(name: str, overrides: list[str], batch: int, steps: int, warmup: int) -> dict:
     cfg = load_config("quickstart", [*COMMON, *overrides, f"train.batch_size={batch}"])
-    accelerator = train.make_accelerator(cfg)
+    accelerator = build.make_accelerator(cfg)
     device = accelerator.device
     augment = TwoViewAugment(cfg.augment, 3, [0.5] * 3, [0.25] * 3).to(device)
     backbone = models.backbone_from_config(cfg.model, 3)
-    method = train.make_method(cfg, backbone, 10, batch, device.type)
-    optimizer, lr = train.make_optimizer(cfg, method)
+    method = build.make_method(cfg, backbone, 10, batch, device.type)
+    optimizer, lr = build.make_optimizer(cfg, method)
     method, optimizer = accelerator.prepare(method, optimizer)
-    finite = train.FiniteLoss(accelerator)
+    training_step = TrainingStep(accelerator, method, optimizer, FiniteLoss(accelerator))
     size = cfg.augment.image_size
     images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=device)
     labels = torch.zeros(batch, dtype=torch.long, device=device)
@@ -83,7 +86,7 @@ def measure(name: str, overrides: list[str], batch: int, steps: int, warmup: int
         views = augment(images)
 
     def step() -> None:
-        train.optimizer_step(accelerator, method, optimizer, views, labels, [], lr, finite)
+        training_step(views, labels, [], lr)
 
     with FlopCounterMode(display=False) as counter:
         step()

@@ -2,7 +2,7 @@
 
     python tools/bench/train.py [--recipe recipes/fashion_mnist_simclr.yaml] [--steps N] [--quick] [--out JSON]
 
-Two kinds of step over the same method and optimizer, built by the builders ``sslkit.train.train``
+Two kinds of step over the same method and optimizer, built by the builders ``sslkit.loop.train``
 itself calls (``make_accelerator``, ``make_train_loader``, ``make_method``, ``make_optimizer``,
 ``prepare_for_training``), so the benchmark follows the loop when the loop changes:
 
@@ -53,11 +53,14 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from sslkit import datasets, models, train  # noqa: E402
+from sslkit import datasets, models  # noqa: E402
 from sslkit.augment import TwoViewAugment  # noqa: E402
 from sslkit.config import Config, load_config  # noqa: E402
 from sslkit.datasets import EpochShuffleSampler, build_splits  # noqa: E402
 from sslkit.datasets.idx import FASHION_MNIST_ROOT  # noqa: E402
+from sslkit.loop import build  # noqa: E402
+from sslkit.loop.state import Schedule  # noqa: E402
+from sslkit.loop.step import FiniteLoss, TrainingStep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FASHION_RECIPE = ROOT / "recipes" / "fashion_mnist_simclr.yaml"
@@ -112,44 +115,42 @@ def resolve_config(
 
 @dataclass
 class Pieces:
-    """What one training step touches, prepared by the accelerator as ``sslkit.train.train`` prepares it."""
+    """What one training step touches, prepared by the accelerator as ``sslkit.loop.train`` prepares it."""
 
     accelerator: Accelerator
     loader: DataLoader
     sampler: EpochShuffleSampler
     augment: TwoViewAugment
-    method: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    schedule: train.Schedule
+    step: TrainingStep  # the prepared method and optimizer
+    schedule: Schedule
     cfg: Config
     dataset_size: int
-    finite: train.FiniteLoss
 
 
 def build_pieces(cfg: Config, total_steps: int) -> Pieces:
-    """Accelerator, loader, augmentation, method and optimizer, built by ``sslkit.train``'s own builders.
+    """Accelerator, loader, augmentation, method and optimizer, built by ``sslkit.loop``'s own builders.
 
     The same calls ``train()`` makes, in its order. Left out: the run directory, trackers,
     checkpoints, ``run.init_from`` and the evaluation loaders, none of which a training step touches.
     """
-    accelerator = train.make_accelerator(cfg)
+    accelerator = build.make_accelerator(cfg)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     set_seed(cfg.run.seed, device_specific=True)
 
     splits = build_splits(cfg)
     info = splits.info
-    loader, sampler = train.make_train_loader(cfg, splits.train, cfg.train.batch_size // accelerator.num_processes)
+    loader, sampler = build.make_train_loader(cfg, splits.train, cfg.train.batch_size // accelerator.num_processes)
 
     augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
     backbone = models.backbone_from_config(cfg.model, augment.out_channels)
-    method = train.make_method(cfg, backbone, info.num_classes, len(splits.train), accelerator.device.type)
-    optimizer, lr = train.make_optimizer(cfg, method)
-    method, optimizer, loader = train.prepare_for_training(cfg, accelerator, method, optimizer, loader)
-    schedule = train.Schedule.from_config(cfg, len(loader), lr, total_steps)
+    method = build.make_method(cfg, backbone, info.num_classes, len(splits.train), accelerator.device.type)
+    optimizer, lr = build.make_optimizer(cfg, method)
+    method, optimizer, loader = build.prepare_for_training(cfg, accelerator, method, optimizer, loader)
+    schedule = Schedule.from_config(cfg, len(loader), lr, total_steps)
     method.train()
-    finite = train.FiniteLoss(accelerator)
-    return Pieces(accelerator, loader, sampler, augment, method, optimizer, schedule, cfg, len(splits.train), finite)
+    step = TrainingStep(accelerator, method, optimizer, FiniteLoss(accelerator))
+    return Pieces(accelerator, loader, sampler, augment, step, schedule, cfg, len(splits.train))
 
 
 def optimizer_step(
@@ -160,7 +161,7 @@ def optimizer_step(
     ``indices``: each sample's position in the training set, for methods that keep per-sample state (NPID).
     """
     p, lr = pieces, pieces.schedule.lr(step, pieces.cfg)
-    loss = train.optimizer_step(p.accelerator, p.method, p.optimizer, (view1, view2), labels, indices, lr, p.finite)
+    loss = p.step((view1, view2), labels, indices, lr)
     return loss.item()
 
 

@@ -1,0 +1,102 @@
+"""What a run reports while it trains: ``metrics.jsonl`` and trackers, the log window, the progress bar."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from sslkit.console import console
+from sslkit.loop.state import LoopState
+from sslkit.loop.step import FiniteLoss
+
+
+class MetricsLog:
+    """Appends one JSON object per line to ``metrics.jsonl`` (main process only) and to trackers."""
+
+    def __init__(self, path: Path, accelerator: Accelerator) -> None:
+        self.path, self.accelerator = path, accelerator
+
+    def __call__(self, record: dict, step: int) -> None:
+        if self.accelerator.is_main_process:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        numeric = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k not in ("step",)}
+        self.accelerator.log(numeric, step=step)
+
+
+class LogWindow:
+    """Loss, speed and data wait over the batches since the last log line.
+
+    It counts batches, not steps x ``grad_accum_steps``: the last step of an epoch may
+    accumulate fewer batches than that (Accelerate steps at the loader's end).
+    """
+
+    def __init__(self, finite: FiniteLoss) -> None:
+        self.start, self.data_wait, self.batches, self.loss_sum = time.perf_counter(), 0.0, 0, 0.0
+        self.finite = finite  # read with the loss, when a line is logged
+
+    def timed(self, batches: Iterable) -> Iterator:
+        """``batches``, adding the time spent waiting for each one to ``data_wait``."""
+        iterator = iter(batches)
+        while True:
+            fetch_start = time.perf_counter()
+            batch = next(iterator, None)
+            if batch is None:
+                return
+            self.data_wait += time.perf_counter() - fetch_start
+            yield batch
+
+    def add(self, loss: torch.Tensor) -> None:
+        """Add a batch's loss, on its device: summed there, read once per log line."""
+        self.loss_sum, self.batches = self.loss_sum + loss.detach().float(), self.batches + 1
+
+    def record(self, progress: LoopState, optimizer, batch_size: int, accelerator: Accelerator) -> dict:
+        """The log line of this window (every process calls it: the loss is averaged over processes); the
+        scheduled lr is the first group's lr over its scale."""
+        loss = accelerator.reduce(torch.as_tensor(self.loss_sum, device=accelerator.device), reduction="mean")
+        elapsed = time.perf_counter() - self.start
+        group = optimizer.param_groups[0]
+        return {
+            "step": progress.step,
+            "epoch": progress.epoch,
+            "loss": loss.item() / self.batches,
+            "lr": group["lr"] / group.get("lr_scale", 1.0),
+            "images_per_s": self.batches * batch_size / elapsed,
+            "data_wait_share": self.data_wait / elapsed,
+        }
+
+
+class ProgressBar:
+    """The rich progress bar of the main process (hidden on the others, and for a run already finished)."""
+
+    def __init__(self, progress: LoopState, total_steps: int, main: bool) -> None:
+        self.bar = Progress(
+            TextColumn("[bold]epoch {task.fields[epoch]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]:.4f}"),
+            TextColumn("lr {task.fields[lr]:.2e}"),
+            TextColumn("{task.fields[ips]:.0f} img/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            disable=not main or progress.step >= total_steps,
+        )
+        fields = {"epoch": progress.epoch, "loss": float("nan"), "lr": 0.0, "ips": 0.0}
+        self.task = self.bar.add_task("train", total=total_steps, completed=progress.step, **fields)
+
+    def __enter__(self) -> ProgressBar:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def update(self, **fields) -> None:
+        self.bar.update(self.task, **fields)

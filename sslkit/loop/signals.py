@@ -1,0 +1,80 @@
+"""Preemption: on a stop signal every process finishes its step, all agree on one step, save and exit.
+
+A cluster announces the end of a job with a signal before it kills it: SLURM's
+``#SBATCH --signal=USR1@120`` (or ``B:TERM``), a spot instance's SIGTERM. Without a handler the
+signal kills the run and everything since the last periodic checkpoint is lost. With
+``train.stop_signals`` caught, the handler only records the signal; the loop asks
+:meth:`StopSignals.agreed` after every optimizer step, and the processes all-reduce what they
+received, so that all of them stop after the same step even when the signal reached one first
+(a process that stopped alone would leave the others waiting in the next step's all-reduce).
+The run then saves a checkpoint and raises :class:`sslkit.errors.Preempted`; the command exits with
+:data:`sslkit.errors.REQUEUE_EXIT_STATUS` (75), and ``run.resume=auto`` continues exactly where it stopped.
+
+A second signal while the checkpoint is written changes nothing: the handler only records it,
+and the checkpoint itself is written into a hidden directory renamed once complete
+(:mod:`sslkit.checkpoint`), so even a SIGKILL mid-save leaves the previous checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import torch
+import torch.distributed as dist
+
+
+def signal_of(name: str) -> signal.Signals:
+    """``"SIGTERM"`` or ``"TERM"`` (any case) -> ``signal.SIGTERM``."""
+    upper = name.upper()
+    return signal.Signals[upper if upper.startswith("SIG") else "SIG" + upper]
+
+
+class StopSignals:
+    """Catches ``names`` while it is entered; :meth:`agreed` says whether every process should stop now.
+
+    Used as a context manager around the loop, in the main thread (where Python runs signal
+    handlers); the previous handlers come back on exit.
+    """
+
+    def __init__(self, names: list[str]) -> None:
+        self.signals = [signal_of(name) for name in names]
+        self.received = 0  # 1 + the index in self.signals of the first signal received; 0: none
+        self.previous: dict[signal.Signals, object] = {}
+        self.group = None
+        if dist.is_available() and dist.is_initialized() and self.signals:
+            # A CPU tensor on a gloo group: asking never waits for an accelerator's queue. A NCCL job gets
+            # a gloo group of its own (made by every process, collectively, here).
+            self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # Python runs handlers in the main thread only: a run trained from another keeps defaults
+        for sig in self.signals:
+            self.previous[sig] = signal.signal(sig, self._record)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous.clear()
+
+    def _record(self, signum: int, frame) -> None:
+        # Only a flag: the step in progress, and a checkpoint being written, carry on untouched.
+        if not self.received:
+            self.received = 1 + self.signals.index(signal.Signals(signum))
+
+    def agreed(self) -> bool:
+        """Whether any process has received a stop signal (every process calls it after the same step)."""
+        if not self.signals:
+            return False
+        if dist.is_available() and dist.is_initialized():
+            flag = torch.tensor([self.received], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            self.received = int(flag.item())  # the same signal named on every process
+        return bool(self.received)
+
+    @property
+    def name(self) -> str:
+        """The signal that stopped the run (after :meth:`agreed` returned True)."""
+        return self.signals[self.received - 1].name

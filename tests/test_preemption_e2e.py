@@ -1,0 +1,139 @@
+"""Preemption as a cluster does it: real signals to real training processes, one and two of them.
+
+A stop signal (``train.stop_signals``) makes every process finish its step, agree on one step,
+save a checkpoint and exit with status 75; ``run.resume=auto`` then continues, and the final
+backbone is bit-identical to that of a run nobody interrupted. The two-process runs are started
+as a SLURM job step starts them (one process per rank, the rank in the environment), so that
+each process's own exit status is seen, and the signal is sent to one process only: it may
+reach one process first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from dist_utils import _free_port
+from safetensors.torch import load_file
+from test_pretrain_e2e import PRETRAIN, QUICKSTART, TINY, env
+
+REQUEUE = 75
+# 22 batches of 64 an epoch, two epochs: the signal lands mid-epoch, and no periodic checkpoint helps.
+COMMON = [*TINY, "train.epochs=2", "eval.linear_epochs=0"]
+
+
+def start(tmp_path: Path, name: str, *overrides: str, world: int = 1) -> list[subprocess.Popen]:
+    """``world`` processes of one run, each told its rank in the environment (as srun and a batch script do)."""
+    command = [sys.executable, str(PRETRAIN), str(QUICKSTART), f"run.output_dir={tmp_path}", f"run.name={name}"]
+    command += [*COMMON, *overrides]
+    ranks = [{}]
+    if world > 1:
+        port = str(_free_port())
+        shared = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1"}
+        shared.update(MASTER_PORT=port, ACCELERATE_USE_CPU="true")
+        ranks = [dict(shared, RANK=str(r), LOCAL_RANK=str(r)) for r in range(world)]
+    return [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env(), **rank})
+        for rank in ranks
+    ]
+
+
+def finish(processes: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
+    """Each process's exit status, stdout and stderr."""
+    outputs = [p.communicate(timeout=240) for p in processes]
+    return [(p.returncode, *output) for p, output in zip(processes, outputs)]
+
+
+def wait_for_step(run: Path, step: int, processes: list[subprocess.Popen], timeout: float = 180) -> None:
+    metrics, deadline = run / "metrics.jsonl", time.time() + timeout
+    while time.time() < deadline:
+        logged = metrics.read_text().count('"loss"') if metrics.is_file() else 0
+        if logged >= step:
+            return
+        assert all(p.poll() is None for p in processes), "the run ended before the signal"
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} was not logged in {timeout} s")
+
+
+def assert_same_backbone(a: Path, b: Path) -> None:
+    first, second = load_file(a / "backbone.safetensors"), load_file(b / "backbone.safetensors")
+    assert first.keys() == second.keys()
+    for key in first:
+        assert torch.equal(first[key], second[key]), key
+
+
+def assert_preempted(results: list[tuple[int, str, str]], run: Path) -> int:
+    """Every process exited 75 after saving one checkpoint; the main process said so in one line. Returns its step."""
+    assert [code for code, *_ in results] == [REQUEUE] * len(results), [err[-2000:] for *_, err in results]
+    lines = [line for line in results[0][2].splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in results[0][2], results[0][2]
+    assert lines[0].startswith("stopped by SIGTERM after step ") and "run.resume=auto" in lines[0], lines[0]
+    saved = sorted((run / "checkpoints").glob("step-*"))
+    assert saved and not list((run / "checkpoints").glob(".tmp-*")) and not (run / "backbone.safetensors").exists()
+    step = json.loads((saved[-1] / "progress.json").read_text())["step"]
+    assert f"after step {step}:" in lines[0]
+    return step
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_75_and_the_requeued_run_is_bit_identical(tmp_path):
+    straight = finish(start(tmp_path, "straight"))
+    assert straight[0][0] == 0, straight[0][2][-2000:]
+
+    [process] = start(tmp_path, "preempted")
+    wait_for_step(tmp_path / "preempted", 3, [process])
+    for _ in range(4):  # a cluster may repeat its notice: signals while the checkpoint is written change nothing
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.02)
+    step = assert_preempted(finish([process]), tmp_path / "preempted")
+    assert 3 <= step < 44  # mid-run: two epochs of 22 steps
+
+    resumed = finish(start(tmp_path, "preempted", "run.resume=auto"))
+    assert resumed[0][0] == 0, resumed[0][2][-2000:]
+    assert f"resumed from {tmp_path / 'preempted' / 'checkpoints'}" in resumed[0][1].replace("\n", "")
+    assert_same_backbone(tmp_path / "straight", tmp_path / "preempted")
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_of_two_processes_stops_both_after_one_step(tmp_path):
+    straight = finish(start(tmp_path, "straight", world=2))
+    assert [code for code, *_ in straight] == [0, 0], [err[-2000:] for *_, err in straight]
+
+    processes = start(tmp_path, "preempted", world=2)
+    wait_for_step(tmp_path / "preempted", 3, processes)
+    processes[1].send_signal(signal.SIGTERM)  # rank 1 only: rank 0 learns of it when they agree after a step
+    assert_preempted(finish(processes), tmp_path / "preempted")
+
+    resumed = finish(start(tmp_path, "preempted", "run.resume=auto", world=2))
+    assert [code for code, *_ in resumed] == [0, 0], [err[-2000:] for *_, err in resumed]
+    assert_same_backbone(tmp_path / "straight", tmp_path / "preempted")
+
+
+def test_stop_signals_are_checked_by_name_in_one_line(tmp_path, capsys):
+    from sslkit.pretrain import main
+
+    assert main([str(QUICKSTART), f"run.output_dir={tmp_path}", "train.stop_signals=[SIGTERM,SIGNOPE]"]) == 2
+    err = capsys.readouterr().err
+    assert "train.stop_signals has 'SIGNOPE'" in err and "SIGUSR1" in err and len(err.strip().splitlines()) == 1
+    assert main([str(QUICKSTART), f"run.output_dir={tmp_path}", "train.stop_signals=[KILL]"]) == 2
+    assert "'KILL'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_loader_workers_leave_stop_signals_to_the_main_process():
+    from sslkit.loop.build import ignore_signals
+
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        ignore_signals(("USR2",), 0)
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGUSR2)  # would end the process with the default action
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
