@@ -66,12 +66,15 @@ class DataConfig:
 
     Attributes:
         name: The dataset: ``digits`` (scikit-learn's, bundled), ``fashion_mnist``, ``cifar10``, ``cifar100``,
-            ``stl10``, ``imagefolder`` or ``webdataset`` (see :mod:`sslkit.datasets`).
+            ``stl10``, ``imagefolder``, ``webdataset``, or a metric-learning benchmark split by class and evaluated
+            by retrieval: ``cub200``, ``cars196``, ``sop``, ``inshop`` (see :mod:`sslkit.datasets`).
         root: Where the files are; ``null`` is the dataset's standard place (``fashion_mnist``:
             ``/usr/share/datasets/fashion-mnist``; torchvision's datasets: ``~/.cache/sslkit/datasets``).
             ``imagefolder`` needs it: a folder of images at any depth (unlabelled), or labelled
             ``root/train/<class>/`` and ``root/test/<class>/``. ``webdataset`` needs it: the tar shards, as a brace
             pattern (``shards/train-{000000..000015}.tar``), a folder of ``.tar`` files, or paths joined by ``::``.
+            The benchmarks need it: the folder their archive unpacked to (``CUB_200_2011/``, the one holding
+            ``cars_annos.mat``, ``Stanford_Online_Products/``, In-shop's).
         train_split: The split to train on; STL-10 also takes ``unlabeled`` and ``train+unlabeled``
             (self-supervised methods only).
         download: Download a torchvision dataset (CIFAR, STL-10) when its files are missing; nothing
@@ -91,8 +94,8 @@ class DataConfig:
         labels_per_class: Keep this many labelled images of every class instead (``null``: see
             ``label_fraction``; set at most one of the two).
         label_seed: The seed that picks the labelled subset; ``null``: ``run.seed``.
-        max_size: ``imagefolder`` and ``webdataset``: shrink an image whose longer side exceeds this at decode,
-            keeping its aspect ratio (faster loading of large photos); ``null``: decode at full size.
+        max_size: ``imagefolder``, ``webdataset`` and the benchmarks: shrink an image whose longer side exceeds
+            this at decode, keeping its aspect ratio (faster loading of large photos); ``null``: decode at full size.
         on_corrupt: ``imagefolder`` and ``webdataset``: what a corrupt or truncated image does. ``skip`` replaces it
             by another image, counts it and reports the count at the end of the epoch, and stops the run once more
             than 1% of the images are corrupt; ``error`` stops at the first one. (With ``data.image_size`` set, a

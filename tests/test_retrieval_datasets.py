@@ -216,3 +216,76 @@ def test_retrieval_only_evaluation_uses_the_gallery(tmp_path):
     results = evaluator.evaluate(Grey())
     assert {k for k in results if not k.startswith("unseen_recall@")} == {"unseen_map@r", "unseen_nmi"}
     assert results["unseen_recall@1"] == results["unseen_map@r"] == 1.0
+
+
+# --------------------------------------------------------------------------- ImageNet weights and the recipes
+
+
+@pytest.mark.parametrize("source", ["torchvision", "timm"])
+def test_init_from_an_imagenet_state_dict_on_disk(tmp_path, source):
+    """A torchvision .pth or a timm .safetensors state dict starts the backbone (ResNet-18 here: small)."""
+    from sslkit import checkpoint, models
+
+    if source == "torchvision":
+        torchvision = pytest.importorskip("torchvision")
+        state, path, backbone = torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pth", "resnet18"
+        torch.save(state, path)
+    else:
+        timm = pytest.importorskip("timm")
+        from safetensors.torch import save_file
+
+        state, path, backbone = (
+            timm.create_model("resnet18").state_dict(),
+            tmp_path / "model.safetensors",
+            "timm/resnet18",
+        )
+        save_file(state, str(path))
+    cfg = config_from_dict({"model": {"backbone": backbone, "cifar_stem": False, "width": 64}})
+    model = models.backbone_from_config(cfg.model, 3)
+    assert checkpoint.init_backbone(model, path) == ["fc.bias", "fc.weight"]  # the classifier, reported unused
+    assert torch.equal(model.state_dict()["layer4.1.conv2.weight"], state["layer4.1.conv2.weight"])
+
+
+@pytest.mark.parametrize("name", ["cub200", "cars196", "sop", "inshop"])
+def test_each_benchmark_recipe_fits_torchvision_resnet50_weights(name):
+    from pathlib import Path
+
+    import torchvision
+
+    from sslkit import checkpoint, models
+    from sslkit.config import load_config
+
+    cfg = load_config(Path(__file__).parents[1] / "recipes" / f"{name}_proxy_anchor.yaml")
+    assert cfg.data.name == name and cfg.data.sampler == "m_per_class" and cfg.train.batch_size % 5 == 0
+    with torch.device("meta"):  # shapes only, no memory
+        own = models.backbone_from_config(cfg.model, 3).state_dict()
+        imagenet = torchvision.models.resnet50().state_dict()
+    wrong_shape, missing, unused = checkpoint.state_differences(imagenet, own)
+    assert not wrong_shape and not missing and sorted(unused) == ["fc.bias", "fc.weight"]
+
+
+@pytest.mark.slow
+def test_a_benchmark_run_from_imagenet_weights_reports_retrieval_of_both(tmp_path):
+    """pretrain.py on a small CUB tree: P x K batches, a torchvision state dict as init_from, retrieval rows."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torchvision = pytest.importorskip("torchvision")
+    root = Path(__file__).parents[1]
+    write_cub(tmp_path / "data", classes=6, per_class=4)
+    torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pth")
+    command = [
+        sys.executable, str(root / "sslkit" / "pretrain.py"), str(root / "recipes" / "cub200_proxy_anchor.yaml"),
+        f"run.output_dir={tmp_path}", "run.name=cub", f"run.init_from={tmp_path / 'resnet18.pth'}",
+        f"data.root={tmp_path / 'data'}", "data.num_workers=0", "data.m_per_class=2", "train.batch_size=4",
+        "train.epochs=2", "train.mixed_precision='no'", "train.threads=1", "model.backbone=resnet18",
+        "model.projector_out=16", "model.channels_last=false", "augment.image_size=16",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fc.bias, fc.weight" in result.stdout  # the classifier of the ImageNet weights, unused
+    results = json.loads((tmp_path / "cub" / "results.json").read_text())["results"]
+    for row in ("trained", "start (init_from)"):
+        assert 0 <= results[row]["unseen_recall@1"] <= 1 and "knn_top1" not in results[row]
