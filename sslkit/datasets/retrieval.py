@@ -57,34 +57,42 @@ def _rows(path: Path, columns: int, header: int = 0) -> list[list[str]]:
     bad = next((i for i, fields in enumerate(lines) if len(fields) != columns), None)
     if bad is not None:
         raise UserError(
-            f"{path}: line {bad + header + 1} has {len(lines[bad])} fields, not {columns}; is the file intact?"
+            f"{path}: line {bad + header + 1} has {len(lines[bad])} fields, not {columns}; "
+            f"replace it with an intact copy"
         )
     return lines
 
 
-def _files(name: str, folder: Path, paths: list[str], classes: list, keep, max_size: int | None) -> ImageFiles:
-    """The images whose class ``keep(class)`` accepts, labelled by the rank of their class among those kept."""
-    kept = sorted({c for c in classes if keep(c)})
+def _image_files(name: str, paths: list[Path], labels: list[int], classes: list[str], max_size) -> ImageFiles:
+    """The listed images; the first is looked for on disk (a stat per image would be slow on SOP's 120k)."""
+    if paths and not paths[0].is_file():
+        raise UserError(
+            f"{name}: image {paths[0]} is missing; set data.root to the folder the list's paths start from"
+        )
+    return ImageFiles(paths, torch.tensor(labels, dtype=torch.int64), classes, max_size)
+
+
+def _by_class(
+    name: str, folder: Path, paths: list[str], numbers: list[int], keep, max_size, names: dict | None = None
+) -> ImageFiles:
+    """The images whose class number ``keep`` accepts, labelled by the rank of their class among those kept."""
+    kept = sorted({c for c in numbers if keep(c)})
     label = {c: i for i, c in enumerate(kept)}
-    chosen = [(folder / p, label[c]) for p, c in zip(paths, classes) if c in label]
-    missing = [str(p) for p, _ in chosen[:1] if not p.is_file()]  # the first only: a stat per image is slow
-    if missing:
-        raise UserError(f"{name}: image {missing[0]} is missing; the list names images the folder does not hold")
-    labels = torch.tensor([c for _, c in chosen], dtype=torch.int64)
-    return ImageFiles([p for p, _ in chosen], labels, [str(c) for c in kept], max_size)
+    chosen = [(folder / path, label[c]) for path, c in zip(paths, numbers) if c in label]
+    classes = [(names or {}).get(c, str(c)) for c in kept]
+    return _image_files(name, [path for path, _ in chosen], [c for _, c in chosen], classes, max_size)
 
 
 def cub200(split: str, root: str | None, max_size: int | None = None) -> ImageFiles:
     """CUB-200-2011: classes 1-100 are ``train``, 101-200 ``test``."""
     folder = _find("cub200", root, "images.txt", ("CUB_200_2011",))
     images = dict(_rows(folder / "images.txt", 2))
-    labels = dict(_rows(folder / "image_class_labels.txt", 2))
-    names = dict(_rows(folder / "classes.txt", 2)) if (folder / "classes.txt").is_file() else {}
+    numbers = {i: int(c) for i, c in _rows(folder / "image_class_labels.txt", 2)}
+    names = {int(c): n for c, n in _rows(folder / "classes.txt", 2)} if (folder / "classes.txt").is_file() else {}
     ids = sorted(images, key=int)
-    classes = [names.get(labels[i], labels[i]) for i in ids]
-    number = {names.get(c, c): int(c) for c in set(labels.values())}
-    keep = (lambda c: number[c] <= 100) if split == "train" else (lambda c: number[c] > 100)
-    return _files("cub200", folder / "images", [images[i] for i in ids], classes, keep, max_size)
+    keep = (lambda c: c <= 100) if split == "train" else (lambda c: c > 100)
+    paths, classes = [images[i] for i in ids], [numbers[i] for i in ids]
+    return _by_class("cub200", folder / "images", paths, classes, keep, max_size, names)
 
 
 def cars196(split: str, root: str | None, max_size: int | None = None) -> ImageFiles:
@@ -103,7 +111,7 @@ def cars196(split: str, root: str | None, max_size: int | None = None) -> ImageF
             f"cars196: cannot read {folder / 'cars_annos.mat'} ({error}); replace it with an intact copy"
         ) from None
     keep = (lambda c: c <= 98) if split == "train" else (lambda c: c > 98)
-    return _files("cars196", folder, paths, numbers, keep, max_size)
+    return _by_class("cars196", folder, paths, numbers, keep, max_size)
 
 
 def sop(split: str, root: str | None, max_size: int | None = None) -> ImageFiles:
@@ -111,7 +119,7 @@ def sop(split: str, root: str | None, max_size: int | None = None) -> ImageFiles
     file = "Ebay_train.txt" if split == "train" else "Ebay_test.txt"
     folder = _find("sop", root, file, ("Stanford_Online_Products",))
     rows = _rows(folder / file, 4, header=1)  # image_id class_id super_class_id path
-    return _files("sop", folder, [r[3] for r in rows], [int(r[1]) for r in rows], lambda c: True, max_size)
+    return _by_class("sop", folder, [r[3] for r in rows], [int(r[1]) for r in rows], lambda c: True, max_size)
 
 
 def inshop(split: str, root: str | None, max_size: int | None = None) -> ImageFiles:
@@ -126,11 +134,8 @@ def inshop(split: str, root: str | None, max_size: int | None = None) -> ImageFi
     wanted = ("train",) if split == "train" else ("query", "gallery")
     items = sorted({item for _, item, status in rows if status in wanted})
     label = {item: i for i, item in enumerate(items)}
-    chosen = [(path, item) for path, item, status in rows if status == split]
-    dataset = _files("inshop", images, [p for p, _ in chosen], [i for _, i in chosen], lambda c: True, max_size)
-    # Number the query and gallery images over the items of both, so that an item's images match.
-    labels = torch.tensor([label[item] for _, item in chosen], dtype=torch.int64)
-    return ImageFiles(dataset.paths, labels, items, max_size)
+    chosen = [(images / path, label[item]) for path, item, status in rows if status == split]
+    return _image_files("inshop", [path for path, _ in chosen], [c for _, c in chosen], items, max_size)
 
 
 # data.name -> reader, and each one's splits.

@@ -74,6 +74,11 @@ class MPerClassSampler(Sampler[int]):
 
     Shape:
         labels: (N,) int64.
+
+    >>> labels = torch.tensor([0, 0, 1, 1, 2, 2, 2, 3])  # 5 groups of 2: classes 0, 1, 3 one each, class 2 two
+    >>> order = torch.tensor(list(MPerClassSampler(labels, m=2, batch_size=4, seed=0)))
+    >>> [len(set(batch.tolist())) for batch in labels[order].view(-1, 4)]  # 2 batches of 2 classes x 2 images
+    [2, 2]
     """
 
     def __init__(self, labels: torch.Tensor, m: int, batch_size: int, seed: int) -> None:
