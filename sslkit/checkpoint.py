@@ -13,13 +13,19 @@ Atomicity: a checkpoint is written into a hidden ``.tmp-step-N`` directory and r
 ``step-N`` only after every process has finished writing (a directory rename is atomic on
 POSIX). ``progress.json`` is written last, inside the temporary directory. A SIGKILL during
 a save leaves a ``.tmp-*`` directory that resume ignores and the next save removes; the
-last complete checkpoint is untouched.
+last complete checkpoint is untouched. A save that fails (a full disk) removes its temporary
+directory and stops the run with one line; the previous checkpoint stays as it was.
+
+Integrity: ``checksums.json`` holds the size and SHA-256 of every file of the checkpoint. A
+checkpoint damaged after it was written (a truncated copy, a bad disk) no longer matches them;
+``run.resume=auto`` names it and continues from the newest checkpoint that still matches.
 
 Loading uses ``weights_only=True`` everywhere (Accelerate's ``load_state`` does by default).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -33,6 +39,7 @@ from sslkit.config import flatten
 from sslkit.errors import UserError
 
 PROGRESS_FILE = "progress.json"
+CHECKSUM_FILE = "checksums.json"
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -48,23 +55,80 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name.split("-")[1]))
 
 
-def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
-    """``None`` -> None; ``"auto"`` -> the run's latest complete checkpoint (or None); a path -> that checkpoint."""
+def resolve_resume(resume: str | None, run_dir: Path) -> tuple[Path | None, list[str]]:
+    """The checkpoint ``run.resume`` names, and a line for each newer one passed over as damaged.
+
+    ``None`` -> none; ``"auto"`` -> the run's newest intact checkpoint (none: a fresh start); a
+    checkpoint -> that one, which must be intact; a run directory -> its newest intact checkpoint.
+    """
     if resume is None:
-        return None
+        return None, []
     if resume == "auto":
-        found = list_checkpoints(run_dir)
-        return found[-1] if found else None
+        return newest_intact(run_dir)
     path = Path(resume)
     if (path / PROGRESS_FILE).is_file():
-        return path
-    found = list_checkpoints(path)
-    if found:
-        return found[-1]
+        if problem := damage(path):
+            raise UserError(f"run.resume '{resume}' is damaged: {problem}; give another checkpoint of the run")
+        return path, []
+    if list_checkpoints(path):
+        return newest_intact(path)
     raise UserError(
         f"run.resume '{resume}' is neither a checkpoint (a directory with {PROGRESS_FILE}) "
         "nor a run directory with checkpoints"
     )
+
+
+def newest_intact(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint whose files match their checksums, and a line for each newer one that does not."""
+    damaged = []
+    for candidate in reversed(list_checkpoints(run_dir)):
+        problem = damage(candidate)
+        if problem is None:
+            return candidate, damaged
+        damaged.append(f"{candidate} is damaged ({problem})")
+    if damaged:
+        raise UserError(
+            f"no intact checkpoint in {checkpoint_dir(run_dir)}: {'; '.join(damaged)}; "
+            f"start the run over with another run.name (or delete {run_dir})"
+        )
+    return None, []
+
+
+def damage(folder: Path) -> str | None:
+    """What no longer matches ``checksums.json`` in a checkpoint (the first file that differs), or None.
+
+    A checkpoint written without checksums (by an older sslkit) has nothing to check against: None.
+    """
+    try:
+        expected = json.loads((Path(folder) / CHECKSUM_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return f"{CHECKSUM_FILE} is unreadable"
+    for name, want in expected.items():
+        path = Path(folder) / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if (size := path.stat().st_size) != want["bytes"]:
+            return f"{name} has {size:,} of its {want['bytes']:,} bytes"
+        if _sha256(path) != want["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def file_checksums(folder: Path) -> dict[str, dict]:
+    """Size and SHA-256 of every file under ``folder`` (by relative path), but the progress and checksum files."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (PROGRESS_FILE, CHECKSUM_FILE))
+    return {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def run_contents(run_dir: Path) -> list[str]:
@@ -100,6 +164,11 @@ _FIXED_ON_RESUME = (
     "data.m_per_class",
     "augment.image_size",
     "optim.name",
+    # The checkpoint's place in its epoch counts global batches of this size, and a contrastive loss's
+    # negatives are the batch: another global batch would be another run. (The number of processes may
+    # change: each then takes its share of the same global batch.)
+    "train.batch_size",
+    "train.grad_accum_steps",
 )
 
 
@@ -189,15 +258,32 @@ def save_checkpoint(accelerator, run_dir: Path, progress: dict, keep: int = 2) -
     root = checkpoint_dir(run_dir)
     final = root / f"step-{progress['step']:08d}"
     tmp = root / f".tmp-step-{progress['step']:08d}"
-    if accelerator.is_main_process:
+    main = accelerator.is_main_process
+    if main:
         for stale in root.glob(".tmp-step-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir(parents=True, exist_ok=True)
+    failure = _attempt(lambda: tmp.mkdir(parents=True, exist_ok=True)) if main else None
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
+    if failure is None:
+        failure = _attempt(lambda: accelerator.save_state(str(tmp), safe_serialization=True))
     accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        _write_atomic(tmp / PROGRESS_FILE, json.dumps(progress))
+    if main and failure is None:  # checksums of what every process wrote, then the file that marks it complete
+        failure = _attempt(lambda: _seal(tmp, progress))
+    # Every process learns whether any failed: one that raised alone would leave the others waiting.
+    failed = accelerator.reduce(torch.tensor(float(failure is not None), device=accelerator.device), "sum")
+    if failed.item():
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        accelerator.wait_for_everyone()
+        if failure is not None and not _storage_failure(failure):
+            raise failure  # not the disk's doing: a bug, with its traceback
+        found = list_checkpoints(run_dir)
+        kept = f"the previous checkpoint {found[-1]} is intact" if found else "no earlier checkpoint exists"
+        raise UserError(
+            f"could not save checkpoint {final.name} in {root} ({_why(failure, root, found)}); training stopped, "
+            f"{kept}; free space there (or set run.output_dir elsewhere) and continue with run.resume=auto"
+        )
+    if main:
         if final.exists():  # the same step saved twice (e.g. epoch end == step cadence): replace
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -205,6 +291,50 @@ def save_checkpoint(accelerator, run_dir: Path, progress: dict, keep: int = 2) -
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def _attempt(write) -> Exception | None:
+    """Run ``write``; the exception it raised, else None (raised later, once every process knows)."""
+    try:
+        write()
+    except Exception as error:
+        return error
+    return None
+
+
+def _storage_failure(error: Exception) -> bool:
+    """Whether a write failed for the storage's sake (full, gone, read-only) rather than sslkit's.
+
+    Only an OSError says so plainly: safetensors reports the OS error inside its own exception
+    ("I/O error: No space left on device (os error 28)"), and torch.save a failed write of its zip
+    container ("PytorchStreamWriter failed writing file", or "unexpected pos" when a short write
+    goes unnoticed until the next record).
+    """
+    text = str(error)
+    return isinstance(error, OSError) or any(
+        sign in text for sign in ("os error", "I/O error", "PytorchStreamWriter", "unexpected pos")
+    )
+
+
+def _why(failure: Exception | None, root: Path, found: list[Path]) -> str:
+    """Why a save failed, in words: out of space when the disk has less room than a checkpoint takes."""
+    if failure is None:
+        return "another process could not write its part"
+    free = shutil.disk_usage(root).free if root.is_dir() else 0
+    needed = sum(p.stat().st_size for p in found[-1].rglob("*") if p.is_file()) if found else 0
+    if free < needed:
+        return f"out of space: {free:,} bytes free there, a checkpoint takes {needed:,}"
+    return f"{_one_line(failure)}; {free:,} bytes free there"
+
+
+def _one_line(error: Exception) -> str:
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _seal(folder: Path, progress: dict) -> None:
+    _write_atomic(folder / CHECKSUM_FILE, json.dumps(file_checksums(folder), indent=1))
+    _write_atomic(folder / PROGRESS_FILE, json.dumps(progress))
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -8,7 +8,9 @@ a two-process test of gathered losses into a one-process run that proves nothing
 :func:`relaunch_cpu_processes` notices that case (the launcher asked for several CPU processes,
 ``MASTER_ADDR`` is set, but no ``WORLD_SIZE`` reached us) and starts the N processes itself with
 ``torch.distributed.run`` (torchrun, called in this process so that its failure reports do not
-follow a worker's one-line error), which Accelerate then sees as a multi-CPU (gloo) run.
+follow a worker's one-line error), which Accelerate then sees as a multi-CPU (gloo) run. Across
+machines (``--num_machines M --machine_rank R --main_process_ip ...`` on each), every machine
+starts its N / M processes as node R of M.
 
 :func:`cpu_threads` undoes a second launcher default: on a machine without a GPU and with no
 ``--num_processes``, ``accelerate launch`` sets ``OMP_NUM_THREADS=1`` (its rule that spreads
@@ -49,14 +51,15 @@ def _accelerate_launcher():
     return None
 
 
-def _requested_processes(parent_cmdline: list[str]) -> int:
-    """``--num_processes N`` (or ``=N``) from ``accelerate launch``'s own command line, else 1."""
+def _launcher_int(parent_cmdline: list[str], name: str, default: int) -> int:
+    """``--name N`` (or ``--name=N``, or hyphenated) from ``accelerate launch``'s command line, else ``default``."""
+    spellings = (f"--{name}", f"--{name.replace('_', '-')}")
     for i, arg in enumerate(parent_cmdline):
-        if arg in ("--num_processes", "--num-processes") and i + 1 < len(parent_cmdline):
+        if arg in spellings and i + 1 < len(parent_cmdline):
             return int(parent_cmdline[i + 1])
-        if arg.startswith(("--num_processes=", "--num-processes=")):
+        if arg.startswith(tuple(f"{s}=" for s in spellings)):
             return int(arg.split("=", 1)[1])
-    return 1
+    return default
 
 
 def relaunch_cpu_processes() -> int | None:
@@ -71,15 +74,19 @@ def relaunch_cpu_processes() -> int | None:
     launcher = _accelerate_launcher()
     if launcher is None:  # no parent information, or not accelerate's: behave as accelerate does
         return None
-    processes = _requested_processes(launcher.cmdline())
+    cmdline = launcher.cmdline()
+    processes, machines = _launcher_int(cmdline, "num_processes", 1), _launcher_int(cmdline, "num_machines", 1)
     if processes <= 1:
         return None
+    # --num_processes counts every machine's processes, as for GPUs; each machine starts its share.
+    per_machine, machine_rank = max(1, processes // machines), _launcher_int(cmdline, "machine_rank", 0)
     # torchrun in this process rather than as a command: its own failure report (a ChildFailedError
     # or SignalException traceback after a worker's one-line error or a Ctrl-C) would follow every
     # user mistake. The workers have said what went wrong; this returns the exit code of the first
     # that failed (2 for a user's mistake, 130 for Ctrl-C) and prints nothing of its own.
     import logging
 
+    from torch.distributed import DistError
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -89,7 +96,11 @@ def relaunch_cpu_processes() -> int | None:
     args = torchrun.parse_args(
         [
             "--nproc_per_node",
-            str(processes),
+            str(per_machine),
+            "--nnodes",
+            str(machines),
+            "--node_rank",
+            str(machine_rank),
             "--master_addr",
             env["MASTER_ADDR"],
             "--master_port",
@@ -99,6 +110,15 @@ def relaunch_cpu_processes() -> int | None:
     )
     try:
         torchrun.run(args)
+    except DistError as error:  # the rendezvous: a port in use, an address that does not answer, a rank twice
+        from sslkit.console import print_user_error
+
+        print_user_error(
+            f"machine {machine_rank} of {machines} could not join the run at {env['MASTER_ADDR']}:"
+            f"{env.get('MASTER_PORT', '29500')} ({str(error).strip().splitlines()[0]}); give every machine the same "
+            f"--main_process_ip and --main_process_port, a free port, and its own --machine_rank (0 to {machines - 1})"
+        )
+        return 2
     except ChildFailedError as failed:
         return next((f.exitcode for _, f in sorted(failed.failures.items()) if f.exitcode), 1)
     except KeyboardInterrupt:  # Ctrl-C reached the workers too: they printed one line

@@ -181,7 +181,8 @@ def two_view_worker(rank, world, loss_cls, cases):
         local1 = rank_slice(z1, rank, world).clone().requires_grad_(True)
         local2 = rank_slice(z2, rank, world).clone().requires_grad_(True)
         loss_fn = loss_cls(**kwargs)
-        loss = loss_fn(local1, local2, negatives)
+        # without a bank, the call any two-view loss takes (Barlow Twins and VICReg take no negatives)
+        loss = loss_fn(local1, local2) if negatives is None else loss_fn(local1, local2, negatives)
         loss.backward()
         results.append((loss.detach(), local1.grad, local2.grad, loss_fn.state_dict()))
     return results

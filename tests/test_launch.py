@@ -1,12 +1,14 @@
 """The process count is read from accelerate launch's own command line."""
 
-from sslkit.launch import _requested_processes
+from sslkit.launch import _launcher_int
 
 
-def test_requested_processes_forms():
-    assert _requested_processes(["accelerate", "launch", "--cpu", "--num_processes", "2", "x.py"]) == 2
-    assert _requested_processes(["python", "-m", "accelerate.commands.launch", "--num_processes=3", "x.py"]) == 3
-    assert _requested_processes(["accelerate", "launch", "x.py"]) == 1
+def test_launcher_options_in_every_spelling():
+    assert _launcher_int(["accelerate", "launch", "--cpu", "--num_processes", "2", "x.py"], "num_processes", 1) == 2
+    command = ["python", "-m", "accelerate.commands.launch", "--num_processes=3", "--machine-rank", "1", "x.py"]
+    assert _launcher_int(command, "num_processes", 1) == 3
+    assert _launcher_int(command, "machine_rank", 0) == 1
+    assert _launcher_int(["accelerate", "launch", "x.py"], "num_processes", 1) == 1
 
 
 # --------------------------------------------------------------------------- CPU threads

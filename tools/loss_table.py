@@ -21,13 +21,18 @@ from sslkit import losses  # noqa: E402
 DOC = Path(__file__).resolve().parents[1] / "docs" / "losses.md"
 CALL = {
     "two_view": "`loss(z1, z2, negatives=None)`",
+    "batch_statistics": "`loss(z1, z2)`",
     "query_key": "`loss(queries, keys)`, each `[view 1; view 2]`",
+    "student_teacher": "`loss(student, teacher, epoch)`: the student's outputs for every view "
+    "`[global 1; global 2; local 1; ...]`, the teacher's for the global views `[global 1; global 2]`",
     "label": "`loss(embeddings, labels)`",
     "head": "`head(embeddings, labels)`, `head.logits(embeddings)`",
 }
 SECTION = {
     "two_view": "Self-supervised, two views",
-    "query_key": "Self-supervised, queries against a momentum encoder's keys (no gradient to the keys)",
+    "batch_statistics": "Self-supervised, two views, statistics of the global batch (no negatives; 2 samples or more)",
+    "query_key": "Self-supervised, a predictor's outputs (queries) against target keys that get no gradient",
+    "student_teacher": "Self-supervised, a student's views against a teacher's global views (no gradient to it)",
     "label": "Pair based, with labels",
     "head": "Classification and proxy heads (own weights; built with `embedding_dim`, `num_classes`)",
 }
@@ -87,15 +92,26 @@ def render() -> str:
         "any integer dtype. `build` with an argument the loss does not take, or without one it needs",
         "(`embedding_dim`, `num_classes` for a head), is a `ValueError` that lists the loss's arguments.",
         "",
-        "Across processes, every loss but the heads gathers the other processes' embeddings (with gradient,",
-        "but MoCo v3's keys; `gather_distributed=True` by default) and needs the same batch size on every",
-        "process: a last partial batch on one of them is a `ValueError` on all (use `DataLoader(drop_last=True)`,",
-        "as sslkit's trainer does), not an aborted process. The heads gather nothing: their class weights are",
-        "parameters.",
+        "Across processes, every loss with a `gather_distributed` argument (`True` by default) gathers the",
+        "other processes' embeddings (with gradient, but MoCo v3's keys) and needs the same batch size on",
+        "every process: a last partial batch on one of them is a `ValueError` on all (use",
+        "`DataLoader(drop_last=True)`, as sslkit's trainer does), not an aborted process. The others gather",
+        "no embeddings: a head's class weights are parameters, BYOL's and SimSiam's terms are per image, and",
+        "DINO's terms are per image too, its centre averaged over every process's teacher outputs",
+        "(`sync_center=True`), which works with any batch sizes.",
         "",
         "Every head but `softmax` computes its loss in one fused autograd function that turns the (N, C)",
         "logits into their gradient in place, so its loss takes one backward pass: a second",
         "`backward(retain_graph=True)` is a `RuntimeError` saying so. Call the head again for another graph.",
+        "",
+        "Pair losses (`contrastive`, `triplet`, `lifted`, `circle`, `multi_similarity`, `supcon`) take a",
+        "`miner` (`loss.miner` in a recipe): `multi_similarity` (with `loss.epsilon`), `batch_hard`, `semi_hard`",
+        "(window `loss.epsilon`) or `distance_weighted` (Wu et al. 2017), or none (every pair); see",
+        "`sslkit/losses/miners.py`. Across processes they mine the gathered batch, in rank order, as one",
+        "process would. `loss.memory_size` > 0 adds a cross-batch memory (XBM, Wang et al. 2020) of that many",
+        "earlier embeddings and labels: the batch is enqueued, then the loss against the memory is added to",
+        "the batch loss (`sslkit/losses/memory.py`). Every process holds the same memory, and checkpoints",
+        "save it.",
         "",
     ]
     for kind, table in losses.BY_KIND.items():

@@ -52,7 +52,10 @@ def check_training_set(cfg: Config, splits: Splits, world: int) -> int:
         )
     batch = cfg.train.batch_size
     if batch % world:
-        raise UserError(f"train.batch_size {batch} must be divisible by the number of processes ({world})")
+        raise UserError(
+            f"train.batch_size {batch} must be divisible by the number of processes ({world}); launch a number of "
+            f"processes that divides it (a resumed run keeps its global batch) or change train.batch_size"
+        )
     if batch > len(splits.train):
         raise UserError(
             f"train.batch_size {batch} is larger than the dataset's {len(splits.train)} training images; "

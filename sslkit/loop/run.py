@@ -136,7 +136,9 @@ def announce(cfg: Config, run_dir: Path, accelerator: Accelerator, notes: list[s
 def resume(cfg: Config, run_dir: Path, accelerator: Accelerator, total_steps: int) -> tuple[LoopState, Path | None]:
     """Load ``run.resume``'s checkpoint into the prepared objects; returns the loop state and that checkpoint."""
     main, progress = accelerator.is_main_process, LoopState()
-    resume_from = checkpoint.resolve_resume(cfg.run.resume, run_dir)
+    resume_from, damaged = checkpoint.resolve_resume(cfg.run.resume, run_dir)
+    for line in damaged if main else []:
+        console.print(f"note: {line}: resuming from the checkpoint before it", markup=False, highlight=False)
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
         progress = LoopState(**checkpoint.read_progress(resume_from))

@@ -1,10 +1,15 @@
 """Every sslkit loss, re-exported flat, and one registry: ``sslkit.losses.build(name, **kwargs)``.
 
-Four call forms (``KIND[name]`` says which):
+Six call forms (``KIND[name]`` says which):
 
 - ``"two_view"``: ``loss(z1, z2, negatives=None)`` — self-supervised, no labels.
-- ``"query_key"``: ``loss(queries, keys)`` — self-supervised against a momentum encoder's keys
-  (no gradient), both views stacked in each.
+- ``"batch_statistics"``: ``loss(z1, z2)`` — self-supervised, no negatives: a function of the two
+  views' feature statistics over the global batch, which needs 2 samples or more.
+- ``"query_key"``: ``loss(queries, keys)`` — self-supervised, a predictor's outputs against target
+  keys that get no gradient (a momentum encoder's, or stopped), both views stacked in each.
+- ``"student_teacher"``: ``loss(student, teacher, epoch)`` — self-distillation with multi-crop: the
+  student's outputs for every view, the teacher's (no gradient) for the global views, each stacked
+  view by view; ``epoch`` drives the teacher-temperature schedule.
 - ``"label"``: ``loss(embeddings, labels)`` — pair-based metric learning.
 - ``"head"``: ``head(embeddings, labels)`` with its own weights, ``head.logits(embeddings)``,
   built with ``embedding_dim`` and ``num_classes``; ``head.param_groups()`` names parameters
@@ -26,26 +31,32 @@ from sslkit.losses.adacos import AdaCosHead
 from sslkit.losses.adacos_dynamic import AdaCosDynamicHead
 from sslkit.losses.angular import AngularLoss
 from sslkit.losses.arcface import ArcFaceHead
+from sslkit.losses.barlow_twins import BarlowTwinsLoss, barlow_twins_loss
+from sslkit.losses.byol import BYOLLoss, byol_loss
 from sslkit.losses.circle import CircleLoss
 from sslkit.losses.coco import CoCoHead
 from sslkit.losses.contrastive import ContrastiveLoss
 from sslkit.losses.cosface import CosFaceHead
 from sslkit.losses.dcl import DCLLoss, dcl_loss
 from sslkit.losses.dclw import DCLWLoss, dclw_loss
+from sslkit.losses.dino import DINOLoss, dino_loss, dino_teacher_temperature
 from sslkit.losses.lifted import LiftedStructureLoss
 from sslkit.losses.lsoftmax import LSoftmaxHead
 from sslkit.losses.mocov3 import MoCoV3Loss, mocov3_loss
+from sslkit.losses.multi_similarity import MultiSimilarityLoss, multi_similarity_loss
 from sslkit.losses.nce import NCELoss, nce_loss
 from sslkit.losses.normsoftmax import NormSoftmaxHead
 from sslkit.losses.npair import NPairLoss
 from sslkit.losses.ntxent import NTXentLoss, ntxent_loss
 from sslkit.losses.proxy_anchor import ProxyAnchorHead
 from sslkit.losses.proxy_nca import ProxyNCAHead
+from sslkit.losses.simsiam import SimSiamLoss, simsiam_loss
 from sslkit.losses.soft_nn import SoftNearestNeighborsLoss
 from sslkit.losses.softmax import SoftmaxHead
 from sslkit.losses.sphereface import SphereFaceHead
 from sslkit.losses.supcon import SupConLoss, supcon_loss
 from sslkit.losses.triplet import TripletLoss
+from sslkit.losses.vicreg import VICRegLoss, vicreg_loss
 
 # The registry, by call form: the one place a loss is added. LOSSES and KIND are views of it.
 BY_KIND: dict[str, dict[str, type[nn.Module]]] = {
@@ -56,8 +67,17 @@ BY_KIND: dict[str, dict[str, type[nn.Module]]] = {
         "dclw": DCLWLoss,
         "nce": NCELoss,
     },
+    "batch_statistics": {
+        "barlow_twins": BarlowTwinsLoss,
+        "vicreg": VICRegLoss,
+    },
     "query_key": {
         "mocov3": MoCoV3Loss,
+        "byol": BYOLLoss,
+        "simsiam": SimSiamLoss,
+    },
+    "student_teacher": {
+        "dino": DINOLoss,
     },
     "label": {
         "contrastive": ContrastiveLoss,
@@ -69,6 +89,7 @@ BY_KIND: dict[str, dict[str, type[nn.Module]]] = {
         "soft_nn": SoftNearestNeighborsLoss,
         "supcon": SupConLoss,
         "circle": CircleLoss,
+        "multi_similarity": MultiSimilarityLoss,
     },
     "head": {
         "proxy_nca": ProxyNCAHead,
@@ -200,8 +221,19 @@ __all__ = [
     "dclw_loss",
     "NCELoss",
     "nce_loss",
+    "BarlowTwinsLoss",
+    "barlow_twins_loss",
+    "VICRegLoss",
+    "vicreg_loss",
     "MoCoV3Loss",
     "mocov3_loss",
+    "BYOLLoss",
+    "byol_loss",
+    "SimSiamLoss",
+    "simsiam_loss",
+    "DINOLoss",
+    "dino_loss",
+    "dino_teacher_temperature",
     "ContrastiveLoss",
     "TripletLoss",
     "LiftedStructureLoss",
@@ -211,6 +243,8 @@ __all__ = [
     "SupConLoss",
     "supcon_loss",
     "CircleLoss",
+    "MultiSimilarityLoss",
+    "multi_similarity_loss",
     "ProxyNCAHead",
     "ProxyAnchorHead",
     "SoftmaxHead",

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from sslkit import distributed
 
@@ -133,6 +135,65 @@ def check_two_views(z1: torch.Tensor, z2: torch.Tensor) -> None:
         raise ValueError(f"z1 and z2 must be floating point, got {z1.dtype} and {z2.dtype}")
 
 
+def check_queries_keys(queries: torch.Tensor, keys: torch.Tensor) -> None:
+    """(2N, D) floating point queries and keys of the same shape, N >= 1: both views stacked in each,
+    ``[view 1; view 2]``, as every query-key loss takes them."""
+    check_tensor(queries, "queries")
+    check_tensor(keys, "keys")
+    if queries.dim() != 2 or queries.shape != keys.shape:
+        shapes = f"{tuple(queries.shape)} and {tuple(keys.shape)}"
+        raise ValueError(f"queries and keys must be 2-D (2N, D) of the same shape, got {shapes}")
+    if queries.shape[0] < 2 or queries.shape[0] % 2:
+        raise ValueError(
+            f"queries and keys must hold both views, [view 1; view 2]: an even number of rows >= 2, "
+            f"got {queries.shape[0]}"
+        )
+    if not queries.is_floating_point() or not keys.is_floating_point():
+        raise ValueError(f"queries and keys must be floating point, got {queries.dtype} and {keys.dtype}")
+
+
+def cross_view_cosine(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The cosine of each query with the key of the same image's *other* view, keys detached.
+
+    The core of the predictor losses (BYOL, SimSiam): ``q1_i`` is compared with ``k2_i`` and
+    ``q2_i`` with ``k1_i``. The keys are targets, never trained through this term (BYOL's
+    momentum encoder, SimSiam's stop-gradient), so they are detached here. Call it under
+    :func:`full_precision`: the result is in fp32 or fp64.
+
+    Shape:
+        queries, keys: (2N, D), ``[view 1; view 2]``; returns (2N,), ``[cos(q1, k2); cos(q2, k1)]``.
+    """
+    n = queries.shape[0] // 2
+    targets = keys.detach().roll(n, dims=0)  # [k2; k1]: each query's other view
+    dtype = torch.promote_types(upcast(queries).dtype, upcast(targets).dtype)
+    q = F.normalize(upcast(queries).to(dtype), dim=1)
+    k = F.normalize(upcast(targets).to(dtype), dim=1)
+    return (q * k).sum(dim=1)
+
+
+def gather_views(z1: torch.Tensor, z2: torch.Tensor, gather_distributed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both views of every process's images, gathered with gradient, for a loss over batch statistics.
+
+    Each process then computes the loss of the whole global batch; the gather's backward sums
+    the W processes' gradients for this process's rows, which is the gradient convention of
+    :mod:`sslkit.distributed` (``world_size`` times the 1-process gradient of the slice, which
+    DDP's mean divides out). Without a process group, or with ``gather_distributed=False``, the
+    local views.
+
+    Shape:
+        z1, z2: (n, D); returns two (W n, D), process r's rows at ``r * n : (r + 1) * n``.
+    """
+    if not (gather_distributed and distributed.is_distributed()):
+        return z1, z2
+    return distributed.gather_with_grad(z1), distributed.gather_with_grad(z2, check=False)
+
+
+def check_batch_for_statistics(samples: int, why: str) -> None:
+    """Raise ``ValueError`` unless a loss computed from per-feature batch statistics has 2 samples or more."""
+    if samples < 2:
+        raise ValueError(f"z1 and z2 must hold at least 2 samples in all, got {samples}: {why}; use a larger batch")
+
+
 def check_negatives(negatives: torch.Tensor | None, dim: int) -> None:
     """An optional bank of negatives must be (K, D) with the embeddings' D."""
     if negatives is None:
@@ -244,3 +305,46 @@ def mean_over_processes(local_sum: torch.Tensor, local_count: torch.Tensor, gath
         count = distributed.gather_no_grad(count, check=False).sum()  # one number each
         scale = distributed.world_size()
     return (local_sum * scale / count.clamp_min(1)).reshape(())
+
+
+class References(NamedTuple):
+    """What a pair loss compares its local anchors with: the batch, or a cross-batch memory.
+
+    ``self_column[i]`` is local anchor ``i``'s own column among the references (its own row
+    is no pair), -1 where it is not among them. ``anchor_offset`` and ``num_anchors`` place
+    the local anchors among every process's anchors (rows ``anchor_offset : anchor_offset + n``
+    of ``num_anchors``): a random miner draws for all of them and keeps this process's rows.
+
+    Shape:
+        embeddings: (M, D); labels: (M,); self_column: (n,) int64.
+    """
+
+    embeddings: torch.Tensor
+    labels: torch.Tensor
+    self_column: torch.Tensor
+    anchor_offset: int
+    num_anchors: int
+
+
+def batch_references(embeddings: torch.Tensor, labels: torch.Tensor, gather_distributed: bool) -> References:
+    """The batch as references for its own local anchors: every process's samples when gathering
+    (with gradient, see :func:`gather_labelled`), else the local batch; anchor ``i`` is column
+    ``i + offset``."""
+    candidates, candidate_labels, offset = gather_labelled(embeddings, labels, gather_distributed)
+    n = embeddings.shape[0]
+    self_column = torch.arange(n, device=embeddings.device) + offset
+    return References(candidates, candidate_labels, self_column, offset, candidates.shape[0])
+
+
+def pair_masks(labels: torch.Tensor, references: References) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positive pairs (same label, not the anchor itself) and negative pairs (other label).
+
+    Shape:
+        labels: (n,); returns two (n, M) bool masks.
+    """
+    same = labels[:, None] == references.labels[None, :]  # (n, M)
+    positive = same.clone()
+    present = references.self_column >= 0
+    rows = torch.arange(labels.shape[0], device=labels.device)
+    positive[rows[present], references.self_column[present]] = False
+    return positive, ~same

@@ -19,10 +19,12 @@ from sslkit.losses._common import (
     check_flag,
     check_positive,
     full_precision,
-    gather_labelled,
     mean_over_processes,
+    pair_masks,
     upcast,
 )
+from sslkit.losses.memory import CrossBatchMemory, check_memory_size, reference_sets
+from sslkit.losses.miners import check_miner, mine
 
 
 def _check_margin(margin: float) -> float:
@@ -37,6 +39,9 @@ def circle_loss(
     labels: torch.Tensor | None,
     margin: float = 0.25,
     gamma: float = 256.0,
+    miner: str | None = None,
+    epsilon: float = 0.1,
+    memory: CrossBatchMemory | None = None,
     gather_distributed: bool = True,
 ) -> torch.Tensor:
     """Circle loss with pair-wise labels (eq. 6 of [0]), mean over anchors with a positive and a negative.
@@ -60,7 +65,12 @@ def circle_loss(
     Anchors without a positive or without a negative have no pair and are skipped; with none
     left the loss is 0, still attached to the graph. pytorch-metric-learning averages over
     the anchors whose loss is non-zero (``AvgNonZeroReducer``), which are the same anchors
-    (a softplus is never 0 unless it underflows), so the two agree. Across processes, local
+    (a softplus is never 0 unless it underflows), so the two agree.
+
+    With a ``miner`` the sums run over the pairs it keeps and the mean over the anchors left
+    with a positive and a negative (see :mod:`sslkit.losses.miners`); with ``memory`` (a
+    :class:`~sslkit.losses.memory.CrossBatchMemory`) the batch is enqueued and the same loss
+    of the anchors against the memory is added. Across processes, local
     anchors are compared with every process's embeddings, scaled so that the mean of the
     processes' losses is the loss of the whole batch (see :mod:`sslkit.distributed`).
 
@@ -70,33 +80,28 @@ def circle_loss(
     """
     check_embeddings_labels(embeddings, labels)
     margin, gamma = _check_margin(margin), check_positive(gamma, "gamma")
+    miner, epsilon = check_miner(miner, epsilon)
     gather_distributed = check_flag(gather_distributed, "gather_distributed")
     with full_precision(embeddings.device):
         z = F.normalize(upcast(embeddings), dim=1)
-        candidates, candidate_labels, offset = gather_labelled(z, labels, gather_distributed)
-        n, total_n = z.shape[0], candidates.shape[0]
-        _, class_of, class_size = torch.unique(candidate_labels, return_inverse=True, return_counts=True)
-        if not ((class_size > 1) & (class_size < total_n)).any():
-            # Every process sees the same gathered labels, so all of them return here together.
-            return candidates.sum() * 0.0
-        local_size = class_size[class_of[offset : offset + n]]  # (n,)
-        has_pairs = (local_size > 1) & (local_size < total_n)  # a positive and a negative
-
-        sim = z @ candidates.T  # (n, N)
-        same = labels[:, None] == candidate_labels[None, :]  # (n, N)
-        positive = same.clone()
-        positive.diagonal(offset).fill_(False)
-        alpha_p = (1.0 + margin - sim.detach()).clamp_min(0.0)
-        alpha_n = (sim.detach() + margin).clamp_min(0.0)
-        logit_p = -gamma * alpha_p * (sim - (1.0 - margin))  # (n, N)
-        logit_n = gamma * alpha_n * (sim - margin)  # (n, N)
-        # Rows without pairs keep every entry so that their (unused) logsumexps stay finite.
-        skip = ~has_pairs[:, None]
-        lse_p = torch.logsumexp(logit_p.masked_fill(~(positive | skip), float("-inf")), dim=1)  # (n,)
-        lse_n = torch.logsumexp(logit_n.masked_fill(~(~same | skip), float("-inf")), dim=1)  # (n,)
-        per_anchor = torch.logaddexp(torch.zeros_like(lse_p), lse_p + lse_n)  # softplus
-        total = torch.where(has_pairs, per_anchor, torch.zeros_like(per_anchor)).sum()
-        return mean_over_processes(total, has_pairs.sum(), gather_distributed)
+        total = 0.0
+        for references in reference_sets(z, labels, gather_distributed, memory):
+            positive, negative = pair_masks(labels, references)
+            mined = mine(miner, epsilon, z, references, positive, negative)
+            has_pairs = mined.positive.any(dim=1) & mined.negative.any(dim=1)  # (n,)
+            sim = z @ references.embeddings.T  # (n, M)
+            alpha_p = (1.0 + margin - sim.detach()).clamp_min(0.0)
+            alpha_n = (sim.detach() + margin).clamp_min(0.0)
+            logit_p = -gamma * alpha_p * (sim - (1.0 - margin))  # (n, M)
+            logit_n = gamma * alpha_n * (sim - margin)  # (n, M)
+            # Rows without pairs keep every entry so that their (unused) logsumexps stay finite.
+            skip = ~has_pairs[:, None]
+            lse_p = torch.logsumexp(logit_p.masked_fill(~(mined.positive | skip), float("-inf")), dim=1)  # (n,)
+            lse_n = torch.logsumexp(logit_n.masked_fill(~(mined.negative | skip), float("-inf")), dim=1)  # (n,)
+            per_anchor = torch.logaddexp(torch.zeros_like(lse_p), lse_p + lse_n)  # softplus
+            local_sum = torch.where(has_pairs, per_anchor, torch.zeros_like(per_anchor)).sum()
+            total = total + mean_over_processes(local_sum, has_pairs.sum(), gather_distributed)
+        return total
 
 
 class CircleLoss(nn.Module):
@@ -111,6 +116,11 @@ class CircleLoss(nn.Module):
             ``m = 0.25, gamma = 256`` (person re-id: 0.25, 128; fine-grained retrieval: 0.4, 80).
             pytorch-metric-learning defaults to ``m = 0.4, gamma = 80``; pass them to match.
         gamma: the scale g > 0.
+        miner: which pairs count: ``None`` (every pair), ``"multi_similarity"``, ``"batch_hard"``,
+            ``"semi_hard"`` or ``"distance_weighted"`` (see :mod:`sslkit.losses.miners`).
+        epsilon: the miner's margin: multi-similarity's epsilon, the semi-hard window.
+        memory_size: > 0 keeps the embeddings of that many earlier samples as extra references
+            (cross-batch memory, see :mod:`sslkit.losses.memory`); 0: the batch only.
         gather_distributed: across processes, compare local anchors with every process's
             embeddings. Off: each process sees its own batch.
 
@@ -123,14 +133,30 @@ class CircleLoss(nn.Module):
     torch.Size([])
     """
 
-    def __init__(self, margin: float = 0.25, gamma: float = 256.0, gather_distributed: bool = True) -> None:
+    def __init__(
+        self,
+        margin: float = 0.25,
+        gamma: float = 256.0,
+        miner: str | None = None,
+        epsilon: float = 0.1,
+        memory_size: int = 0,
+        gather_distributed: bool = True,
+    ) -> None:
         super().__init__()
         self.margin = _check_margin(margin)
         self.gamma = check_positive(gamma, "gamma")
+        self.miner, self.epsilon = check_miner(miner, epsilon)
+        memory_size = check_memory_size(memory_size)
+        self.memory = CrossBatchMemory(memory_size) if memory_size else None
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        return circle_loss(embeddings, labels, self.margin, self.gamma, self.gather_distributed)
+        return circle_loss(
+            embeddings, labels, self.margin, self.gamma, self.miner, self.epsilon, self.memory, self.gather_distributed
+        )
 
     def extra_repr(self) -> str:
-        return f"margin={self.margin}, gamma={self.gamma}, gather_distributed={self.gather_distributed}"
+        return (
+            f"margin={self.margin}, gamma={self.gamma}, miner={self.miner!r}, epsilon={self.epsilon}, "
+            f"gather_distributed={self.gather_distributed}"
+        )

@@ -18,11 +18,13 @@ from sslkit.losses._common import (
     check_flag,
     check_nonnegative,
     full_precision,
-    gather_labelled,
     mean_over_processes,
+    pair_masks,
     pairwise_distance,
     upcast,
 )
+from sslkit.losses.memory import CrossBatchMemory, check_memory_size, reference_sets
+from sslkit.losses.miners import check_miner, mine
 
 
 def _check_margins(pos_margin: float, neg_margin: float) -> tuple[float, float]:
@@ -43,6 +45,9 @@ def contrastive_loss(
     neg_margin: float = 1.0,
     squared: bool = True,
     normalize: bool = True,
+    miner: str | None = None,
+    epsilon: float = 0.1,
+    memory: CrossBatchMemory | None = None,
     gather_distributed: bool = True,
 ) -> torch.Tensor:
     """Contrastive loss averaged over every ordered pair ``(i, j)``, ``i != j``, of the batch.
@@ -65,6 +70,10 @@ def contrastive_loss(
     is a meaningful default); the paper uses raw outputs. Across processes each process
     takes its local samples as ``i`` and every process's samples as ``j``.
 
+    With a ``miner`` the mean runs over the pairs it keeps (see :mod:`sslkit.losses.miners`);
+    with ``memory`` (a :class:`~sslkit.losses.memory.CrossBatchMemory`) the batch is enqueued
+    and the same loss of the samples against the memory is added (``j`` over the memory).
+
     Shape:
         embeddings: (N, D), any float dtype; labels: (N,) integer class ids.
         returns: scalar (0 for a batch of one sample).
@@ -72,26 +81,26 @@ def contrastive_loss(
     check_embeddings_labels(embeddings, labels)
     pos_margin, neg_margin = _check_margins(pos_margin, neg_margin)
     squared, normalize = check_flag(squared, "squared"), check_flag(normalize, "normalize")
+    miner, epsilon = check_miner(miner, epsilon)
     gather_distributed = check_flag(gather_distributed, "gather_distributed")
     with full_precision(embeddings.device):
         x = upcast(embeddings)
         if normalize:
             x = F.normalize(x, dim=1)
-        candidates, candidate_labels, offset = gather_labelled(x, labels, gather_distributed)
-        n = x.shape[0]
-        dist = pairwise_distance(x, candidates)  # (n, N)
-        same = labels[:, None] == candidate_labels[None, :]  # (n, N)
-        not_self = torch.ones_like(same)
-        not_self[torch.arange(n, device=x.device), torch.arange(n, device=x.device) + offset] = False
-
-        pos = (dist - pos_margin).clamp_min(0.0)
-        neg = (neg_margin - dist).clamp_min(0.0)
-        if squared:
-            pos, neg = pos.square(), neg.square()
-        per_pair = torch.where(same, pos, neg)  # (n, N)
-        # where, not multiply: the self-distance is not a real pair and must give no gradient.
-        total = torch.where(not_self, per_pair, torch.zeros_like(per_pair)).sum()
-        return mean_over_processes(total, not_self.sum(), gather_distributed)
+        total = 0.0
+        for references in reference_sets(x, labels, gather_distributed, memory):
+            positive, negative = pair_masks(labels, references)
+            mined = mine(miner, epsilon, x, references, positive, negative)
+            dist = pairwise_distance(x, references.embeddings)  # (n, M)
+            pos = (dist - pos_margin).clamp_min(0.0)
+            neg = (neg_margin - dist).clamp_min(0.0)
+            if squared:
+                pos, neg = pos.square(), neg.square()
+            # where, not multiply: a pair left out (the self-distance among them) must give no gradient.
+            per_pair = torch.where(mined.positive, pos, torch.where(mined.negative, neg, torch.zeros_like(neg)))
+            count = mined.positive.sum() + mined.negative.sum()
+            total = total + mean_over_processes(per_pair.sum(), count, gather_distributed)
+        return total
 
 
 class ContrastiveLoss(nn.Module):
@@ -108,6 +117,11 @@ class ContrastiveLoss(nn.Module):
         squared: square each pair's term (the paper's eq. 4). ``False`` gives
             pytorch-metric-learning's unsquared ``ContrastiveLoss``.
         normalize: L2-normalise the embeddings before measuring distances.
+        miner: which pairs count: ``None`` (every pair), ``"multi_similarity"``, ``"batch_hard"``,
+            ``"semi_hard"`` or ``"distance_weighted"`` (see :mod:`sslkit.losses.miners`).
+        epsilon: the miner's margin: multi-similarity's epsilon, the semi-hard window.
+        memory_size: > 0 keeps the embeddings of that many earlier samples as extra references
+            (cross-batch memory, see :mod:`sslkit.losses.memory`); 0: the batch only.
         gather_distributed: across processes, compare local samples with every process's
             samples (see :mod:`sslkit.distributed`).
 
@@ -126,12 +140,18 @@ class ContrastiveLoss(nn.Module):
         neg_margin: float = 1.0,
         squared: bool = True,
         normalize: bool = True,
+        miner: str | None = None,
+        epsilon: float = 0.1,
+        memory_size: int = 0,
         gather_distributed: bool = True,
     ) -> None:
         super().__init__()
         self.pos_margin, self.neg_margin = _check_margins(pos_margin, neg_margin)
         self.squared = check_flag(squared, "squared")
         self.normalize = check_flag(normalize, "normalize")
+        self.miner, self.epsilon = check_miner(miner, epsilon)
+        memory_size = check_memory_size(memory_size)
+        self.memory = CrossBatchMemory(memory_size) if memory_size else None
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -142,11 +162,15 @@ class ContrastiveLoss(nn.Module):
             self.neg_margin,
             self.squared,
             self.normalize,
+            self.miner,
+            self.epsilon,
+            self.memory,
             self.gather_distributed,
         )
 
     def extra_repr(self) -> str:
         return (
             f"pos_margin={self.pos_margin}, neg_margin={self.neg_margin}, squared={self.squared}, "
-            f"normalize={self.normalize}, gather_distributed={self.gather_distributed}"
+            f"normalize={self.normalize}, miner={self.miner!r}, epsilon={self.epsilon}, "
+            f"gather_distributed={self.gather_distributed}"
         )

@@ -15,15 +15,53 @@ from torch import nn
 
 from sslkit import distributed
 from sslkit.losses._common import (
+    References,
     check_embeddings_labels,
     check_flag,
     check_nonnegative,
     full_precision,
-    gather_labelled,
     mean_over_processes,
+    pair_masks,
     pairwise_distance,
     upcast,
 )
+from sslkit.losses.memory import CrossBatchMemory, check_memory_size, reference_sets
+from sslkit.losses.miners import check_miner, mine
+
+# Reference rows per block when the memory's own negative sums are computed: a (1024, M) temporary.
+_MEMORY_ROWS = 1024
+
+
+def _negative_lse(dist: torch.Tensor, negative: torch.Tensor, margin: float) -> torch.Tensor:
+    """``log sum_{k in neg(i)} exp(m - d_ik)`` per row; the most negative finite number for a row without negatives.
+
+    That number stands for log(0): a logsumexp over only -inf has a NaN gradient, and so does
+    ``logaddexp(-inf, -inf)``; this gives J far below 0, so the hinge is 0 with a zero gradient.
+
+    Shape:
+        dist, negative: (n, M); returns (n,).
+    """
+    has_negative = negative.any(dim=1, keepdim=True)  # (n, 1)
+    logits = (margin - dist).masked_fill(~negative, float("-inf"))  # (n, M)
+    logits = torch.where(has_negative, logits, torch.zeros_like(logits))  # finite rows, overwritten below
+    log_zero = torch.finfo(dist.dtype).min
+    return torch.where(has_negative[:, 0], logits.logsumexp(dim=1), dist.new_full(has_negative[:, 0].shape, log_zero))
+
+
+@torch.no_grad()
+def _memory_negative_lse(references: References, margin: float) -> torch.Tensor:
+    """``log sum_{l in neg(j)} exp(m - d_jl)`` of every memory entry ``j`` over the memory, in row blocks.
+
+    Shape:
+        returns (M,), detached.
+    """
+    memory, memory_labels = references.embeddings, references.labels
+    sums = []
+    for start in range(0, memory.shape[0], _MEMORY_ROWS):
+        rows = slice(start, start + _MEMORY_ROWS)
+        negative = memory_labels[rows, None] != memory_labels[None, :]  # (rows, M)
+        sums.append(_negative_lse(pairwise_distance(memory[rows], memory), negative, margin))
+    return torch.cat(sums)
 
 
 def lifted_structure_loss(
@@ -31,6 +69,9 @@ def lifted_structure_loss(
     labels: torch.Tensor | None,
     margin: float = 1.0,
     normalize: bool = True,
+    miner: str | None = None,
+    epsilon: float = 0.1,
+    memory: CrossBatchMemory | None = None,
     gather_distributed: bool = True,
 ) -> torch.Tensor:
     """Smooth lifted structured loss, eq. 4 of [0].
@@ -54,6 +95,13 @@ def lifted_structure_loss(
     implements this same eq. 4 (its mean over ordered pairs of ``max(0, J)^2 / 2`` is the
     ``1 / (2|P|)`` above); the tests compare against it.
 
+    With a ``miner`` (see :mod:`sslkit.losses.miners`), P holds the positive pairs it keeps and
+    ``neg(i)`` the negatives it keeps for ``i`` (as an anchor). With ``memory`` (a
+    :class:`~sslkit.losses.memory.CrossBatchMemory`) the batch is enqueued and the same loss is
+    added with ``j`` and ``neg(i)`` from the memory; a memory entry ``j`` is no anchor, so
+    ``neg(j)`` is every memory entry of another label (its sum detached, computed in blocks of
+    the (M, M) distances: memory sizes of a few thousand are cheap next to the network).
+
     Across processes: a local anchor ``i`` pairs with positives ``j`` from every process, and
     ``j``'s negative sum comes from the process that holds ``j`` (each process computes the
     sums of its own samples and gathers them with gradient), so no process builds the full
@@ -66,38 +114,29 @@ def lifted_structure_loss(
     check_embeddings_labels(embeddings, labels)
     margin = check_nonnegative(margin, "margin")
     normalize = check_flag(normalize, "normalize")
+    miner, epsilon = check_miner(miner, epsilon)
     gather_distributed = check_flag(gather_distributed, "gather_distributed")
     with full_precision(embeddings.device):
         x = upcast(embeddings)
         if normalize:
             x = F.normalize(x, dim=1)
-        candidates, candidate_labels, offset = gather_labelled(x, labels, gather_distributed)
-        n = x.shape[0]
-        dist = pairwise_distance(x, candidates)  # (n, N)
-        same = labels[:, None] == candidate_labels[None, :]  # (n, N)
-        positive = same.clone()
-        local = torch.arange(n, device=x.device)
-        positive[local, local + offset] = False
-        negative = ~same
-
-        # log sum_{k in neg(i)} exp(m - d_ik) for each local i. A row without negatives would be a
-        # logsumexp over only -inf, whose gradient is NaN: give it finite logits, then overwrite.
-        has_negative = negative.any(dim=1, keepdim=True)  # (n, 1)
-        logits = (margin - dist).masked_fill(~negative, float("-inf"))  # (n, N)
-        logits = torch.where(has_negative, logits, torch.zeros_like(logits))
-        # The most negative finite number stands for log(0): logaddexp(-inf, -inf) has a NaN
-        # gradient, this gives J far below 0, so the hinge is 0 with a zero gradient.
-        log_zero = torch.finfo(x.dtype).min
-        negative_lse = torch.where(has_negative[:, 0], logits.logsumexp(dim=1), dist.new_full((n,), log_zero))
-        if gather_distributed and distributed.is_distributed():
-            # (N,); sizes checked with the embeddings
-            candidate_lse = distributed.gather_with_grad(negative_lse, check=False)
-        else:
-            candidate_lse = negative_lse  # (N,)
-
-        j = torch.logaddexp(negative_lse[:, None], candidate_lse[None, :]) + dist  # (n, N)
-        per_pair = torch.where(positive, j.clamp_min(0.0).square(), torch.zeros_like(j))
-        return mean_over_processes(per_pair.sum() / 2, positive.sum(), gather_distributed)
+        batch, *past = reference_sets(x, labels, gather_distributed, memory)
+        total = 0.0
+        for references in (batch, *past):
+            positive, negative = pair_masks(labels, references)
+            mined = mine(miner, epsilon, x, references, positive, negative)
+            dist = pairwise_distance(x, references.embeddings)  # (n, M)
+            negative_lse = _negative_lse(dist, mined.negative, margin)  # (n,) the anchors' sums
+            if references is not batch:
+                reference_lse = _memory_negative_lse(references, margin)  # (M,)
+            elif gather_distributed and distributed.is_distributed():
+                reference_lse = distributed.gather_with_grad(negative_lse, check=False)  # (N,) sizes checked
+            else:
+                reference_lse = negative_lse  # (N,)
+            j = torch.logaddexp(negative_lse[:, None], reference_lse[None, :]) + dist  # (n, M)
+            per_pair = torch.where(mined.positive, j.clamp_min(0.0).square(), torch.zeros_like(j))
+            total = total + mean_over_processes(per_pair.sum() / 2, mined.positive.sum(), gather_distributed)
+        return total
 
 
 class LiftedStructureLoss(nn.Module):
@@ -109,6 +148,11 @@ class LiftedStructureLoss(nn.Module):
     Args:
         margin: m >= 0 (``alpha`` in [0]); 1.0 as pytorch-metric-learning's ``neg_margin``.
         normalize: L2-normalise the embeddings first.
+        miner: which pairs count: ``None`` (every pair), ``"multi_similarity"``, ``"batch_hard"``,
+            ``"semi_hard"`` or ``"distance_weighted"`` (see :mod:`sslkit.losses.miners`).
+        epsilon: the miner's margin: multi-similarity's epsilon, the semi-hard window.
+        memory_size: > 0 keeps the embeddings of that many earlier samples as extra references
+            (cross-batch memory, see :mod:`sslkit.losses.memory`); 0: the batch only.
         gather_distributed: across processes, pair local samples with every process's
             samples (see :mod:`sslkit.distributed`).
 
@@ -121,14 +165,37 @@ class LiftedStructureLoss(nn.Module):
     torch.Size([])
     """
 
-    def __init__(self, margin: float = 1.0, normalize: bool = True, gather_distributed: bool = True) -> None:
+    def __init__(
+        self,
+        margin: float = 1.0,
+        normalize: bool = True,
+        miner: str | None = None,
+        epsilon: float = 0.1,
+        memory_size: int = 0,
+        gather_distributed: bool = True,
+    ) -> None:
         super().__init__()
         self.margin = check_nonnegative(margin, "margin")
         self.normalize = check_flag(normalize, "normalize")
+        self.miner, self.epsilon = check_miner(miner, epsilon)
+        memory_size = check_memory_size(memory_size)
+        self.memory = CrossBatchMemory(memory_size) if memory_size else None
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        return lifted_structure_loss(embeddings, labels, self.margin, self.normalize, self.gather_distributed)
+        return lifted_structure_loss(
+            embeddings,
+            labels,
+            self.margin,
+            self.normalize,
+            self.miner,
+            self.epsilon,
+            self.memory,
+            self.gather_distributed,
+        )
 
     def extra_repr(self) -> str:
-        return f"margin={self.margin}, normalize={self.normalize}, gather_distributed={self.gather_distributed}"
+        return (
+            f"margin={self.margin}, normalize={self.normalize}, miner={self.miner!r}, epsilon={self.epsilon}, "
+            f"gather_distributed={self.gather_distributed}"
+        )

@@ -12,23 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslkit import distributed
-from sslkit.losses._common import check_flag, check_positive, check_tensor, full_precision, upcast
-
-
-def _check_queries_keys(queries: torch.Tensor, keys: torch.Tensor) -> None:
-    """(2N, D) floating point queries and keys of the same shape, N >= 1."""
-    check_tensor(queries, "queries")
-    check_tensor(keys, "keys")
-    if queries.dim() != 2 or queries.shape != keys.shape:
-        shapes = f"{tuple(queries.shape)} and {tuple(keys.shape)}"
-        raise ValueError(f"queries and keys must be 2-D (2N, D) of the same shape, got {shapes}")
-    if queries.shape[0] < 2 or queries.shape[0] % 2:
-        raise ValueError(
-            f"queries and keys must hold both views, [view 1; view 2]: an even number of rows >= 2, "
-            f"got {queries.shape[0]}"
-        )
-    if not queries.is_floating_point() or not keys.is_floating_point():
-        raise ValueError(f"queries and keys must be floating point, got {queries.dtype} and {keys.dtype}")
+from sslkit.losses._common import check_flag, check_positive, check_queries_keys, full_precision, upcast
 
 
 def _ctr(q: torch.Tensor, k: torch.Tensor, temperature: float, gather_distributed: bool) -> torch.Tensor:
@@ -71,7 +55,7 @@ def mocov3_loss(
         keys: (2N, D), the momentum encoder's for the same images, ``[k1; k2]``.
         returns: scalar.
     """
-    _check_queries_keys(queries, keys)
+    check_queries_keys(queries, keys)
     temperature = check_positive(temperature, "temperature")
     gather_distributed = check_flag(gather_distributed, "gather_distributed")
     n = queries.shape[0] // 2

@@ -11,20 +11,26 @@ References:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
 from sslkit import distributed
 from sslkit.losses._common import (
+    References,
     check_embeddings_labels,
     check_flag,
     check_positive,
     full_precision,
     gather_labelled,
+    mean_over_processes,
     needs_row_shift,
+    pair_masks,
     symmetric_pair_product,
     upcast,
 )
+from sslkit.losses.memory import CrossBatchMemory, check_memory_size, reference_sets
+from sslkit.losses.miners import check_miner, mine
 
 _EPS = 1e-12  # F.normalize's default: a zero embedding stays zero instead of dividing by 0
 
@@ -174,11 +180,37 @@ class _SupConWeightedSum(torch.autograd.Function):
         return grad_x, grad_candidates, None, None, None, None, None, None
 
 
+def _masked_terms(z, labels, references: References, inv_t: float, miner: str | None, epsilon: float):
+    """Sum of ``l_i`` over the unit anchors that keep a positive against the unit ``references``, and their count.
+
+    ``l_i = log sum_{a in A(i)} exp(s_ia / T) - 1/|P(i)| sum_{p in P(i)} s_ip / T`` with ``P(i)``
+    the kept positives and ``A(i)`` the kept positives and negatives.
+
+    Shape:
+        z: (n, D); labels: (n,); returns two scalars.
+    """
+    positive, negative = pair_masks(labels, references)
+    mined = mine(miner, epsilon, z, references, positive, negative)
+    logits = (z * inv_t) @ references.embeddings.T  # (n, M)
+    num_positives = mined.positive.sum(dim=1)  # (n,)
+    has_positive = num_positives > 0
+    # A skipped row keeps every logit, so that its (unused) logsumexp has no NaN gradient.
+    candidates = mined.positive | mined.negative | ~has_positive[:, None]
+    log_denominator = logits.masked_fill(~candidates, float("-inf")).logsumexp(dim=1)  # (n,)
+    positive_sum = torch.where(mined.positive, logits, torch.zeros_like(logits)).sum(dim=1)  # (n,)
+    positive_mean = positive_sum / num_positives.clamp_min(1)
+    per_anchor = log_denominator - positive_mean
+    return torch.where(has_positive, per_anchor, torch.zeros_like(per_anchor)).sum(), has_positive.sum()
+
+
 def supcon_loss(
     embeddings: torch.Tensor,
     labels: torch.Tensor | None,
     temperature: float = 0.1,
     base_temperature: float | None = None,
+    miner: str | None = None,
+    epsilon: float = 0.1,
+    memory: CrossBatchMemory | None = None,
     gather_distributed: bool = True,
 ) -> torch.Tensor:
     """Supervised contrastive loss ``L_out`` (eq. 2 of [0]), mean over anchors that have a positive.
@@ -207,6 +239,12 @@ def supcon_loss(
     matrix is symmetric), a few passes over the (n, N) logits, and no (n, N) positive mask
     (see ``_SupConWeightedSum``).
 
+    With a ``miner`` (see :mod:`sslkit.losses.miners`), ``P(i)`` holds the positives it keeps
+    and ``A(i)`` the kept positives and negatives; anchors left without a positive are skipped.
+    With ``memory`` (a :class:`~sslkit.losses.memory.CrossBatchMemory`) the batch is enqueued
+    and the same loss of the anchors against the memory (``A(i)`` the memory but the anchor's
+    own copy) is added. Both run :func:`_masked_terms`, plain autograd over (n, M) masks.
+
     Across processes, local anchors are compared with every process's embeddings and each
     process's loss is scaled so that their mean is the loss of the whole batch, however the
     anchors with a positive are spread over processes (see :mod:`sslkit.distributed`).
@@ -219,9 +257,18 @@ def supcon_loss(
     temperature = check_positive(temperature, "temperature")
     if base_temperature is not None:
         base_temperature = check_positive(base_temperature, "base_temperature")
+    miner, epsilon = check_miner(miner, epsilon)
     gather_distributed = check_flag(gather_distributed, "gather_distributed")
     inv_t = 1.0 / temperature
     scale = 1.0 if base_temperature is None else temperature / base_temperature
+    if miner is not None or memory is not None:
+        with full_precision(embeddings.device):
+            z = F.normalize(upcast(embeddings), dim=1)
+            total = 0.0
+            for references in reference_sets(z, labels, gather_distributed, memory):
+                local_sum, count = _masked_terms(z, labels, references, inv_t, miner, epsilon)
+                total = total + mean_over_processes(local_sum, count, gather_distributed)
+            return scale * total
     with full_precision(embeddings.device):
         x = upcast(embeddings)
         candidates, candidate_labels, offset = gather_labelled(x, labels, gather_distributed)
@@ -281,6 +328,11 @@ class SupConLoss(nn.Module):
         base_temperature: if given, the loss is multiplied by ``temperature / base_temperature``
             as in [1] (its default 0.07 with T = 0.07 gives 1). ``None``: no factor, the paper's
             eq. 2 and pytorch-metric-learning's ``SupConLoss``.
+        miner: which pairs count: ``None`` (every pair), ``"multi_similarity"``, ``"batch_hard"``,
+            ``"semi_hard"`` or ``"distance_weighted"`` (see :mod:`sslkit.losses.miners`).
+        epsilon: the miner's margin: multi-similarity's epsilon, the semi-hard window.
+        memory_size: > 0 keeps the embeddings of that many earlier samples as extra references
+            (cross-batch memory, see :mod:`sslkit.losses.memory`); 0: the batch only.
         gather_distributed: across processes, compare local anchors with every process's
             embeddings (the paper's large-batch setting). Off: each process sees its own batch.
 
@@ -297,6 +349,9 @@ class SupConLoss(nn.Module):
         self,
         temperature: float = 0.1,
         base_temperature: float | None = None,
+        miner: str | None = None,
+        epsilon: float = 0.1,
+        memory_size: int = 0,
         gather_distributed: bool = True,
     ) -> None:
         super().__init__()
@@ -304,13 +359,25 @@ class SupConLoss(nn.Module):
         if base_temperature is not None:
             base_temperature = check_positive(base_temperature, "base_temperature")
         self.base_temperature = base_temperature
+        self.miner, self.epsilon = check_miner(miner, epsilon)
+        memory_size = check_memory_size(memory_size)
+        self.memory = CrossBatchMemory(memory_size) if memory_size else None
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        return supcon_loss(embeddings, labels, self.temperature, self.base_temperature, self.gather_distributed)
+        return supcon_loss(
+            embeddings,
+            labels,
+            self.temperature,
+            self.base_temperature,
+            self.miner,
+            self.epsilon,
+            self.memory,
+            self.gather_distributed,
+        )
 
     def extra_repr(self) -> str:
         return (
-            f"temperature={self.temperature}, base_temperature={self.base_temperature}, "
-            f"gather_distributed={self.gather_distributed}"
+            f"temperature={self.temperature}, base_temperature={self.base_temperature}, miner={self.miner!r}, "
+            f"epsilon={self.epsilon}, gather_distributed={self.gather_distributed}"
         )

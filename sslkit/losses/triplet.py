@@ -20,11 +20,13 @@ from sslkit.losses._common import (
     check_flag,
     check_nonnegative,
     full_precision,
-    gather_labelled,
     mean_over_processes,
+    pair_masks,
     pairwise_distance,
     upcast,
 )
+from sslkit.losses.memory import CrossBatchMemory, check_memory_size, reference_sets
+from sslkit.losses.miners import batch_hard_pairs, check_miner, mine, mined_triplets, semi_hard_triplets
 
 MINING = ("all", "hard", "semihard")
 REDUCTIONS = ("mean", "mean_nonzero")
@@ -38,6 +40,9 @@ def triplet_loss(
     squared_distance: bool = True,
     normalize: bool = True,
     reduction: str = "mean",
+    miner: str | None = None,
+    epsilon: float = 0.1,
+    memory: CrossBatchMemory | None = None,
     gather_distributed: bool = True,
 ) -> torch.Tensor:
     """Triplet loss over triplets mined from a labelled batch.
@@ -71,7 +76,15 @@ def triplet_loss(
     differs: it keeps one negative per ``(a, p)``, the closest semi-hard one, and falls back
     to the farthest negative when none is farther than the positive.
 
-    Memory: ``"all"`` and ``"semihard"`` build a (positive pairs, N) matrix, about
+    ``mining="hard"`` and ``"semihard"`` run the cores of :mod:`sslkit.losses.miners` on the
+    loss's own distance (``"semihard"`` with the loss's margin as FaceNet's window). A ``miner``
+    (with ``mining="all"``) instead selects triplets as for every pair loss: a pair miner's
+    kept positives with its kept negatives of the same anchor, a triplet miner's triplets
+    (``"semi_hard"`` with the window ``epsilon``, on the miners' plain Euclidean distance).
+    With ``memory`` (a :class:`~sslkit.losses.memory.CrossBatchMemory`) the batch is enqueued
+    and the same loss over triplets whose positive and negative come from the memory is added.
+
+    Cost: every mining builds a (positive pairs, N) matrix, about
     ``n (k - 1) N`` entries for k samples per class.
 
     Shape:
@@ -80,11 +93,7 @@ def triplet_loss(
     """
     check_embeddings_labels(embeddings, labels)
     margin = check_nonnegative(margin, "margin")
-    # Checked here too: a misspelt mode must not fall through to "all".
-    if mining not in MINING:
-        raise ValueError(f"mining must be one of {MINING}, got {mining!r}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    mining, reduction, miner, epsilon = _check_selection(mining, reduction, miner, epsilon)
     squared_distance = check_flag(squared_distance, "squared_distance")
     normalize = check_flag(normalize, "normalize")
     gather_distributed = check_flag(gather_distributed, "gather_distributed")
@@ -92,35 +101,42 @@ def triplet_loss(
         x = upcast(embeddings)
         if normalize:
             x = F.normalize(x, dim=1)
-        candidates, candidate_labels, offset = gather_labelled(x, labels, gather_distributed)
-        n = x.shape[0]
-        dist = pairwise_distance(x, candidates, squared=squared_distance)  # (n, N)
-        same = labels[:, None] == candidate_labels[None, :]  # (n, N)
-        local = torch.arange(n, device=x.device)
-        positive = same.clone()
-        positive[local, local + offset] = False  # an anchor is not its own positive
-        negative = ~same
+        total = 0.0
+        for references in reference_sets(x, labels, gather_distributed, memory):
+            dist = pairwise_distance(x, references.embeddings, squared=squared_distance)  # (n, M)
+            anchor, positive, valid = _triplets(x, labels, references, dist, margin, mining, miner, epsilon)
+            d_ap = dist[anchor, positive][:, None]  # (P, 1)
+            violation = torch.where(valid, d_ap - dist[anchor] + margin, torch.zeros_like(valid, dtype=dist.dtype))
+            losses = violation.clamp_min(0.0)  # (P, M)
+            count = (losses > 0).sum() if reduction == "mean_nonzero" else valid.sum()
+            total = total + mean_over_processes(losses.sum(), count, gather_distributed)
+        return total
 
-        if mining == "hard":
-            valid = positive.any(dim=1) & negative.any(dim=1)  # (n,)
-            # +-inf fills are safe: rows without a positive or negative are dropped by `valid`,
-            # and max/min send gradient only to the selected (real) entry of the others.
-            hardest_positive = dist.masked_fill(~positive, float("-inf")).max(dim=1).values  # (n,)
-            hardest_negative = dist.masked_fill(~negative, float("inf")).min(dim=1).values  # (n,)
-            violation = torch.where(valid, hardest_positive - hardest_negative + margin, torch.zeros_like(dist[:, 0]))
-        else:
-            # One row per (anchor, positive) pair instead of an (n, N, N) cube.
-            anchor_idx, positive_idx = positive.nonzero(as_tuple=True)  # (P,), (P,)
-            d_ap = dist[anchor_idx, positive_idx][:, None]  # (P, 1)
-            d_an = dist[anchor_idx]  # (P, N)
-            valid = negative[anchor_idx]  # (P, N)
-            if mining == "semihard":
-                valid = valid & (d_an > d_ap) & (d_an < d_ap + margin)
-            violation = torch.where(valid, d_ap - d_an + margin, torch.zeros_like(d_an))
 
-        losses = violation.clamp_min(0.0)
-        count = (losses > 0).sum() if reduction == "mean_nonzero" else valid.sum()
-        return mean_over_processes(losses.sum(), count, gather_distributed)
+def _check_selection(mining, reduction, miner, epsilon):
+    # Checked in the functional form too: a misspelt mode must not fall through to "all".
+    if mining not in MINING:
+        raise ValueError(f"mining must be one of {MINING}, got {mining!r}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    miner, epsilon = check_miner(miner, epsilon)
+    if miner is not None and mining != "all":
+        raise ValueError(
+            f"give mining or miner, not both: mining={mining!r} selects triplets itself, miner={miner!r} "
+            f"selects them before (mining='hard' is miner='batch_hard' on the loss's own distance)"
+        )
+    return mining, reduction, miner, epsilon
+
+
+def _triplets(x, labels, references, dist, margin, mining, miner, epsilon):
+    """The selected triplets as ``(anchor, positive, valid)``: one row per (anchor, positive) pair,
+    ``valid[k, j]`` when ``j`` is a negative of that pair's triplets (see :class:`~sslkit.losses.miners.Mined`)."""
+    positive, negative = pair_masks(labels, references)
+    if mining == "hard":  # the miner's core on the loss's own distance: the same pairs as the miner
+        positive, negative = batch_hard_pairs(dist.detach(), positive, negative)
+    elif mining == "semihard":  # FaceNet's window is the loss's margin, on its own distance
+        return semi_hard_triplets(dist.detach(), positive, negative, margin)
+    return mined_triplets(mine(miner, epsilon, x, references, positive, negative))
 
 
 class TripletLoss(nn.Module):
@@ -138,6 +154,11 @@ class TripletLoss(nn.Module):
         normalize: L2-normalise the embeddings first.
         reduction: ``"mean"`` over the selected triplets, or ``"mean_nonzero"`` over those with a
             non-zero loss (pytorch-metric-learning's default).
+        miner: with ``mining="all"``, which triplets count: ``None`` (every one), ``"multi_similarity"``,
+            ``"batch_hard"``, ``"semi_hard"`` or ``"distance_weighted"`` (see :mod:`sslkit.losses.miners`).
+        epsilon: the miner's margin: multi-similarity's epsilon, the semi-hard window.
+        memory_size: > 0 keeps the embeddings of that many earlier samples as extra references
+            (cross-batch memory, see :mod:`sslkit.losses.memory`); 0: the batch only.
         gather_distributed: across processes, local anchors take positives and negatives from
             every process's batch (see :mod:`sslkit.distributed`).
 
@@ -157,18 +178,18 @@ class TripletLoss(nn.Module):
         squared_distance: bool = True,
         normalize: bool = True,
         reduction: str = "mean",
+        miner: str | None = None,
+        epsilon: float = 0.1,
+        memory_size: int = 0,
         gather_distributed: bool = True,
     ) -> None:
         super().__init__()
         self.margin = check_nonnegative(margin, "margin")
-        if mining not in MINING:
-            raise ValueError(f"mining must be one of {MINING}, got {mining!r}")
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-        self.mining = mining
+        self.mining, self.reduction, self.miner, self.epsilon = _check_selection(mining, reduction, miner, epsilon)
         self.squared_distance = check_flag(squared_distance, "squared_distance")
         self.normalize = check_flag(normalize, "normalize")
-        self.reduction = reduction
+        memory_size = check_memory_size(memory_size)
+        self.memory = CrossBatchMemory(memory_size) if memory_size else None
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -180,11 +201,15 @@ class TripletLoss(nn.Module):
             self.squared_distance,
             self.normalize,
             self.reduction,
+            self.miner,
+            self.epsilon,
+            self.memory,
             self.gather_distributed,
         )
 
     def extra_repr(self) -> str:
         return (
             f"margin={self.margin}, mining={self.mining!r}, squared_distance={self.squared_distance}, "
-            f"normalize={self.normalize}, reduction={self.reduction!r}, gather_distributed={self.gather_distributed}"
+            f"normalize={self.normalize}, reduction={self.reduction!r}, miner={self.miner!r}, "
+            f"epsilon={self.epsilon}, gather_distributed={self.gather_distributed}"
         )

@@ -1,0 +1,101 @@
+"""sslkit as a cluster runs it, on this machine: two "machines" on 127.0.0.1, and a run resumed on
+another number of processes.
+
+Two machines of one process each (two ``accelerate launch --num_machines 2`` commands, machine
+ranks 0 and 1, gloo) log the same losses, write the same checkpoint and evaluate the same as one
+machine with two processes. Resumed 2 -> 1 and 1 -> 2 processes with the same global batch,
+weights, optimizer state, step, schedule and the order of global batches continue; what changes
+is per process (each process's random stream, and BatchNorm statistics of per-process batches).
+With those two made equal (augmentation that draws nothing visible, BatchNorm over the global
+batch), a run resumed on another process count ends where the uninterrupted run ends, up to the
+order of floating-point sums; a batch order off by one batch would not (0.18 apart, not 3e-5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from dist_utils import _free_port
+from safetensors.torch import load_file
+from test_preemption_e2e import finish, start
+from test_pretrain_e2e import PRETRAIN, QUICKSTART, TINY, env
+
+# Views that need no random numbers to be equal on every process count; BatchNorm over the global batch.
+SAME_EVERYWHERE = ["augment.crop_scale=[1,1]", "augment.crop_ratio=[1,1]", "augment.jitter_p=0"]
+SAME_EVERYWHERE += ["model.sync_batchnorm=true", "train.epochs=1", "train.checkpoint_every_steps=5"]
+SAME_EVERYWHERE += ["train.keep_checkpoints=10", "train.knn_every_epochs=0"]
+
+
+def trained(tmp_path, name: str, world: int, *overrides: str) -> dict[str, torch.Tensor]:
+    results = finish(start(tmp_path, name, *SAME_EVERYWHERE, *overrides, world=world))
+    assert [code for code, *_ in results] == [0] * world, [err[-2000:] for *_, err in results]
+    return load_file(tmp_path / name / "backbone.safetensors")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
+def test_a_run_resumed_on_another_process_count_ends_where_the_uninterrupted_run_ends(tmp_path, before, after):
+    straight = trained(tmp_path, "straight", before)
+    # Step 5 of 22, mid-epoch: the resumed run must skip exactly the global batches already trained on.
+    step5 = tmp_path / "straight" / "checkpoints" / "step-00000005"
+    resumed = trained(tmp_path, "resumed", after, f"run.resume={step5}")
+    assert straight.keys() == resumed.keys()
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], rtol=1e-3, atol=1e-4, msg=key)
+
+
+def launch(tmp_path, name: str, port: int, machines: int, machine_rank: int = 0) -> subprocess.Popen:
+    """``accelerate launch --cpu`` of two processes in all, on ``machines`` machines (this one plays each)."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--cpu", "--num_processes", "2"]
+    command += ["--num_machines", str(machines), "--machine_rank", str(machine_rank)]
+    command += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(PRETRAIN), str(QUICKSTART)]
+    command += [f"run.output_dir={tmp_path}", f"run.name={name}", *TINY, "train.epochs=1", "train.max_steps=6"]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), start_new_session=True
+    )
+
+
+@pytest.mark.slow
+def test_two_machines_of_one_process_train_as_one_machine_of_two(tmp_path):
+    port = _free_port()
+    machines = finish([launch(tmp_path, "two-machines", port, 2, rank) for rank in (0, 1)])
+    assert [code for code, *_ in machines] == [0, 0], [err[-2000:] for *_, err in machines]
+    assert "2 processes" in machines[0][1]
+    [single] = finish([launch(tmp_path, "one-machine", _free_port(), 1)])
+    assert single[0] == 0, single[2][-2000:]
+
+    def losses(name: str) -> list[float]:
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line)["loss"] for line in lines if '"loss"' in line]
+
+    assert losses("two-machines") == losses("one-machine") and len(losses("one-machine")) == 6
+    two, one = (tmp_path / "two-machines", tmp_path / "one-machine")
+    weights = "checkpoints/step-00000006/model.safetensors"
+    assert (two / weights).read_bytes() == (one / weights).read_bytes()
+    results = [json.loads((run / "results.json").read_text())["results"] for run in (two, one)]
+    assert results[0] == results[1]
+
+
+@pytest.mark.slow
+def test_two_machines_with_one_rank_is_one_line(tmp_path):
+    port = _free_port()
+    first = launch(tmp_path, "first", port, 2, 0)
+    try:
+        time.sleep(3)  # the first machine 0 holds the port, waiting for machine 1
+        [second] = finish([launch(tmp_path, "second", port, 2, 0)])
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.communicate()
+    code, _, err = second
+    assert code != 0 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "machine 0 of 2 could not join the run at 127.0.0.1" in lines[0], err
+    assert "its own --machine_rank (0 to 1)" in lines[0]
