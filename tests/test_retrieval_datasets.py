@@ -246,8 +246,10 @@ def test_init_from_an_imagenet_state_dict_on_disk(tmp_path, source):
     assert torch.equal(model.state_dict()["layer4.1.conv2.weight"], state["layer4.1.conv2.weight"])
 
 
-@pytest.mark.parametrize("name", ["cub200", "cars196", "sop", "inshop"])
-def test_each_benchmark_recipe_fits_torchvision_resnet50_weights(name):
+@pytest.mark.parametrize(
+    "recipe", [f"{name}_proxy_anchor" for name in ("cub200", "cars196", "sop", "inshop")] + ["cub200_multi_similarity"]
+)
+def test_each_benchmark_recipe_fits_torchvision_resnet50_weights(recipe):
     from pathlib import Path
 
     import torchvision
@@ -255,8 +257,8 @@ def test_each_benchmark_recipe_fits_torchvision_resnet50_weights(name):
     from sslkit import checkpoint, models
     from sslkit.config import load_config
 
-    cfg = load_config(Path(__file__).parents[1] / "recipes" / f"{name}_proxy_anchor.yaml")
-    assert cfg.data.name == name and cfg.data.sampler == "m_per_class" and cfg.train.batch_size % 5 == 0
+    cfg = load_config(Path(__file__).parents[1] / "recipes" / f"{recipe}.yaml")
+    assert recipe.startswith(cfg.data.name) and cfg.data.sampler == "m_per_class" and cfg.train.batch_size % 5 == 0
     with torch.device("meta"):  # shapes only, no memory
         own = models.backbone_from_config(cfg.model, 3).state_dict()
         imagenet = torchvision.models.resnet50().state_dict()
