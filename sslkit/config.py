@@ -108,11 +108,11 @@ class DataConfig:
             ``data.m_per_class`` images each, every image about once an epoch (a class with fewer images than that
             is drawn with replacement); over several processes each takes its own classes. Needs a label for every
             training image.
+        m_per_class: Images of each class in a batch with ``data.sampler=m_per_class`` (4 in "A Metric Learning
+            Reality Check"); ``train.batch_size`` divided by the number of processes must be a multiple of it.
         class_split: ``imagefolder`` only: split the classes rather than the images, as the retrieval benchmarks
             do. Train on the first fraction (0 < f < 1) of the sorted class folders of ``root`` (or ``root/train``)
             and evaluate by retrieval (Recall@K, MAP@R, NMI) among the images of the others; ``null``: no split.
-        m_per_class: Images of each class in a batch with ``data.sampler=m_per_class`` (4 in "A Metric Learning
-            Reality Check"); ``train.batch_size`` divided by the number of processes must be a multiple of it.
     """
 
     name: str = "digits"

@@ -2,11 +2,12 @@
 
 - :mod:`.base`: the interface (:class:`ImageSource`, :class:`ImageDataset`) and what readers share;
 - one reader per format: :mod:`.digits`, :mod:`.idx` (Fashion-MNIST), :mod:`.cifar_stl`,
-  :mod:`.folders` (image folders), :mod:`.shards` (webdataset tar shards), with
+  :mod:`.folders` (image folders), :mod:`.shards` (webdataset tar shards), :mod:`.retrieval`
+  (CUB-200, Cars196, SOP, In-shop in their own layouts), with
   :mod:`.memory` holding the small ones whole and :mod:`.batches` the batches of images of
   different sizes;
 - :mod:`.build`: ``build_dataset`` by ``data.name`` and ``build_loader``;
-- :mod:`.samplers`: the training order of each epoch;
+- :mod:`.samplers`: the training order of each epoch (a shuffle, or class-balanced P x K batches);
 - :mod:`.label_subset` and :mod:`.splits`: the labelled subset and the datasets a run trains and
   is evaluated on.
 """
