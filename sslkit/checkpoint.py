@@ -35,7 +35,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from sslkit.config import flatten
+from sslkit.config.schema import flatten
 from sslkit.errors import UserError
 
 PROGRESS_FILE = "progress.json"

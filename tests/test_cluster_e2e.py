@@ -99,3 +99,16 @@ def test_two_machines_with_one_rank_is_one_line(tmp_path):
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "machine 0 of 2 could not join the run at 127.0.0.1" in lines[0], err
     assert "its own --machine_rank (0 to 1)" in lines[0]
+
+
+def test_a_process_count_that_does_not_divide_the_global_batch_is_one_line():
+    from sslkit.config import load_config
+    from sslkit.datasets import build_splits
+    from sslkit.errors import UserError
+    from sslkit.loop.build import check_training_set
+
+    cfg = load_config("quickstart", ["train.batch_size=64"])
+    splits = build_splits(cfg)
+    assert check_training_set(cfg, splits, 2) == 32
+    with pytest.raises(UserError, match=r"processes \(3\); launch a number of processes that divides it"):
+        check_training_set(cfg, splits, 3)

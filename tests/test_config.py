@@ -82,6 +82,13 @@ def test_exponent_without_dot_is_a_float(tmp_path):
         ("train: {epochs: [1\n", ["not valid YAML"]),
         ("run: {name: ../../escape}\n", ["'run.name' must be a plain folder name", "run.output_dir"]),
         ("run: {name: a/b}\n", ["'run.name' must be a plain folder name"]),
+        ("method: {name: sim}\n", ["unknown method.name 'sim'", "simclr", "moco"]),
+        ("method: {name: moco, queue_sise: 8}\n", ["unknown key 'method.queue_sise'", "queue_size", "recipe.yaml"]),
+        ("method: {name: moco, queue_size: many}\n", ["'method.queue_size' must be int", "many"]),
+        ("method: {name: moco, queue_size: 0}\n", ["method.queue_size must be >= 1", "recipe.yaml"]),
+        ("method: {name: nce}\nloss: {name: nce, bank_size: 9}\n", ["loss.bank_size is set by method 'nce'"]),
+        ("method: {name: distill, distill_temperature: 0}\nloss: {name: softmax}\n", ["must be > 0"]),
+        ("method: {name: simclr}\nloss: {name: arcface}\n", ["method 'simclr' needs a two-view loss", "supervised"]),
     ],
 )
 def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
@@ -113,9 +120,9 @@ def test_a_batch_of_one_is_fine_where_the_negatives_come_from_elsewhere(tmp_path
 
 
 def test_a_method_key_the_method_does_not_read_is_noted(tmp_path, capsys):
-    """The method section holds every method's options: one set for another method would do nothing, silently.
+    """The method section may hold every method's options: one set for another method would do nothing, silently.
     A saved config.yaml lists every key at its default: those are no note (evaluate once printed one)."""
-    from sslkit.methods import unused_options
+    from sslkit.methods import option_fields, unused_options
 
     cfg = load_config(write(tmp_path, "method: {name: simclr, queue_size: 1024}\n"), ["method.num_negatives=64"])
     assert unused_options(cfg) == (
@@ -126,6 +133,7 @@ def test_a_method_key_the_method_does_not_read_is_noted(tmp_path, capsys):
     saved = tmp_path / "config.yaml"
     save_config(load_config(write(tmp_path, "method: {name: simclr}\n")), saved)
     assert "queue_size" in saved.read_text() and unused_options(load_config(saved)) == ""
+    assert set(load_config(saved).method.options) == set(option_fields())
     assert capsys.readouterr().err == ""  # loading a recipe prints nothing: the trainer prints the note
 
 

@@ -60,6 +60,22 @@ def test_the_config_reference_lists_every_key():
             assert f"| `{section}.{item.name}` |" in text, f"{section}.{item.name}"
 
 
+def test_every_method_option_says_what_it_means_under_its_method():
+    """Each method's options dataclass documents every field, and docs/config.md lists them under the method."""
+    from sslkit.config import field_docs
+    from sslkit.methods import METHODS
+
+    text = (ROOT / "docs" / "config.md").read_text()
+    for name, method in METHODS.items():
+        names = [item.name for item in dataclasses.fields(method.Options)]
+        docs = field_docs(method.Options)
+        assert sorted(docs) == sorted(names), f"{name}: Attributes {sorted(docs)} for fields {sorted(names)}"
+        if names:
+            table = text.split(f"### `method.name: {name}`")[1].split("###")[0]
+            missing = [key for key in names if f"| `method.{key}` |" not in table]
+            assert not missing, f"docs/config.md has no row under method {name} for {', '.join(missing)}"
+
+
 # What the docs and recipes describe is sslkit and its results; how it was developed lives in git.
 HISTORY = re.compile(r"\bsessions?\b|REFERENCE\.md|\bseed 00\d|\.\./shared", re.IGNORECASE)
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from sslkit import datasets, models
 from sslkit.augment import EvalTransform
 from sslkit.config import load_config
-from sslkit.methods import METHODS
+from sslkit.methods import METHODS, build_method
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN, EVALUATE = ROOT / "sslkit" / "pretrain.py", ROOT / "sslkit" / "evaluate.py"
@@ -57,7 +57,7 @@ def hand_top1(run_dir: Path) -> tuple[float, int]:
     test = datasets.build_dataset("digits", "test")
     info = test.info
     backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, info.channels)
-    method = METHODS[cfg.method.name].from_config(cfg, backbone, info.num_classes)
+    method = build_method(cfg, backbone, info.num_classes)
     checkpoint = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
     method.load_state_dict(load_file(str(checkpoint / "model.safetensors")))
     preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize)
@@ -153,7 +153,7 @@ def test_finetune_from_the_projectors_first_layer_keeps_its_pretrained_weights(p
     assert [type(m) for m in method.projector] == [torch.nn.Linear, torch.nn.BatchNorm1d, torch.nn.ReLU]
     images = torch.randn(5, 1, 8, 8)
     linear, norm, _ = method.eval().projector
-    expected = method.loss.logits(torch.relu(norm(linear(method.backbone(images)))))
+    expected = method.head.logits(torch.relu(norm(linear(method.backbone(images)))))
     assert torch.allclose(method.logits(images), expected)
     # End to end: it trains, and its reported top-1 is its own classifier's, the kept layer included.
     common = ["quickstart_finetune", f"run.output_dir={tmp_path}", *TINY, *FINETUNE, *keep]

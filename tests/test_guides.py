@@ -5,6 +5,7 @@ writes is also put through the checks every registered loss passes (tests/test_l
 from __future__ import annotations
 
 import doctest
+import importlib.util
 import re
 from pathlib import Path
 
@@ -23,7 +24,9 @@ def run_guide(name: str) -> dict:
     assert len(blocks) >= 2, f"docs/{name} has no code to run"
     namespace: dict = {"__name__": name.replace("-", "_").removesuffix(".md")}
     for block in blocks:
-        exec(compile(block, str(DOCS / name), "exec"), namespace)  # tracebacks point at the guide
+        # As a reader runs it: without this file's "from __future__ import annotations" (dataclasses would then
+        # look the guide up in sys.modules). Tracebacks point at the guide.
+        exec(compile(block, str(DOCS / name), "exec", dont_inherit=True), namespace)
     return namespace
 
 
@@ -55,6 +58,12 @@ def test_add_a_method_guide_runs(monkeypatch):
     monkeypatch.setattr(methods, "METHODS", dict(methods.METHODS))  # the guide registers its method
     guide = run_guide("add-a-method.md")
     assert methods.METHODS["simclr_no_head"] is guide["SimCLRNoHead"]
+    # Registered, its options get their table in the recipe reference.
+    spec = importlib.util.spec_from_file_location("config_table", DOCS.parent / "tools" / "config_table.py")
+    config_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(config_table)
+    table = config_table.render().split("### `method.name: simclr_no_head`")[1].split("###")[0]
+    assert "| `method.feature_dropout` | `float` | `0.0` | Dropout on the backbone's features" in table
 
 
 @pytest.mark.parametrize("name", ["add-a-loss.md", "add-a-method.md"])

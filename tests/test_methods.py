@@ -71,12 +71,12 @@ def test_state_dict_round_trips(case, tmp_path):
 
 
 def test_proxy_anchor_proxies_get_their_100x_in_the_trainer_groups():
-    from sslkit.loop.build import _loss_lr_scales
+    from sslkit.loop.build import make_optimizer
 
-    _, _, _, method = build("supervised-proxy-anchor")
-    scales = {f"loss.{k}": v for k, v in _loss_lr_scales(method.loss).items()}
-    groups = optim.parameter_groups(method, 1e-4, True, scales)
-    proxies = [g for g in groups if any(n.startswith("loss.") for n in g["names"])]
+    cfg, _, _, method = build("supervised-proxy-anchor")
+    optimizer, _ = make_optimizer(cfg, method)
+    groups = optimizer.param_groups
+    proxies = [g for g in groups if any(n.startswith("head.") for n in g["names"])]
     assert proxies and all(g["lr_scale"] == 100.0 for g in proxies)
     seen = [n for g in groups for n in g["names"]]
     assert sorted(seen) == sorted(n for n, p in method.named_parameters() if p.requires_grad)  # every parameter, once
@@ -143,18 +143,19 @@ def test_head_class_count_must_match_the_dataset():
 
 def test_sphereface_annealing_follows_the_trainer_step_and_is_checkpointed():
     _, _, _, method = build("supervised-sphereface")
-    start = method.loss.lambda_
+    start = method.head.lambda_
     method.after_optimizer_step(99, 1000)
-    assert int(method.loss.step) == 100 and method.loss.lambda_ < start
-    assert int(method.state_dict()["loss.step"]) == 100
+    assert int(method.head.step) == 100 and method.head.lambda_ < start
+    assert int(method.state_dict()["head.step"]) == 100
 
 
 def test_every_method_is_a_method_and_the_trainer_calls_need_no_probing():
     """The interface is the base class: each attribute and hook is there with its default, so the
     registry helpers and the trainer read them directly."""
-    from sslkit.methods.base import Method
+    from sslkit.methods.base import Method, NoOptions
 
-    defaults = {"needs_labels": False, "needs_indices": False, "min_batch_size": 1, "options": (), "num_views": 2}
+    defaults = {"needs_labels": False, "needs_indices": False, "min_batch_size": 1, "Options": NoOptions}
+    defaults["num_views"] = 2
     defaults["classifier_metric"] = None
     assert {k: getattr(Method, k) for k in defaults} == defaults and Method.loss_names == ()
     with pytest.raises(NotImplementedError):
@@ -164,7 +165,7 @@ def test_every_method_is_a_method_and_the_trainer_calls_need_no_probing():
         assert cls.loss_names and cls.num_views == (1 if name == "finetune" else 2), name
         cfg = config_from_dict({"method": {"name": name}, "loss": {"name": cls.loss_names[0]}})
         assert cls.notes(cfg, num_samples=10**9) == []  # every default suits a large training set
-        assert bool(cls.classifier_metric) == hasattr(cls, "logits"), name  # a reported classifier has logits
+        assert bool(cls.classifier_metric) == (cls.logits is not Method.logits), name  # a reported classifier
     expected = {
         "simclr": 2,
         "supcon": 2,
@@ -180,16 +181,16 @@ def test_every_method_is_a_method_and_the_trainer_calls_need_no_probing():
     assert [name for name, cls in methods.METHODS.items() if cls.needs_indices] == ["nce"]
 
 
-def test_base_hooks_do_nothing_and_embed_gives_backbone_features():
+def test_base_hooks_do_nothing():
     _, ds, augment, method = build("simclr")
     images, _ = ds.__getitems__(list(range(4)))
     view1, _ = augment(images)
     before = {k: v.clone() for k, v in method.state_dict().items()}
     method.after_optimizer_step(0, 10)
     assert all(torch.equal(v, method.state_dict()[k]) for k, v in before.items())
-    method.eval()
-    torch.testing.assert_close(method.embed(view1), method.backbone(view1))
-    assert not method.backbone_frozen
+    assert not method.backbone_frozen and method.head is None
+    with pytest.raises(NotImplementedError, match="SimCLR has no classifier"):
+        method.logits(view1)
 
 
 def test_build_method_passes_the_training_set_size_to_every_method():
@@ -219,7 +220,7 @@ def test_distill_is_the_cross_entropy_of_the_teacher_on_view1_and_the_student_on
     loss.backward()
 
     with torch.no_grad():
-        targets = torch.softmax((teacher.backbone(view1) @ teacher.loss.weight.T + teacher.loss.bias) / 2.0, dim=1)
+        targets = torch.softmax((teacher.backbone(view1) @ teacher.head.weight.T + teacher.head.bias) / 2.0, dim=1)
     logits = student.backbone(view2) @ head.weight.T + head.bias  # (12, 10)
     expected = sum(-(targets[i] * torch.log_softmax(logits[i] / 2.0, dim=0)).sum() for i in range(12)) / 12
     labelled = [i for i in range(12) if labels[i] >= 0]
@@ -232,3 +233,17 @@ def test_distill_is_the_cross_entropy_of_the_teacher_on_view1_and_the_student_on
     for ours, naive in zip(grads, (p.grad for p in student.backbone.parameters())):
         torch.testing.assert_close(ours, naive)
     assert all(p.grad is None for p in teacher.parameters()), "the teacher stays frozen"
+
+
+def test_a_checkpoint_that_calls_the_head_loss_still_loads():
+    """Run directories written before the classifier was called ``head`` store its weights as ``loss.*``."""
+    _, _, _, method = build("supervised-arcface")
+    old = {
+        key.replace("head.", "loss.", 1) if key.startswith("head.") else key: v
+        for key, v in method.state_dict().items()
+    }
+    assert "loss.weight" in old
+    _, _, _, fresh = build("supervised-arcface")
+    torch.nn.init.normal_(fresh.head.weight)
+    fresh.load_state_dict(old)
+    torch.testing.assert_close(fresh.head.weight, method.head.weight)

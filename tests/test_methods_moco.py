@@ -363,7 +363,7 @@ def test_a_queue_longer_than_an_epochs_keys_is_noted():
     assert methods.notes(cfg, num_samples=2049) == []  # symmetric: 4,098 keys an epoch, more than the queue holds
     (note,) = methods.notes(cfg, num_samples=2048)
     assert "method.queue_size=4096 is not below the 4,096 keys an epoch adds (2,048 images, both views)" in note
-    cfg.method.symmetric = False
+    cfg.method.options["symmetric"] = False
     assert methods.notes(cfg, num_samples=4097) == [] and len(methods.notes(cfg, num_samples=4096)) == 1
     assert methods.notes(config_from_dict({"method": {"name": "simclr"}}), num_samples=10) == []
 

@@ -447,7 +447,7 @@ def check_runs(runs: list[Run], plan: Plan) -> None:
             raise UserError(f"run {run.name}: {error}") from None
         if run.kind in ("finetune", "distill", "scratch", "scratch-long"):
             own, option = to_dict(cfg), "--distill-recipe" if run.kind == "distill" else "--finetune-recipe"
-            kept = run.kind == "finetune" and cfg.method.finetune_from_projector_layer > 0
+            kept = run.kind == "finetune" and cfg.method.options["finetune_from_projector_layer"] > 0
             for key in (*SAME_AS_PRETRAINED, *(SAME_PROJECTOR if kept else ())):
                 section, name = key.split(".")
                 if (mine := own[section][name]) != (theirs := encoder[section][name]):

@@ -140,9 +140,9 @@ def make_optimizer(cfg: Config, method: torch.nn.Module) -> tuple[torch.optim.Op
         f"backbone.{name}": o.backbone_lr_scale * layers.get(name, 1.0)
         for name, _ in method.backbone.named_parameters()
     }
-    if isinstance(getattr(method, "loss", None), torch.nn.Module):
-        head_scales = _loss_lr_scales(method.loss)
-        lr_scales.update({f"loss.{name}": scale * o.head_lr_scale for name, scale in head_scales.items()})
+    if method.head is not None:
+        head_scales = _loss_lr_scales(method.head)
+        lr_scales.update({f"head.{name}": scale * o.head_lr_scale for name, scale in head_scales.items()})
     no_decay = {f"backbone.{name}" for name in optim.model_no_weight_decay(method.backbone)}
     groups = optim.parameter_groups(method, o.weight_decay, o.exclude_bias_and_norm, lr_scales, no_decay)
     optimizer = optim.build_optimizer(o.name, groups, lr, o.momentum, o.weight_decay, o.betas, o.trust_coefficient)

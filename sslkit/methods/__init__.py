@@ -1,17 +1,21 @@
 """Methods: how a batch of augmented views (and maybe labels) becomes a loss.
 
 Every method subclasses :class:`~sslkit.methods.base.Method`, whose docstring is the interface
-(what the trainer calls and the attributes it reads, with their defaults), and is registered
-by name in :data:`METHODS`. To add one, see ``docs/add-a-method.md``.
+(what the trainer calls and the attributes it reads, with their defaults), declares its
+``method.*`` options and checks them itself, and is registered by name in :data:`METHODS`.
+To add one, see ``docs/add-a-method.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
+from pathlib import Path
 
 from torch import nn
 
-from sslkit import losses
+from sslkit import checkpoint, losses, models
+from sslkit.config.schema import coerce, parse_config, read_yaml
 from sslkit.errors import UserError
 from sslkit.methods.base import Method
 from sslkit.methods.distill import Distill
@@ -63,14 +67,104 @@ def check_loss(method_name: str, loss_name: str, source: str = "recipe") -> None
     raise UserError(f"{source}: method '{method_name}' {needs}{hint}")
 
 
+def option_fields() -> dict[str, dataclasses.Field]:
+    """``{key: field}`` of every ``method.*`` option of every registered method, in registry order.
+
+    A key that several methods read (``momentum``: MoCo and MoCo v3) appears once, with the
+    field of the first; their types and defaults agree.
+    """
+    fields: dict[str, dataclasses.Field] = {}
+    for method in METHODS.values():
+        for item in dataclasses.fields(method.Options):
+            fields.setdefault(item.name, item)
+    return fields
+
+
+def check_config(cfg, source: str = "recipe") -> None:
+    """The recipe's ``method`` section and what the method needs of the rest of the recipe, one line each.
+
+    ``method.name`` must be registered; every other ``method.*`` key must be an option of some
+    method, of the type its options dataclass declares (a key only another method reads is kept:
+    :func:`unused_options` notes it when training starts); the loss and batch must suit the
+    method; then the method's own :meth:`~sslkit.methods.base.Method.check_config`.
+
+    Unset options take their defaults here, the method's own first, so the saved ``config.yaml``
+    lists every option of every method, as a resumed run compares it (``method.*`` must not change).
+    """
+    name = cfg.method.name
+    if name not in METHODS:
+        raise UserError(f"{source}: unknown method.name '{name}'; choose one of: {', '.join(sorted(METHODS))}")
+    fields = option_fields()
+    given = {}
+    for key, value in cfg.method.options.items():
+        if key not in fields:
+            raise UserError(f"{source}: unknown key 'method.{key}'; valid keys in 'method': name, {', '.join(fields)}")
+        owner = next(method.Options for method in METHODS.values() if key in _names(method.Options))
+        given[key] = coerce(value, typing.get_type_hints(owner)[key], f"method.{key}", source)
+    method = METHODS[name]
+    defaults = {key: item.default for key, item in fields.items()}
+    cfg.method.options = {**defaults, **dataclasses.asdict(method.Options()), **given}
+    check_loss(name, cfg.loss.name, source)
+    check_batch_size(name, cfg.train.batch_size, source)
+    method.check_config(cfg, source)
+
+
+def _names(options: type) -> set[str]:
+    return {item.name for item in dataclasses.fields(options)}
+
+
 def build_method(cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> Method:
     """The method named by ``cfg.method.name`` around ``backbone``, with ``cfg.loss``.
 
     ``num_samples``, the training set's size, is for methods that keep per-sample state
-    (``needs_indices``); the others ignore it.
+    (``needs_indices``); the others ignore it. A method that ``needs_teacher`` gets the run
+    ``method.teacher`` names, built by :func:`load_teacher`.
     """
-    check_loss(cfg.method.name, cfg.loss.name)
-    return METHODS[cfg.method.name].from_config(cfg, backbone, num_classes, num_samples=num_samples)
+    check_config(cfg)
+    method = METHODS[cfg.method.name]
+    if method.needs_teacher:
+        teacher = load_teacher(cfg.method.options["teacher"], num_classes, backbone.in_channels)
+        return method.from_config(cfg, backbone, num_classes, num_samples=num_samples, teacher=teacher)
+    return method.from_config(cfg, backbone, num_classes, num_samples=num_samples)
+
+
+def load_teacher(source: str | None, num_classes: int, in_channels: int) -> Method:
+    """The classifier run at ``source`` (a run directory or a checkpoint in one), frozen, in eval mode.
+
+    Built from the run's own ``config.yaml`` (checked against the schema and its method's options;
+    the rest was checked when it trained) with its own method, which must have a classifier
+    (``classifier_metric``). The path is checked here, when the run starts, not when the recipe
+    loads: a sweep plans the student before its teacher exists (``tools/label_efficiency.py``).
+    """
+    if not source:
+        raise UserError(
+            "method.name=distill needs method.teacher: the run directory of a fine-tuned run "
+            "(method.name=finetune) whose predictions the student learns"
+        )
+    run_dir = checkpoint.run_directory_of(source) if Path(source).exists() else None
+    if run_dir is None:
+        raise UserError(
+            f"method.teacher '{source}' is not a run directory (no config.yaml); give the run directory of a "
+            f"fine-tuned run, e.g. runs/finetune (method.name=finetune)"
+        )
+    saved = run_dir / "config.yaml"
+    cfg = parse_config(read_yaml(saved), str(saved))
+    check_config(cfg, str(saved))
+    method = METHODS[cfg.method.name]
+    if not method.classifier_metric:
+        raise UserError(
+            f"method.teacher '{source}' was trained with method.name={cfg.method.name}, which has no classifier; "
+            f"give a fine-tuned run (method.name=finetune)"
+        )
+    teacher = build_method(cfg, models.backbone_from_config(cfg.model, in_channels), num_classes)
+    try:
+        teacher.load_state_dict(checkpoint.load_method_state(source))
+    except RuntimeError as error:
+        raise UserError(
+            f"method.teacher '{source}' does not fit its own recipe for this data ({num_classes} classes, "
+            f"{in_channels} channels): {' '.join(str(error).split())[:300]}"
+        ) from None
+    return teacher.requires_grad_(False).eval()
 
 
 def check_batch_size(method_name: str, batch_size: int, source: str = "recipe") -> None:
@@ -92,25 +186,24 @@ def check_batch_size(method_name: str, batch_size: int, source: str = "recipe") 
 def unused_options(cfg) -> str:
     """A note naming the ``method.*`` settings the chosen method does not read, "" when there are none.
 
-    The method section holds every method's options (``queue_size`` is MoCo's, ``num_negatives``
-    NCE's), so a key set for another method (or a recipe for one method run as another) would
-    otherwise be ignored silently. A saved ``config.yaml`` lists every key, so a key counts only
-    when its value differs from the default: a default has no effect under any method.
+    A recipe may set an option of another method (``queue_size`` is MoCo's, ``num_negatives``
+    NCE's), or be run as another method: the key would otherwise be ignored silently. A key
+    counts only when its value differs from its default: a saved ``config.yaml`` lists every
+    method's options, and a default has no effect under any method.
     """
-    defaults = type(cfg.method)()
-    used = set(METHODS[cfg.method.name].options)
+    fields, own = option_fields(), _names(METHODS[cfg.method.name].Options)
     unused = [
-        f.name
-        for f in dataclasses.fields(cfg.method)
-        if f.name != "name" and f.name not in used and getattr(cfg.method, f.name) != getattr(defaults, f.name)
+        key
+        for key, value in cfg.method.options.items()
+        if key not in own and value != fields[key].default  # options are plain values, without default factories
     ]
     if not unused:
         return ""
 
     def owners(key: str) -> str:
-        return " or ".join(name for name, method in METHODS.items() if key in method.options) or "no method"
+        return " or ".join(name for name, method in METHODS.items() if key in _names(method.Options))
 
-    listed = ", ".join(f"method.{key}={getattr(cfg.method, key)} (read by {owners(key)})" for key in unused)
+    listed = ", ".join(f"method.{key}={cfg.method.options[key]} (read by {owners(key)})" for key in unused)
     effect = "it has" if len(unused) == 1 else "they have"
     return f"method '{cfg.method.name}' does not read {listed}; {effect} no effect on this run"
 
@@ -124,8 +217,11 @@ __all__ = [
     "METHODS",
     "Method",
     "build_method",
+    "check_config",
     "check_loss",
+    "load_teacher",
     "check_batch_size",
+    "option_fields",
     "unused_options",
     "notes",
     "SimCLR",

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, ClassVar
+
 import torch
 from torch import nn
+
+
+@dataclasses.dataclass
+class NoOptions:
+    """A method that reads no ``method.*`` key besides ``name``."""
 
 
 class Method(nn.Module):
@@ -27,15 +35,24 @@ class Method(nn.Module):
         min_batch_size: the smallest global batch it can contrast. 2 for the methods whose negatives
             are the batch's other images: with one image the loss is exactly 0 and nothing trains
             (:func:`sslkit.methods.check_batch_size`).
-        options: the ``method.*`` recipe keys it reads, so that a key set for another method is
-            noted when training starts (:func:`sslkit.methods.unused_options`).
+        Options: the dataclass of the ``method.*`` recipe keys it reads, with their types, defaults and
+            meanings (its ``Attributes:`` docstring is the method's part of ``docs/config.md``). The
+            recipe's values are checked against it when a recipe loads, and a key that only another
+            method reads is noted when training starts (:func:`sslkit.methods.unused_options`).
         num_views: how many augmented views of each image the trainer passes: 2 for the contrastive
             methods and distillation (teacher on view 1, student on view 2), 1 for fine-tuning
             (``forward(view, labels)``).
-        classifier_metric: for a method with a classifier of its own (``logits(images)`` returns
+        needs_teacher: the method learns from a finished run with a classifier, named by
+            ``method.teacher``: :func:`sslkit.methods.build_method` loads it (its own recipe and
+            weights, frozen) and passes it to :meth:`from_config` as ``teacher``.
+        classifier_metric: for a method with a classifier of its own (:meth:`logits` returns
             class scores), the name under which the final evaluation reports its test top-1
             (``finetune_top1``, ``head_top1``); None for the others.
         backbone: the encoder that is evaluated and exported (set by the subclass).
+        head: the classifier with weights of its own (a loss of kind ``"head"``: ArcFace, a softmax
+            layer, proxies), or None. The optimizer gives its parameters the learning-rate scales it
+            declares (``param_groups``); two-view and label losses, which hold no weights, are the
+            method's ``loss``.
         backbone_frozen: the trainer sets it during ``train.freeze_backbone_epochs``; a method
             encodes through :meth:`encode`, which then sends no gradient to the backbone.
     """
@@ -44,14 +61,18 @@ class Method(nn.Module):
     needs_indices: bool = False
     loss_names: tuple[str, ...] = ()
     min_batch_size: int = 1
-    options: tuple[str, ...] = ()
+    Options: ClassVar[type] = NoOptions
     num_views: int = 2
+    needs_teacher: bool = False
     classifier_metric: str | None = None
     backbone: nn.Module
 
     def __init__(self) -> None:
         super().__init__()
         self.backbone_frozen = False
+        self.head: nn.Module | None = None
+        # Checkpoints written before the classifier was called a head name its weights loss.*.
+        self.register_load_state_dict_pre_hook(_head_was_loss)
 
     @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> Method:
@@ -68,6 +89,17 @@ class Method(nn.Module):
             UserError: one line for a setting the method cannot train with.
         """
         raise NotImplementedError(f"{cls.__name__} does not implement from_config")
+
+    @classmethod
+    def options_of(cls, cfg) -> Any:
+        """The recipe's ``method.*`` values as an :attr:`Options` instance (defaults for the keys not set)."""
+        names = {item.name for item in dataclasses.fields(cls.Options)}
+        return cls.Options(**{key: value for key, value in cfg.method.options.items() if key in names})
+
+    @classmethod
+    def check_config(cls, cfg, source: str = "recipe") -> None:
+        """Raise one line for options that cannot train with the rest of the recipe; run when a recipe
+        loads, before anything is written (:func:`sslkit.methods.check_config` has checked the types)."""
 
     @classmethod
     def notes(cls, cfg, num_samples: int) -> list[str]:
@@ -101,6 +133,15 @@ class Method(nn.Module):
         self.backbone.train(was_training)
         return features
 
-    def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """The features evaluation uses: the backbone's output (a method with a neck may add it)."""
-        return self.backbone(images)
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        """Class scores of preprocessed images, (B, num_classes), from a method with a classifier of its
+        own (:attr:`classifier_metric`); evaluation reports their top-1."""
+        raise NotImplementedError(f"{type(self).__name__} has no classifier")
+
+
+def _head_was_loss(module: Method, state_dict: dict, prefix: str, *args) -> None:
+    """``loss.*`` -> ``head.*`` in a state dict of a method with a head (run directories of earlier versions)."""
+    if module.head is None or any(key.startswith(f"{prefix}head.") for key in state_dict):
+        return
+    for key in [key for key in state_dict if key.startswith(f"{prefix}loss.")]:
+        state_dict[f"{prefix}head.{key[len(prefix) + 5 :]}"] = state_dict.pop(key)

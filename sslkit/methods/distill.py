@@ -19,6 +19,9 @@ a finished run with a classifier (``method.teacher``: ``finetune``, ``supervised
 loaded with its own recipe's model, kept frozen and in eval mode; the student is this run's
 network, started from ``run.init_from``.
 
+The teacher is built and loaded by :func:`sslkit.methods.build_method` (``needs_teacher``): its
+method may be any registered method with a classifier.
+
 The teacher predicts on view 1 and the student learns on view 2, two views of the same image: the
 student then learns what the teacher predicts for the image, not for one crop of it (Fashion-MNIST,
 1% of the labels, three seeds: 0.830 against 0.820 for one view shared by both; docs/results.md).
@@ -28,7 +31,7 @@ noised student of [1].
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -40,34 +43,21 @@ from sslkit.methods.base import Method
 from sslkit.methods.finetune import build_head
 
 
-def load_teacher(source: str, num_classes: int, in_channels: int) -> Method:
-    """The classifier run at ``source`` (a run directory or a checkpoint in one), frozen, in eval mode."""
-    from sslkit import checkpoint, models
-    from sslkit.config import load_config
-    from sslkit.methods import METHODS  # here: the registry imports this module
+@dataclasses.dataclass
+class DistillOptions:
+    """Distillation's options.
 
-    run_dir = checkpoint.run_directory_of(source) if Path(source).exists() else None
-    if run_dir is None:
-        raise UserError(
-            f"method.teacher '{source}' is not a run directory (no config.yaml); give the run directory of a "
-            f"fine-tuned run, e.g. runs/finetune (method.name=finetune)"
-        )
-    cfg = load_config(run_dir / "config.yaml")
-    method_class = METHODS[cfg.method.name]
-    if not method_class.classifier_metric:
-        raise UserError(
-            f"method.teacher '{source}' was trained with method.name={cfg.method.name}, which has no classifier; "
-            f"give a fine-tuned run (method.name=finetune)"
-        )
-    teacher = method_class.from_config(cfg, models.backbone_from_config(cfg.model, in_channels), num_classes)
-    try:
-        teacher.load_state_dict(checkpoint.load_method_state(source))
-    except RuntimeError as error:
-        raise UserError(
-            f"method.teacher '{source}' does not fit its own recipe for this data ({num_classes} classes, "
-            f"{in_channels} channels): {' '.join(str(error).split())[:300]}"
-        ) from None
-    return teacher.requires_grad_(False).eval()
+    Attributes:
+        teacher: The fine-tuned run (a run directory or checkpoint) whose softened predictions the student learns
+            from.
+        distill_temperature: The temperature of teacher and student softmaxes (SimCLRv2: 1).
+        distill_label_weight: Weight of the cross-entropy on the labelled images (``data.label_fraction``) added to
+            the distillation loss; 0: distillation alone, as SimCLRv2.
+    """
+
+    teacher: str | None = None
+    distill_temperature: float = 1.0
+    distill_label_weight: float = 0.0
 
 
 class Distill(Method):
@@ -78,8 +68,9 @@ class Distill(Method):
     """
 
     num_views = 2
+    needs_teacher = True
     loss_names = tuple(losses.BY_KIND["head"])
-    options = ("teacher", "distill_temperature", "distill_label_weight")
+    Options = DistillOptions
     classifier_metric = "finetune_top1"
 
     def __init__(
@@ -91,18 +82,30 @@ class Distill(Method):
         label_weight: float = 0.0,
     ) -> None:
         super().__init__()
-        self.backbone, self.loss, self.teacher = backbone, head, teacher
+        self.backbone, self.head, self.teacher = backbone, head, teacher
         self.temperature, self.label_weight = temperature, label_weight
 
     @classmethod
-    def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> Distill:
-        m = cfg.method
-        if not m.teacher:
-            raise UserError(
-                "method.name=distill needs method.teacher: the run directory of a fine-tuned run "
-                "(method.name=finetune) whose predictions the student learns"
-            )
-        teacher = load_teacher(m.teacher, num_classes, backbone.in_channels)
+    def check_config(cls, cfg, source: str = "recipe") -> None:
+        m = cls.options_of(cfg)
+        if not m.distill_temperature > 0:
+            raise UserError(f"{source}: 'method.distill_temperature' must be > 0, got {m.distill_temperature}")
+        if m.distill_label_weight < 0:
+            raise UserError(f"{source}: 'method.distill_label_weight' must be >= 0.0, got {m.distill_label_weight}")
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg,
+        backbone: nn.Module,
+        num_classes: int,
+        num_samples: int | None = None,
+        teacher: Method | None = None,
+    ) -> Distill:
+        """As :meth:`Method.from_config`, with the ``teacher`` that ``method.teacher`` names, loaded and frozen."""
+        if teacher is None:
+            raise ValueError("Distill.from_config needs the teacher (sslkit.methods.load_teacher builds it)")
+        m = cls.options_of(cfg)
         head = build_head(cfg, backbone.feature_dim, num_classes)
         return cls(backbone, head, teacher, m.distill_temperature, m.distill_label_weight)
 
@@ -113,16 +116,16 @@ class Distill(Method):
 
     def logits(self, images: torch.Tensor) -> torch.Tensor:
         """The student's class scores of preprocessed images, (B, num_classes)."""
-        return self.loss.logits(self.backbone(images))
+        return self.head.logits(self.backbone(images))
 
     def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         with torch.no_grad():
             targets = F.softmax(self.teacher.logits(view1).float() / self.temperature, dim=1)  # (B, C)
         features = self.encode(view2)  # (B, D)
-        student = F.log_softmax(self.loss.logits(features).float() / self.temperature, dim=1)  # (B, C)
+        student = F.log_softmax(self.head.logits(features).float() / self.temperature, dim=1)  # (B, C)
         loss = -(targets * student).sum(dim=1).mean()
         if self.label_weight > 0 and labels is not None:
             labelled = labels >= 0
             if bool(labelled.any()):
-                loss = loss + self.label_weight * self.loss(features[labelled], labels[labelled])
+                loss = loss + self.label_weight * self.head(features[labelled], labels[labelled])
         return loss

@@ -21,6 +21,8 @@ exported backbone holds no projector). SimCLRv2 finds this worth most with the f
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -46,15 +48,28 @@ def build_head(cfg, embedding_dim: int, num_classes: int) -> nn.Module:
     return losses.build(cfg.loss.name, embedding_dim=embedding_dim, num_classes=num_classes, **kwargs)
 
 
-def projector_layers(cfg, in_dim: int) -> nn.Sequential:
-    """The first ``method.finetune_from_projector_layer`` layers of the recipe's projector (``model.projector_*``).
+def projector_layers(cfg, k: int, in_dim: int) -> nn.Sequential:
+    """The first ``k`` layers of the recipe's projector (``model.projector_*``).
 
     Its children are numbered as the pretraining projector's (``0.weight``, ``1.running_mean``, ...),
-    so its weights load from that projector's by name. Empty for k = 0 (config validation keeps k
-    below ``model.projector_layers``).
+    so its weights load from that projector's by name. Empty for k = 0 (:meth:`FineTune.check_config`
+    keeps k below ``model.projector_layers``).
     """
-    k, m = cfg.method.finetune_from_projector_layer, cfg.model
+    m = cfg.model
     return build_mlp(in_dim, m.projector_hidden, m.projector_out, m.projector_layers)[: 3 * k]
+
+
+@dataclasses.dataclass
+class FineTuneOptions:
+    """Fine-tuning's options.
+
+    Attributes:
+        finetune_from_projector_layer: Keep the first k layers of the pretrained projector (from
+            ``run.init_from``; ``model.projector_*`` as the pretraining's) under the classifier, as SimCLRv2 (k=1);
+            0: fine-tune from the backbone's output, as SimCLR.
+    """
+
+    finetune_from_projector_layer: int = 0
 
 
 class FineTune(Method):
@@ -69,17 +84,27 @@ class FineTune(Method):
     needs_labels = True
     num_views = 1
     loss_names = tuple(losses.BY_KIND["head"])
-    options = ("finetune_from_projector_layer",)
+    Options = FineTuneOptions
     classifier_metric = "finetune_top1"
 
     def __init__(self, backbone: nn.Module, head: nn.Module, projector: nn.Sequential | None = None) -> None:
         super().__init__()
-        self.backbone, self.loss = backbone, head
+        self.backbone, self.head = backbone, head
         self.projector = projector if projector is not None else nn.Sequential()
 
     @classmethod
+    def check_config(cls, cfg, source: str = "recipe") -> None:
+        k, n = cls.options_of(cfg).finetune_from_projector_layer, cfg.model.projector_layers
+        if not 0 <= k < n:
+            # The last projector layer is the embedding the loss saw, not a layer to fine-tune from.
+            raise UserError(
+                f"{source}: 'method.finetune_from_projector_layer' must be in [0, {n - 1}] for a {n}-layer projector "
+                f"(model.projector_layers), got {k}; 0 fine-tunes from the backbone's output, 1 from the first layer"
+            )
+
+    @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> FineTune:
-        projector = projector_layers(cfg, backbone.feature_dim)
+        projector = projector_layers(cfg, cls.options_of(cfg).finetune_from_projector_layer, backbone.feature_dim)
         width = cfg.model.projector_hidden if len(projector) else backbone.feature_dim
         return cls(backbone, build_head(cfg, width, num_classes), projector)
 
@@ -114,7 +139,7 @@ class FineTune(Method):
 
     def logits(self, images: torch.Tensor) -> torch.Tensor:
         """Class scores of preprocessed images, (B, num_classes)."""
-        return self.loss.logits(self.projector(self.backbone(images)))
+        return self.head.logits(self.projector(self.backbone(images)))
 
     def forward(self, view: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        return self.loss(self.projector(self.encode(view)), labels)
+        return self.head(self.projector(self.encode(view)), labels)

@@ -14,6 +14,8 @@ online encoder after every optimizer step. The MoCo v3 loss is :mod:`sslkit.loss
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,7 +24,7 @@ from sslkit import distributed, losses
 from sslkit.errors import UserError
 from sslkit.losses._common import upcast
 from sslkit.losses.mocov3 import MoCoV3Loss
-from sslkit.methods.momentum import MomentumMethod, check_momentum_options
+from sslkit.methods.momentum import MomentumMethod, MomentumOptions, check_momentum_options
 from sslkit.methods.queue import KeyQueue
 from sslkit.models import build_mlp
 
@@ -118,6 +120,27 @@ def _mlp_without_batch_norm(in_dim: int, hidden_dim: int, out_dim: int, num_laye
 # --------------------------------------------------------------------------- MoCo v2
 
 
+@dataclasses.dataclass
+class MoCoOptions(MomentumOptions):
+    """MoCo v2's options.
+
+    Attributes:
+        momentum: The momentum encoder's EMA momentum at the start; it follows a cosine from ``momentum`` to
+            ``momentum_final`` over training.
+        momentum_final: The EMA momentum at the end; set it equal to ``momentum`` for a constant one (MoCo v2:
+            0.999).
+        queue_size: Keys kept as negatives (MoCo v2: 65536).
+        symmetric: The loss on (q1, k2) and (q2, k1), averaged; false: on (q1, k2) only (the MoCo CIFAR colab:
+            kNN 85.3 symmetric vs 82.6 asymmetric).
+        bn_splits: BatchNorm statistics over this many sub-batches, keys shuffled between them (ShuffleBN in one
+            process); 1: BatchNorm over the whole batch.
+    """
+
+    queue_size: int = 65536
+    symmetric: bool = True
+    bn_splits: int = 8
+
+
 class MoCo(MomentumMethod):
     """MoCo v2 [1]: InfoNCE of queries against their keys and a queue of past keys.
 
@@ -144,7 +167,7 @@ class MoCo(MomentumMethod):
     """
 
     loss_names = ("ntxent", "infonce")  # InfoNCE against the queue
-    options = (*MomentumMethod.options, "queue_size", "symmetric", "bn_splits")
+    Options = MoCoOptions
 
     def __init__(
         self,
@@ -169,25 +192,31 @@ class MoCo(MomentumMethod):
         self.symmetric, self.bn_splits = symmetric, bn_splits
 
     @classmethod
-    def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> MoCo:
-        m, model = cfg.method, cfg.model
-        check_momentum_options(cfg)
+    def check_config(cls, cfg, source: str = "recipe") -> None:
+        m = cls.options_of(cfg)
+        check_momentum_options(m, source)
         if m.queue_size < 1:
-            raise UserError(f"method.queue_size must be >= 1, got {m.queue_size} (MoCo v2: 65536)")
+            raise UserError(f"{source}: method.queue_size must be >= 1, got {m.queue_size} (MoCo v2: 65536)")
+        if cfg.model.sync_batchnorm and m.bn_splits > 1:
+            raise UserError(
+                f"{source}: model.sync_batchnorm normalises over every process's batch, method.bn_splits "
+                f"{m.bn_splits} over parts of one process's batch: set method.bn_splits=1 with "
+                f"model.sync_batchnorm=true"
+            )
+
+    @classmethod
+    def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> MoCo:
+        m, model = cls.options_of(cfg), cfg.model
         local_batch = cfg.train.batch_size // distributed.world_size()
         per_pass = 2 * local_batch if m.symmetric else local_batch
         if m.bn_splits < 1 or per_pass % m.bn_splits:
             # The MoCo CIFAR demo's 8 when it divides; else the largest divisor below it (1 always does).
+            # Checked here, not when the recipe loads: the batch per process needs the process count.
             fits = max(d for d in range(1, 9) if per_pass % d == 0)
             raise UserError(
                 f"method.bn_splits {m.bn_splits} must be >= 1 and divide the {per_pass} images each process "
                 f"encodes per pass (train.batch_size per process{', both views' if m.symmetric else ''}); "
                 f"try method.bn_splits={fits}" + (" or 1" if fits > 1 else "")
-            )
-        if model.sync_batchnorm and m.bn_splits > 1:
-            raise UserError(
-                f"model.sync_batchnorm normalises over every process's batch, method.bn_splits {m.bn_splits} over "
-                f"parts of one process's batch: set method.bn_splits=1 with model.sync_batchnorm=true"
             )
         projector = _mlp_without_batch_norm(
             backbone.feature_dim, model.projector_hidden, model.projector_out, model.projector_layers
@@ -206,7 +235,7 @@ class MoCo(MomentumMethod):
     @classmethod
     def notes(cls, cfg, num_samples: int) -> list[str]:
         """A queue longer than one epoch's keys holds older keys of each query's own image, as its negatives."""
-        m = cfg.method
+        m = cls.options_of(cfg)
         keys_per_epoch = num_samples * (2 if m.symmetric else 1)  # symmetric: both views' keys are enqueued
         if m.queue_size < keys_per_epoch:
             return []
@@ -242,6 +271,23 @@ class MoCo(MomentumMethod):
 # --------------------------------------------------------------------------- MoCo v3
 
 
+@dataclasses.dataclass
+class MoCoV3Options(MomentumOptions):
+    """MoCo v3's options.
+
+    Attributes:
+        momentum: The momentum encoder's EMA momentum at the start; it follows a cosine from ``momentum`` to
+            ``momentum_final`` over training.
+        momentum_final: The EMA momentum at the end; set it equal to ``momentum`` for a constant one.
+        predictor_hidden: Hidden width of the 2-layer predictor.
+        predictor_last_batch_norm: An affine-free BatchNorm after the predictor's last layer, as MoCo v3's ViT
+            code has it (its ResNet code has none).
+    """
+
+    predictor_hidden: int = 4096
+    predictor_last_batch_norm: bool = False
+
+
 class MoCoV3(MomentumMethod):
     """MoCo v3 [2]: ``ctr(q1, k2) + ctr(q2, k1)`` with a predictor on the query side and no queue.
 
@@ -267,7 +313,7 @@ class MoCoV3(MomentumMethod):
     # ntxent or infonce, MoCo v3's InfoNCE: of those only the temperature is read.
     loss_names = ("mocov3", "ntxent", "infonce")
     min_batch_size = 2  # one image has no other key: its softmax is over the positive alone, loss 0
-    options = (*MomentumMethod.options, "predictor_hidden", "predictor_last_batch_norm")
+    Options = MoCoV3Options
 
     def __init__(
         self,
@@ -284,13 +330,19 @@ class MoCoV3(MomentumMethod):
         self.loss = loss if loss is not None else MoCoV3Loss()
 
     @classmethod
+    def check_config(cls, cfg, source: str = "recipe") -> None:
+        m = cls.options_of(cfg)
+        check_momentum_options(m, source)
+        if m.predictor_hidden < 1:
+            raise UserError(
+                f"{source}: method.predictor_hidden must be >= 1, got {m.predictor_hidden} (MoCo v3: 4096)"
+            )
+
+    @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> MoCoV3:
         # Multi-process note: without model.sync_batchnorm each process normalises its own keys;
         # keys gathered from other processes then carry other statistics than the positive.
-        m, model = cfg.method, cfg.model
-        check_momentum_options(cfg)
-        if m.predictor_hidden < 1:
-            raise UserError(f"method.predictor_hidden must be >= 1, got {m.predictor_hidden} (MoCo v3: 4096)")
+        m, model = cls.options_of(cfg), cfg.model
         loss = losses.build(cfg.loss.name, **cfg.loss.kwargs)
         if not isinstance(loss, MoCoV3Loss):
             loss = MoCoV3Loss(loss.temperature)

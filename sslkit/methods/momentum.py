@@ -11,6 +11,7 @@ References:
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 from torch import nn
@@ -60,13 +61,27 @@ def update_momentum(online: nn.Module, target: nn.Module, m: float) -> None:
         torch._foreach_copy_(target_buffers, online_buffers)
 
 
-def check_momentum_options(cfg) -> None:
+@dataclasses.dataclass
+class MomentumOptions:
+    """The momentum encoder's options (MoCo v2 and v3).
+
+    Attributes:
+        momentum: The momentum encoder's EMA momentum at the start; it follows a cosine from ``momentum`` to
+            ``momentum_final`` over training.
+        momentum_final: The EMA momentum at the end; set it equal to ``momentum`` for a constant one (MoCo v2:
+            0.999).
+    """
+
+    momentum: float = 0.99
+    momentum_final: float = 1.0
+
+
+def check_momentum_options(options: MomentumOptions, source: str = "recipe") -> None:
     """One line unless ``0 <= method.momentum <= method.momentum_final <= 1``."""
-    m = cfg.method
-    if not 0.0 <= m.momentum <= m.momentum_final <= 1.0:
+    if not 0.0 <= options.momentum <= options.momentum_final <= 1.0:
         raise UserError(
-            f"method.momentum {m.momentum} and method.momentum_final {m.momentum_final} must satisfy "
-            f"0 <= momentum <= momentum_final <= 1 (MoCo: 0.99 -> 1.0)"
+            f"{source}: method.momentum {options.momentum} and method.momentum_final {options.momentum_final} must "
+            f"satisfy 0 <= momentum <= momentum_final <= 1 (MoCo: 0.99 -> 1.0)"
         )
 
 
@@ -82,7 +97,7 @@ class MomentumMethod(Method):
     A subclass sets ``backbone`` and ``projector``, then calls :meth:`copy_momentum_encoder`.
     """
 
-    options = ("momentum", "momentum_final")
+    Options = MomentumOptions
 
     def copy_momentum_encoder(self, momentum: float, momentum_final: float) -> None:
         """Freeze copies of ``backbone`` and ``projector`` as they are now, the start of the key encoder."""

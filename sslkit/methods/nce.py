@@ -6,6 +6,8 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,6 +16,17 @@ from sslkit import distributed, losses
 from sslkit.errors import UserError
 from sslkit.methods.base import Method
 from sslkit.models import build_mlp
+
+
+@dataclasses.dataclass
+class NCEOptions:
+    """NPID's options.
+
+    Attributes:
+        num_negatives: Noise samples drawn from the memory bank per step (NPID: 4096).
+    """
+
+    num_negatives: int = 4096
 
 
 class MemoryBankNCE(Method):
@@ -45,7 +58,7 @@ class MemoryBankNCE(Method):
 
     needs_indices = True
     loss_names = ("nce",)
-    options = ("num_negatives",)
+    Options = NCEOptions
     # Equal on every process (same seed, same gathered updates): DDP need not re-send it each step.
     replicated_buffers = ("bank",)
 
@@ -70,22 +83,25 @@ class MemoryBankNCE(Method):
         self.register_buffer("bank", F.normalize(start, dim=1))  # (num_samples, D)
 
     @classmethod
+    def check_config(cls, cfg, source: str = "recipe") -> None:
+        if "bank_size" in cfg.loss.kwargs:
+            raise UserError(
+                f"{source}: loss.bank_size is set by method 'nce' to the training set's size; "
+                f"remove it from the recipe"
+            )
+        if (negatives := cls.options_of(cfg).num_negatives) < 1:
+            raise UserError(f"{source}: method.num_negatives must be >= 1, got {negatives} (NPID: 4096)")
+
+    @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> MemoryBankNCE:
         if num_samples is None:
             raise UserError(
                 "method 'nce' needs the training set's size for its memory bank, and this trainer does not pass it"
             )
-        if "bank_size" in cfg.loss.kwargs:
-            raise UserError(
-                f"loss.bank_size is set by method 'nce' to the training set's size ({num_samples}); "
-                f"remove it from the recipe"
-            )
-        if cfg.method.num_negatives < 1:
-            raise UserError(f"method.num_negatives must be >= 1, got {cfg.method.num_negatives} (NPID: 4096)")
         m = cfg.model
         projector = build_mlp(backbone.feature_dim, m.projector_hidden, m.projector_out, m.projector_layers)
         loss = losses.build("nce", **cfg.loss.kwargs, bank_size=num_samples)
-        return cls(backbone, projector, loss, num_samples, cfg.method.num_negatives)
+        return cls(backbone, projector, loss, num_samples, cls.options_of(cfg).num_negatives)
 
     def forward(
         self,

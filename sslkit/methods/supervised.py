@@ -30,7 +30,7 @@ class Supervised(Method):
 
     def __init__(self, backbone: nn.Module, neck: nn.Module, head: nn.Module) -> None:
         super().__init__()
-        self.backbone, self.neck, self.loss = backbone, neck, head
+        self.backbone, self.neck, self.head = backbone, neck, head
 
     @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> Supervised:
@@ -40,13 +40,13 @@ class Supervised(Method):
 
     def logits(self, images: torch.Tensor) -> torch.Tensor:
         """The head's class scores of preprocessed images (no margin), (B, num_classes)."""
-        return self.loss.logits(self.neck(self.backbone(images)))
+        return self.head.logits(self.neck(self.backbone(images)))
 
     def after_optimizer_step(self, step: int, total_steps: int) -> None:
         # Heads annealed by the step (SphereFace's lambda) follow the trainer's step.
-        if hasattr(self.loss, "set_step"):
-            self.loss.set_step(step + 1)
+        if hasattr(self.head, "set_step"):
+            self.head.set_step(step + 1)
 
     def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         embeddings = self.neck(self.encode(torch.cat([view1, view2])))  # the head's space, (2B, D)
-        return self.loss(embeddings, torch.cat([labels, labels]))
+        return self.head(embeddings, torch.cat([labels, labels]))
