@@ -155,3 +155,18 @@ def broadcast_buffers(model: torch.nn.Module) -> None:
     for name, buffer in model.named_buffers():
         if name not in skip:
             dist.broadcast(buffer, src=0)
+
+
+def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+    """``op`` (a sum by default) of ``tensor`` over processes, returned on ``tensor``'s device; ``tensor``
+    itself without a process group. The input is left unchanged.
+
+    NCCL reduces CUDA tensors only, and evaluation keeps its features (and so its sums) on the CPU:
+    under NCCL the reduction goes through the current CUDA device and comes back.
+    """
+    if not is_distributed():
+        return tensor
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else tensor.device
+    reduced = tensor.to(device, copy=True)
+    dist.all_reduce(reduced, op=op)
+    return reduced.to(tensor.device)

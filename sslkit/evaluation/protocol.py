@@ -5,7 +5,7 @@ and measures any backbone on them:
 
 - ``knn(backbone)``: weighted kNN top-1 on frozen features, the per-epoch monitor;
 - ``evaluate(backbone)``: kNN, the linear probe (``eval.linear_epochs`` > 0) and, with held-out
-  classes, retrieval among them (Recall@K, MAP@R, NMI, prefixed ``unseen_``);
+  classes, retrieval among them (Recall@K, R-Precision, MAP@R, NMI, prefixed ``unseen_``);
 - ``raw_pixels()``: the same kNN and probe on flattened pixels, the floor an encoder has to beat;
 - ``classifier_top1(method)``: the test top-1 of a method's own classifier (fine-tuning, the heads).
 

@@ -1,16 +1,36 @@
-"""Retrieval metrics for metric learning: Recall@K, MAP@R and NMI on cached features.
+"""Retrieval metrics for metric learning: Recall@K, R-Precision, MAP@R and NMI on cached features.
 
 References:
     [0] Song et al. 2016, "Deep Metric Learning via Lifted Structured Feature Embedding",
         https://arxiv.org/abs/1511.06452 (the CUB-200 / Cars-196 protocol, Recall@K and NMI)
     [1] Musgrave et al. 2020, "A Metric Learning Reality Check", https://arxiv.org/abs/2003.08505
-        (section 3.2, MAP@R)
+        (section 3.2, R-Precision and MAP@R)
 
-Similarities are cosine, computed one chunk of queries at a time, so only a
-(chunk_size, gallery) block is ever in memory. The nearest-neighbour part is hand-written
-(one matrix product and one ``topk`` per chunk) because it runs on the features' device and
-needs no extra dependency; pytorch-metric-learning's ``AccuracyCalculator`` is the test
-oracle. NMI uses scikit-learn's KMeans and ``normalized_mutual_info_score``.
+Bounded memory. Similarities are cosine, computed for one chunk of queries at a time against
+every reference, so the largest tensor is one (chunk_size, G) block and never the (N, G) matrix
+(60,000 x 60,000 float32 would be 14 GB). Each chunk needs one matrix product and one ``topk``
+to the depth the metrics look at: the largest K, or the largest R of the chunk for MAP@R
+(``tools/bench/retrieval.py`` measures time and memory against the full matrix). The
+nearest-neighbour part is hand-written because it runs on the features' device and needs no
+extra dependency; pytorch-metric-learning's ``AccuracyCalculator`` is the test oracle.
+
+Order of neighbours. Most similar first; exact ties by the reference's index, lowest first.
+That is the order of faiss' exact index (its heaps compare (distance, id) pairs), which is
+pytorch-metric-learning's default kNN; ``torch.topk`` alone leaves the order of equal values
+unspecified, and fixing it makes the results independent of the chunk size and of the number
+of processes. When the queries are the references (leave-one-out, pytorch-metric-learning's
+``ref_includes_query``), a query is removed from its own ranking; an exact duplicate of it
+is not.
+
+Several processes. Every process passes the same, complete features (what
+:func:`~sslkit.evaluation.features.extract_features` returns); each scores its own contiguous
+share of the queries against all the references, and the per-query sums are added over
+processes, so every process returns the same metrics as one process would. NMI's k-means runs
+on the first process only and its result is shared.
+
+NMI uses scikit-learn's ``KMeans`` and ``normalized_mutual_info_score``. pytorch-metric-learning
+clusters with faiss' k-means instead: a different clustering of the same features, so the two
+NMIs agree only up to k-means' own variation (given the same cluster assignment, they are equal).
 """
 
 from __future__ import annotations
@@ -18,8 +38,10 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
+from sslkit import distributed
 from sslkit.evaluation._checks import check_class_ids, check_features
 
 # KMeans restarts for NMI: one k-means++ start makes NMI swing by a few points between
@@ -51,6 +73,88 @@ def _check_retrieval_args(query_features, query_labels, gallery_features, galler
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 
 
+def _check_same_labels_everywhere(query_labels: torch.Tensor, gallery_labels: torch.Tensor) -> None:
+    """Raise ``ValueError`` on every process unless all of them hold the same numbers of samples and labels.
+
+    A cheap fingerprint (two sizes, two label sums), not a full comparison: it catches the likely
+    mistake, features of this process's shard only, which would otherwise score each share of
+    the queries against another set of references and return a plausible number.
+    """
+    fingerprint = torch.tensor(
+        [len(query_labels), len(gallery_labels), int(query_labels.sum()), int(gallery_labels.sum())]
+    )
+    largest = distributed.all_reduce(fingerprint, op=dist.ReduceOp.MAX)
+    smallest = distributed.all_reduce(fingerprint, op=dist.ReduceOp.MIN)
+    if not torch.equal(largest, smallest):
+        raise ValueError(
+            f"query_features differ between processes ({int(smallest[0])} to {int(largest[0])} queries, or other "
+            f"labels): every process must pass the same, complete features, as extract_features returns them"
+        )
+
+
+def _order_key(values: torch.Tensor, indices: torch.Tensor, num_columns: int) -> torch.Tensor:
+    """One int64 per entry that sorts as (value, then lower index first) does: ties broken in one sort.
+
+    The high 32 bits are the float32 value's bits made monotonic (a negative float's bits count
+    down as it grows: flip them), the low 32 bits the index counted backwards.
+
+    Shape:
+        values: (c, k) float32; indices: (c, k) int64 column of each value; returns: (c, k) int64
+    """
+    bits = (values + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into 0.0, which compares equal to it
+    monotonic = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (monotonic.long() << 32) | (num_columns - 1 - indices)
+
+
+def _nearest(similarity: torch.Tensor, depth: int) -> torch.Tensor:
+    """Column indices of each row's ``depth`` largest values: largest first, equal values by lowest index.
+
+    Shape:
+        similarity: (c, G) float32; returns: (c, depth) int64
+    """
+    num_columns = similarity.shape[1]
+    take = min(depth + 1, num_columns)  # one more than needed: it tells whether a tie crosses the cut
+    values, indices = similarity.topk(take, dim=1, sorted=False)  # (c, take), equal values in no set order
+    key = _order_key(values, indices, num_columns).sort(dim=1, descending=True).values  # (c, take)
+    if take > depth:
+        # Where the next value equals the last one kept, topk may have left out an equal value of lower
+        # index: those rows (rare, exact ties) are ranked again over all their columns.
+        spills = (key[:, depth - 1] >> 32) == (key[:, depth] >> 32)  # (c,)
+        if spills.any():
+            columns = torch.arange(num_columns, device=similarity.device).expand(int(spills.sum()), -1)
+            key[spills, :depth] = _order_key(similarity[spills], columns, num_columns).topk(depth, dim=1).values
+    return num_columns - 1 - (key[:, :depth] & 0xFFFFFFFF)
+
+
+def _chunk_sums(
+    similarity: torch.Tensor,
+    query_class: torch.Tensor,
+    relevant: torch.Tensor,
+    gallery_class: torch.Tensor,
+    ks: list[int],
+) -> torch.Tensor:
+    """Recall@K hits, R-Precision, AP@R and the count of scored queries, summed over a chunk of queries.
+
+    Only queries with ``R >= 1`` count (see :func:`retrieval_metrics`).
+
+    Shape:
+        similarity: (c, G), -inf where a query meets itself; query_class: (c,);
+        relevant: (c,) the R of each query; gallery_class: (G,)
+        returns: (len(ks) + 3,) float64
+    """
+    retrievable = int(torch.isfinite(similarity[0]).sum())  # the gallery, less the query itself in leave-one-out
+    depth = min(max(max(ks), int(relevant.max())), retrievable)
+    is_relevant = gallery_class[_nearest(similarity, depth)] == query_class[:, None]  # (c, depth)
+
+    rank = torch.arange(1, depth + 1, device=similarity.device)  # (depth,)
+    counted = is_relevant & (rank <= relevant[:, None])  # rel(i) for i <= R
+    r = relevant.clamp_min(1).double()  # (c,)
+    precision = counted.cumsum(dim=1, dtype=torch.float64) / rank  # (c, depth): P(i)
+    per_query = [is_relevant[:, :k].any(dim=1).double() for k in ks]
+    per_query += [counted.sum(dim=1) / r, (precision * counted).sum(dim=1) / r, torch.ones_like(r)]
+    return torch.stack(per_query, dim=1)[relevant > 0].sum(dim=0)  # (len(ks) + 3,)
+
+
 @torch.no_grad()
 def retrieval_metrics(
     query_features: torch.Tensor,
@@ -60,16 +164,18 @@ def retrieval_metrics(
     ks: Sequence[int] = (1, 2, 4, 8),
     chunk_size: int = 1024,
     seed: int = 0,
+    nmi: bool = True,
 ) -> dict[str, float]:
-    """Recall@K, MAP@R and NMI of cosine retrieval.
+    """Recall@K, R-Precision, MAP@R and NMI of cosine retrieval, in bounded memory and any number of processes.
 
     Without a gallery, each query retrieves among all the other queries (leave-one-out: the
     CUB-200 / Cars-196 protocol of [0]). For a query with ``R`` relevant gallery samples
     (same label; itself excluded) and ``rel(i)`` = 1 when its i-th nearest neighbour is
-    relevant:
+    relevant (the order is in the module docstring):
 
     - ``recall@K``: 1 if ``rel(i) = 1`` for some ``i <= K`` (K beyond the gallery means
-      the whole gallery), else 0 [0];
+      the whole gallery), else 0 [0]; pytorch-metric-learning's ``precision_at_1`` is ``recall@1``;
+    - ``r_precision``: ``1/R sum_{i=1}^{R} rel(i)`` ([1], section 3.2);
     - ``map@r``: ``1/R sum_{i=1}^{R} P(i) rel(i)`` with ``P(i)`` the precision among the
       first i neighbours ([1], section 3.2);
 
@@ -79,22 +185,28 @@ def retrieval_metrics(
     clustering of the L2-normalised query features into as many clusters as there are
     labels (``KMEANS_RESTARTS`` starts, ``random_state=seed``) [0].
 
+    Memory: one (chunk_size, G) similarity block and its top R, never the (N, G) matrix.
+    Under a process group every process must call it, with the same features, as with any
+    collective: each scores its share of the queries (module docstring).
+
     Args:
         query_features, query_labels: the samples that query (and, without a gallery, the
-            samples retrieved).
+            samples retrieved); the same on every process.
         gallery_features, gallery_labels: a separate set to retrieve from, or None.
         ks: the K of each Recall@K.
         chunk_size: queries per similarity block.
         seed: KMeans' random state.
+        nmi: False leaves NMI out, and with it k-means, most of the time on a large set of queries.
 
     Shape:
         query_features: (N, D); query_labels: (N,) integer
         gallery_features: (G, D); gallery_labels: (G,) integer
-        returns: ``{"recall@1": ..., "recall@K": ..., "map@r": ..., "nmi": ...}``, floats in [0, 1].
+        returns: ``{"recall@1": ..., "recall@K": ..., "r_precision": ..., "map@r": ..., "nmi": ...}``,
+        floats in [0, 1] (no ``"nmi"`` with ``nmi=False``).
 
     >>> z = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
     >>> retrieval_metrics(z, torch.tensor([0, 0, 1, 1]), ks=(1,))
-    {'recall@1': 1.0, 'map@r': 1.0, 'nmi': 1.0}
+    {'recall@1': 1.0, 'r_precision': 1.0, 'map@r': 1.0, 'nmi': 1.0}
     """
     _check_retrieval_args(query_features, query_labels, gallery_features, gallery_labels, ks, chunk_size)
     leave_one_out = gallery_features is None
@@ -106,47 +218,51 @@ def retrieval_metrics(
         gallery = F.normalize(gallery_features.to(device).float(), dim=1)  # (G, D)
     query_labels = query_labels.to(device=device, dtype=torch.long)
     gallery_labels = gallery_labels.to(device=device, dtype=torch.long)
+    if distributed.is_distributed():
+        _check_same_labels_everywhere(query_labels, gallery_labels)
 
     # R per query: gallery samples of its class, itself not counted in leave-one-out.
     all_labels, inverse = torch.unique(torch.cat([query_labels, gallery_labels]), return_inverse=True)
     query_class, gallery_class = inverse[: len(query_labels)], inverse[len(query_labels) :]
-    class_sizes = torch.bincount(gallery_class, minlength=len(all_labels))
-    relevant = class_sizes[query_class] - int(leave_one_out)  # (N,)
-    scored = relevant > 0  # queries with something to find
-    retrievable = gallery.shape[0] - int(leave_one_out)
+    relevant = torch.bincount(gallery_class, minlength=len(all_labels))[query_class] - int(leave_one_out)  # (N,)
     ks = [int(k) for k in ks]
-    depth_for_recall = min(max(ks), retrievable)
 
-    hits = torch.zeros(len(ks), dtype=torch.float64, device=device)
-    average_precision_sum = torch.zeros((), dtype=torch.float64, device=device)
-    for start in range(0, queries.shape[0], chunk_size):
-        stop = min(start + chunk_size, queries.shape[0])
+    # This process's share of the queries, contiguous so that a query's own column is start + row.
+    share = torch.arange(len(queries)).tensor_split(distributed.world_size())[distributed.rank()]
+    first, last = (int(share[0]), int(share[-1]) + 1) if len(share) else (0, 0)
+    sums = torch.zeros(len(ks) + 4, dtype=torch.float64, device=device)  # hits per K, R-Prec, AP, scored, NMI
+    for start in range(first, last, chunk_size):
+        stop = min(start + chunk_size, last)
         similarity = queries[start:stop] @ gallery.T  # (c, G)
         if leave_one_out:
             rows = torch.arange(stop - start, device=device)
             similarity[rows, rows + start] = float("-inf")  # a query never retrieves itself
-        chunk_relevant = relevant[start:stop]  # (c,)
-        chunk_scored = scored[start:stop]
-        depth = max(depth_for_recall, int(chunk_relevant.max()))
-        neighbours = similarity.topk(depth, dim=1).indices  # (c, depth), nearest first
-        is_relevant = gallery_class[neighbours] == query_class[start:stop, None]  # (c, depth)
+        sums[:-1] += _chunk_sums(similarity, query_class[start:stop], relevant[start:stop], gallery_class, ks)
+    if nmi and distributed.rank() == 0:
+        sums[-1] = _nmi(queries, query_labels, seed)
+    sums = distributed.all_reduce(sums).tolist()
 
-        for i, k in enumerate(ks):
-            hits[i] += is_relevant[:, :k].any(dim=1)[chunk_scored].sum()
-
-        rank = torch.arange(1, depth + 1, device=device)  # (depth,)
-        counted = is_relevant & (rank[None, :] <= chunk_relevant[:, None])  # rel(i) for i <= R
-        precision = counted.cumsum(dim=1, dtype=torch.float64) / rank  # (c, depth): P(i) over the first R ranks
-        average_precision = (precision * counted).sum(dim=1) / chunk_relevant.clamp_min(1)  # (c,)
-        average_precision_sum += average_precision[chunk_scored].sum()
-
-    num_scored = int(scored.sum())
-    metrics = {}
-    for i, k in enumerate(ks):
-        metrics[f"recall@{k}"] = (hits[i] / num_scored).item() if num_scored else float("nan")
-    metrics["map@r"] = (average_precision_sum / num_scored).item() if num_scored else float("nan")
-    metrics["nmi"] = _nmi(queries, query_labels, seed)
+    num_scored = sums[-2]
+    averages = [total / num_scored if num_scored else float("nan") for total in sums[:-2]]
+    metrics = {f"recall@{k}": average for k, average in zip(ks, averages)}
+    metrics["r_precision"], metrics["map@r"] = averages[-2:]
+    if nmi:
+        metrics["nmi"] = sums[-1]
     return metrics
+
+
+def kmeans_clusters(features: torch.Tensor, num_clusters: int, seed: int) -> torch.Tensor:
+    """scikit-learn KMeans cluster of each row (``KMEANS_RESTARTS`` k-means++ starts, ``random_state=seed``).
+
+    Shape:
+        features: (N, D); returns: (N,) int64 cluster ids, on the CPU.
+    """
+    # Imported here: scikit-learn takes seconds to import, and every training process imports
+    # sslkit.evaluation for the kNN monitor, which does not need it.
+    from sklearn.cluster import KMeans
+
+    kmeans = KMeans(n_clusters=num_clusters, n_init=KMEANS_RESTARTS, random_state=seed)
+    return torch.from_numpy(kmeans.fit_predict(features.cpu().double().numpy())).long()
 
 
 def _nmi(features: torch.Tensor, labels: torch.Tensor, seed: int) -> float:
@@ -155,13 +271,8 @@ def _nmi(features: torch.Tensor, labels: torch.Tensor, seed: int) -> float:
     Shape:
         features: (N, D) L2-normalised; labels: (N,)
     """
-    # Imported here: scikit-learn takes seconds to import, and every training process imports
-    # sslkit.evaluation for the kNN monitor, which does not need it.
-    from sklearn.cluster import KMeans
     from sklearn.metrics import normalized_mutual_info_score
 
     labels = labels.cpu().numpy()
-    num_clusters = len(set(labels.tolist()))
-    kmeans = KMeans(n_clusters=num_clusters, n_init=KMEANS_RESTARTS, random_state=seed)
-    clusters = kmeans.fit_predict(features.cpu().double().numpy())
-    return float(normalized_mutual_info_score(labels, clusters))
+    clusters = kmeans_clusters(features, len(set(labels.tolist())), seed)
+    return float(normalized_mutual_info_score(labels, clusters.numpy()))
