@@ -31,7 +31,7 @@ COMMON = [*TINY, "train.epochs=2", "eval.linear_epochs=0"]
 
 def start(tmp_path: Path, name: str, *overrides: str, world: int = 1) -> list[subprocess.Popen]:
     """``world`` processes of one run, each told its rank in the environment (as srun and a batch script do)."""
-    command = [sys.executable, str(PRETRAIN), str(QUICKSTART), f"run.output_dir={tmp_path}", f"run.name={name}"]
+    command = [sys.executable, *PRETRAIN, str(QUICKSTART), f"run.output_dir={tmp_path}", f"run.name={name}"]
     command += [*COMMON, *overrides]
     ranks = [{}]
     if world > 1:
@@ -117,7 +117,7 @@ def test_a_signal_to_one_of_two_processes_stops_both_after_one_step(tmp_path):
 
 
 def test_stop_signals_are_checked_by_name_in_one_line(tmp_path, capsys):
-    from sslkit.pretrain import main
+    from sslkit.cli.pretrain import main
 
     assert main([str(QUICKSTART), f"run.output_dir={tmp_path}", "train.stop_signals=[SIGTERM,SIGNOPE]"]) == 2
     err = capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Tar shards written by ``tools/write_shards.py`` and streamed by webdataset: every sample once an
+"""Tar shards written by ``sslkit-write-shards`` and streamed by webdataset: every sample once an
 epoch in two real processes with two loader workers each, an exact mid-epoch resume, and shard
 patterns that match nothing as one line.
 
@@ -20,12 +20,11 @@ import pytest
 import torch
 from PIL import Image
 
+from sslkit.cli.write_shards import main as write_shards
 from sslkit.datasets import build_dataset, shards
 from sslkit.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-from write_shards import main as write_shards  # noqa: E402
 
 SHARDS, PER_SHARD = 8, 24
 

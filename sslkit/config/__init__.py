@@ -290,7 +290,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         _check_range(value, key, source, 1)
     # A timm model is built on the meta device here: a name, argument or image size it cannot take is one line now.
     models.check_backbone(cfg.model, cfg.augment.image_size, source)
-    # Before any data is read (tools/ablate.py checks every point of a sweep up front): the method's options,
+    # Before any data is read (sslkit-ablate checks every point of a sweep up front): the method's options,
     # its loss and its batch, checked by the method itself.
     methods.check_config(cfg, source)
     _check_range(cfg.eval.linear_epochs, "eval.linear_epochs", source, 0)

@@ -367,7 +367,7 @@ class EvalDataConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation at the end of a run and in ``sslkit/evaluate.py``, on the frozen backbone's features.
+    """Evaluation at the end of a run and in ``sslkit-evaluate``, on the frozen backbone's features.
 
     Attributes:
         knn_k: Neighbours of the weighted kNN classifier (InstDisc's; k=200 is the usual CIFAR figure).

@@ -1,7 +1,7 @@
 """Tar shards (the webdataset format) streamed across processes and loader workers, each sample once an epoch.
 
 ``data.name=webdataset data.root=PATTERN`` reads the shards the webdataset package writes
-(``tools/write_shards.py`` makes them from an image folder): tar files in which the members
+(``sslkit-write-shards`` makes them from an image folder): tar files in which the members
 ``<key>.jpg`` (or ``.png``, ``.webp``, ...) are the samples. ``PATTERN`` is a brace pattern
 (``shards/train-{000000..000015}.tar``), several joined by ``::``, or a folder of ``.tar`` files.
 The samples are unlabelled; evaluation uses ``eval.data``.
@@ -15,7 +15,7 @@ of batches, the most that the slot with the fewest samples can fill whatever the
 process takes the same number of steps (DDP needs that). The samples are read once an epoch:
 
 - all of them when the shards hold equal numbers of samples, the shard count is a multiple of ``P``
-  and each slot's share is a multiple of the batch size (``tools/write_shards.py --per-shard``);
+  and each slot's share is a multiple of the batch size (``sslkit-write-shards --per-shard``);
 - otherwise the samples past a slot's last full batch are skipped that epoch (a different set
   each epoch, since the order changes); the run's set-up line says how many.
 
@@ -260,7 +260,7 @@ def shard_stream(pattern: str | None, max_size: int | None = None) -> ShardStrea
     if not pattern:
         raise UserError(
             "webdataset needs data.root: the tar shards, e.g. data.root='shards/train-{000000..000015}.tar' "
-            "(tools/write_shards.py writes them from an image folder)"
+            "(sslkit-write-shards writes them from an image folder)"
         )
     shards = expand_shards(pattern)
     missing = [shard for shard in shards if not Path(shard).is_file()]

@@ -1,4 +1,4 @@
-"""The datasets a run trains and is evaluated on, built once for the trainer and ``evaluate.py`` alike.
+"""The datasets a run trains and is evaluated on, built once for the trainer and ``sslkit-evaluate`` alike.
 
 Four roles, all from the recipe's ``data`` section:
 

@@ -3,7 +3,7 @@
 One module per idea: :mod:`.features` runs the encoder once (every sample exactly once, across
 processes too), :mod:`.knn`, :mod:`.linear` and :mod:`.retrieval` work on the features it
 returns, and :mod:`.protocol` evaluates a run's encoder on the datasets
-:func:`sslkit.datasets.build_splits` builds, for the trainer and ``evaluate.py`` alike.
+:func:`sslkit.datasets.build_splits` builds, for the trainer and ``sslkit-evaluate`` alike.
 """
 
 from sslkit.evaluation.features import extract_features

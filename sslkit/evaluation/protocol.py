@@ -1,4 +1,4 @@
-"""How a run's encoder is evaluated, by the trainer (monitor and final rows) and by ``evaluate.py``.
+"""How a run's encoder is evaluated, by the trainer (monitor and final rows) and by ``sslkit-evaluate``.
 
 :class:`RunEvaluator` prepares the unshuffled loaders of a run's :class:`~.splits.Splits` once
 and measures any backbone on them:

@@ -8,7 +8,7 @@ DDP, shards the loader, and saves/loads state. Sections, in order:
 
 and the loop body reads augment -> forward -> check -> backward -> step -> after-step hook ->
 log -> checkpoint. The prepared pieces travel together as one :class:`Run`. Evaluation (the kNN
-monitor and the final rows) lives in :mod:`sslkit.evaluation`, shared with ``sslkit/evaluate.py``.
+monitor and the final rows) lives in :mod:`sslkit.evaluation`, shared with ``sslkit-evaluate``.
 
 Exactness of resume: the data order of epoch ``e`` is a pure function of ``(seed, e)``
 (:mod:`sslkit.datasets.samplers`), the learning rate a pure function of the step, and

@@ -4,7 +4,7 @@
 
 Both sides train the same SimCLR for the same epochs and are scored by the same evaluator:
 
-- ``sslkit``: ``sslkit/pretrain.py`` with the recipe in a subprocess, as a user runs it.
+- ``sslkit``: ``python -m sslkit.cli.pretrain`` with the recipe in a subprocess, as a user runs it.
   Images/s and data wait come from the run's ``metrics.jsonl`` (logged every step here), the
   trained backbone from its ``backbone.safetensors``.
 - ``lightly``: a plain PyTorch loop a lightly user would write. ``lightly.transforms.SimCLRTransform``
@@ -58,7 +58,7 @@ from rich.table import Table  # noqa: E402
 from sslkit.config import Config, EvalConfig, load_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-PRETRAIN = ROOT / "sslkit" / "pretrain.py"
+PRETRAIN = "sslkit.cli.pretrain"
 FASHION_RECIPE = ROOT / "recipes" / "fashion_mnist_simclr.yaml"
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 QUICKSTART_FASHION = ["data.name=fashion_mnist", "augment.image_size=28"]
@@ -179,11 +179,12 @@ def read_sslkit_metrics(metrics_path: Path, batch_size: int, batches_per_epoch: 
 def run_sslkit(
     recipe: Path, overrides: list[str], workdir: Path, batches_per_epoch: int, batch_size: int, timeout: float
 ) -> dict:
-    """``sslkit/pretrain.py`` in a subprocess; images/s from its metrics, the backbone from its run directory."""
+    """``python -m sslkit.cli.pretrain`` in a subprocess; images/s from its metrics, the backbone from its run
+    directory."""
     run_overrides = [*overrides, *SSLKIT_RUN_OVERRIDES, f"run.output_dir={workdir}", "run.name=race-sslkit"]
     if "compare_raw_pixels" in {f.name for f in dataclasses.fields(EvalConfig)}:
         run_overrides.append("eval.compare_raw_pixels=false")
-    command = [sys.executable, str(PRETRAIN), str(recipe), *run_overrides]
+    command = [sys.executable, "-m", PRETRAIN, str(recipe), *run_overrides]
     shutil.rmtree(workdir / "race-sslkit", ignore_errors=True)  # the race's own scratch run: a rerun starts over
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
@@ -191,7 +192,7 @@ def run_sslkit(
     wall = time.perf_counter() - start
     if process.returncode != 0:
         tail = (process.stderr.strip() or process.stdout.strip()).splitlines()[-5:]
-        raise RuntimeError(f"sslkit/pretrain.py exited with {process.returncode}: {' | '.join(tail)}")
+        raise RuntimeError(f"sslkit-pretrain exited with {process.returncode}: {' | '.join(tail)}")
     run_dir = workdir / "race-sslkit"
     figures = read_sslkit_metrics(run_dir / "metrics.jsonl", batch_size, batches_per_epoch)
     results = json.loads((run_dir / "results.json").read_text())["results"]["trained"]
@@ -445,7 +446,7 @@ def render(result: dict, console: Console) -> None:
         table.add_column(column, justify="left" if not column else "right")
     s, lt = result["sslkit"], result["lightly"]
     table.add_row(
-        "sslkit (sslkit/pretrain.py)",
+        "sslkit (sslkit-pretrain)",
         f"{s['images_per_s']:.0f}",
         f"{100 * s['data_wait_share']:.1f}%",
         f"{1e3 * s['data_wait_max_s']:.1f}",
@@ -548,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sslkit-race-") as temporary:
         workdir = args.workdir or Path(temporary)
         workdir.mkdir(parents=True, exist_ok=True)
-        console.print(f"sslkit: sslkit/pretrain.py {recipe.name} {' '.join(overrides)} ({cfg.train.epochs} epoch(s))")
+        console.print(f"sslkit: sslkit-pretrain {recipe.name} {' '.join(overrides)} ({cfg.train.epochs} epoch(s))")
         sslkit = run_sslkit(
             recipe.resolve(), overrides, workdir.resolve(), batches_per_epoch, cfg.train.batch_size, args.timeout
         )
