@@ -23,9 +23,9 @@ from sslkit.augment import (
     kernel_size_for,
     resized_crop,
 )
-from sslkit.batches import ImageBatch
 from sslkit.cli import show_augmentations
 from sslkit.config import AugmentConfig
+from sslkit.datasets.batches import ImageBatch
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -103,8 +103,8 @@ def test_two_machines_with_one_rank_is_one_line(tmp_path):
 
 def test_a_process_count_that_does_not_divide_the_global_batch_is_one_line():
     from sslkit.config import load_config
+    from sslkit.datasets import build_splits
     from sslkit.errors import UserError
-    from sslkit.evaluation import build_splits
     from sslkit.loop.build import check_training_set
 
     cfg = load_config("quickstart", ["train.batch_size=64"])

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sslkit import data, models
+from sslkit import datasets, models
 from sslkit.augment import EvalTransform
 from sslkit.config import load_config
 from sslkit.methods import METHODS, build_method
@@ -53,7 +53,7 @@ def hand_top1(run_dir: Path) -> tuple[float, int]:
     and how many of the 360 test images are near-ties (top-2 logits within 1e-4), whose argmax may
     differ between batch compositions in the last float bits."""
     cfg = load_config(run_dir / "config.yaml")
-    test = data.build_dataset("digits", "test")
+    test = datasets.build_dataset("digits", "test")
     info = test.info
     backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, info.channels)
     method = build_method(cfg, backbone, info.num_classes)
@@ -106,7 +106,7 @@ def test_resume_and_evaluate_read_the_saved_subset_back(pretrained, tmp_path):
     saved = json.loads(saved_file.read_text())
     # Another valid subset of the same spec (the last 14 images of each class): a resumed run and
     # evaluate.py must use the file, not a fresh draw.
-    labels = data.build_dataset("digits", "train").labels
+    labels = datasets.build_dataset("digits", "train").labels
     edited = sorted(i for c in range(10) for i in (labels == c).nonzero().flatten()[-14:].tolist())
     assert edited != saved["indices"]
     saved_file.write_text(json.dumps({**saved, "indices": edited}))

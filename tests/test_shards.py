@@ -20,9 +20,8 @@ import pytest
 import torch
 from PIL import Image
 
-from sslkit import shards
 from sslkit.cli.write_shards import main as write_shards
-from sslkit.data import build_dataset
+from sslkit.datasets import build_dataset, shards
 from sslkit.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,8 +96,8 @@ from sslkit.launch import relaunch_cpu_processes
 if (code := relaunch_cpu_processes()) is not None:  # accelerate's --cpu launcher alone starts one process
     sys.exit(code)
 from accelerate import Accelerator
-from sslkit import shards
-from sslkit.data import build_dataset
+from sslkit.datasets import shards
+from sslkit.datasets import build_dataset
 sys.path.insert(0, {tests!r})
 from test_shards import indices_of
 state = Accelerator()  # as the trainer does, before the loader is built

@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     from sslkit.augment import EvalTransform
     from sslkit.config import load_config
     from sslkit.console import console, results_table
-    from sslkit.evaluation import RunEvaluator, build_splits
+    from sslkit.datasets import build_splits
+    from sslkit.evaluation import RunEvaluator
 
     try:
         target = Path(args.target)

@@ -9,7 +9,7 @@
 
 RECIPE is a self-supervised pretraining recipe. It is pretrained once (or ``--pretrained RUN_DIR``
 names a finished run to start from), then, for every label fraction f and seed s, the same
-labelled images (``data.label_fraction=f data.label_seed=s``, chosen by :mod:`sslkit.label_subset`)
+labelled images (``data.label_fraction=f data.label_seed=s``, chosen by :mod:`sslkit.datasets.label_subset`)
 go down every road:
 
 - ``linear``, ``knn``: the frozen pretrained encoder, evaluated with f of the labels

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.images < 1 or args.views < 1:
             raise UserError(f"--images and --views must be >= 1, got --images {args.images} --views {args.views}")
         cfg = load_config(args.recipe, args.overrides)
-        from sslkit.data import build_dataset
+        from sslkit.datasets import build_dataset
 
         d = cfg.data
         dataset = build_dataset(d.name, "train", d.root, d.download, d.image_size, d.max_size)

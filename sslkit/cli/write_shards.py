@@ -12,7 +12,7 @@ hold ``--per-shard`` images each (the last one the rest) and are written by webd
 
 For every sample to be read once an epoch, make the number of shards a multiple of
 processes x ``data.num_workers`` and ``--per-shard`` a multiple of the per-process batch size
-(see ``sslkit/shards.py``). The command prints the brace pattern of what it wrote.
+(see ``sslkit/datasets/shards.py``). The command prints the brace pattern of what it wrote.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sslkit.errors import UserError
 
 def write_shards(folder: Path, pattern: str, per_shard: int) -> list[str]:
     """Write the images under ``folder`` into shards named by ``pattern`` (``%06d`` numbers them); returns them."""
-    from sslkit import folders, shards
+    from sslkit.datasets import folders, shards
 
     wds = shards._webdataset()
     if "%" not in pattern:

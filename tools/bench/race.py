@@ -370,12 +370,12 @@ def train_lightly(cfg: Config, train_set, num_workers: int, max_steps: int | Non
 
 def knn_of(backbone: torch.nn.Module, cfg: Config, train_set, test_set) -> float:
     """kNN top-1 of frozen ``backbone`` features, exactly as sslkit's trainer evaluates (EvalTransform, k, T)."""
-    from sslkit import data, evaluation
+    from sslkit import datasets, evaluation
     from sslkit.augment import EvalTransform
 
     info = train_set.info
     preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize)
-    loader = lambda ds: data.build_loader(ds, cfg.eval.batch_size, shuffle=False, drop_last=False)  # noqa: E731
+    loader = lambda ds: datasets.build_loader(ds, cfg.eval.batch_size, shuffle=False, drop_last=False)  # noqa: E731
     train_x, train_y = evaluation.extract_features(backbone, loader(train_set), preprocess)
     test_x, test_y = evaluation.extract_features(backbone, loader(test_set), preprocess)
     return evaluation.knn_accuracy(
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
 
-    from sslkit import data
+    from sslkit import datasets
     from sslkit.console import print_user_error
     from sslkit.errors import UserError
 
@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(recipe, overrides)
         if cfg.data.name == "fashion_mnist":
             try:
-                data.build_dataset("fashion_mnist", "test", cfg.data.root)
+                datasets.build_dataset("fashion_mnist", "test", cfg.data.root)
             except UserError:
                 note = "Fashion-MNIST files not found: raced on scikit-learn's digits (8x8, crops 16x16) instead"
                 overrides = [o for o in overrides if o not in QUICKSTART_FASHION] + [
@@ -538,8 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 cfg = load_config(recipe, overrides)
         check_raceable(cfg)
-        train_set = data.build_dataset(cfg.data.name, "train", cfg.data.root)
-        test_set = data.build_dataset(cfg.data.name, "test", cfg.data.root)
+        train_set = datasets.build_dataset(cfg.data.name, "train", cfg.data.root)
+        test_set = datasets.build_dataset(cfg.data.name, "test", cfg.data.root)
     except UserError as error:
         print_user_error(error)
         return 2
