@@ -18,15 +18,10 @@ whole (C, D) matrix in class order.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from sslkit.losses._common import as_number, check_embeddings, check_embeddings_labels, check_tensor
-
-if TYPE_CHECKING:  # partial_fc builds on the margin-softmax kernels, which build on this module
-    from sslkit.losses.partial_fc import PartialFC
 
 
 def check_positive_int(value: int, name: str, minimum: int = 1) -> int:
@@ -88,7 +83,7 @@ class Head(nn.Module):
     # Partial FC: this process's block of the class rows, and the names of the (rows, D)
     # parameters sharded so (each process holds other rows: DDP must neither average nor
     # broadcast them). None and () for a head that holds every class.
-    partial_fc: PartialFC | None = None
+    partial_fc: nn.Module | None = None  # a sslkit.losses.partial_fc.PartialFC
     sharded_parameters: tuple[str, ...] = ()
 
     def __init__(self, embedding_dim: int, num_classes: int) -> None:

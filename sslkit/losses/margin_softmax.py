@@ -51,7 +51,6 @@ References:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -59,9 +58,6 @@ from torch.autograd.function import once_differentiable
 from sslkit.losses._common import check_flag, full_precision, needs_row_shift, upcast
 from sslkit.losses._workspace import Workspace
 from sslkit.losses.head import Head
-
-if TYPE_CHECKING:  # partial_fc builds on this module's kernels
-    from sslkit.losses.partial_fc import PartialFC
 
 _NORM_EPS = 1e-12
 
@@ -537,7 +533,7 @@ class MarginSoftmaxHead(Head):
     normalize_weights: bool = True
     scale: float = 1.0
 
-    def __init__(self, embedding_dim: int, num_classes: int, partial_fc: PartialFC | None = None) -> None:
+    def __init__(self, embedding_dim: int, num_classes: int, partial_fc: torch.nn.Module | None = None) -> None:
         super().__init__(embedding_dim, num_classes)
         rows = partial_fc.rows if partial_fc is not None else self.num_classes
         self.weight = torch.nn.Parameter(torch.empty(rows, self.embedding_dim))
