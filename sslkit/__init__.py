@@ -3,7 +3,7 @@
 The package is organised one idea per module:
 
 - :mod:`sslkit.config`      YAML recipe -> typed dataclasses, dotted overrides, validation.
-- :mod:`sslkit.data`        datasets that hand uint8 image batches to the accelerator.
+- :mod:`sslkit.datasets`    datasets, their samplers and splits: uint8 image batches for the accelerator.
 - :mod:`sslkit.augment`     kornia two-view augmentation on the accelerator's device.
 - :mod:`sslkit.models`      torchvision ResNet backbones and MLP projection heads.
 - :mod:`sslkit.losses`      every loss, one per file, one registry (``sslkit.losses.build``).

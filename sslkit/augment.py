@@ -18,7 +18,7 @@ appendix A; BYOL [1] table 6 for the asymmetric blur and solarize)::
 
 kornia draws every random parameter (crop boxes with torchvision's RandomResizedCrop sampling,
 jitter factors and order, blur sigmas) and does the grayscale, blur and solarize. Images of
-different sizes (a padded :class:`~sslkit.batches.ImageBatch` from an image folder or tar shards)
+different sizes (a padded :class:`~sslkit.datasets.batches.ImageBatch` from an image folder or tar shards)
 get their crop boxes from :mod:`sslkit.crops` instead, each drawn on its own image's size and
 aspect ratio and cut from its original pixels (:func:`crop_padded`). Three
 pieces are written here, each for a reason measured and given in its docstring and each tested
@@ -75,8 +75,8 @@ from torch import nn
 from torchvision.ops import roi_align
 
 from sslkit import crops
-from sslkit.batches import EncodedBatch, ImageBatch, as_image_batch
 from sslkit.config import AugmentConfig
+from sslkit.datasets.batches import EncodedBatch, ImageBatch, as_image_batch
 
 SUPPORTED_CHANNELS = (1, 3)
 
@@ -296,7 +296,7 @@ def crop_padded(
 ) -> torch.Tensor:
     """:func:`resized_crop` of boxes on a padded batch of images of different sizes.
 
-    The boxes lie inside each image's valid region, and :func:`sslkit.batches.pad_images`
+    The boxes lie inside each image's valid region, and :func:`sslkit.datasets.batches.pad_images`
     repeats the edge row and column, so each crop reads exactly what it would read from its
     image alone. The uint8 pixels become float ``chunk`` images at a time, trimmed to the
     chunk's largest image: a whole batch of 256 images of 600 x 600 would be 1.1 GB as float.
@@ -517,7 +517,7 @@ class EvalTransform(nn.Module):
 
     Resizes the whole image to S x S (bilinear, antialiased when shrinking), keeps the channel
     count as :class:`TwoViewAugment` does, and normalises. Images of different sizes
-    (:class:`~sslkit.batches.ImageBatch`) get the standard resize-shorter-side-to-S and
+    (:class:`~sslkit.datasets.batches.ImageBatch`) get the standard resize-shorter-side-to-S and
     centre-crop-S instead (:func:`sslkit.crops.centre_boxes`), keeping their aspect ratio.
 
     Shape:

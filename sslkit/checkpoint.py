@@ -160,6 +160,8 @@ _FIXED_ON_RESUME = (
     "data.label_",  # the labelled subset: label_fraction, labels_per_class, label_seed
     "data.image_size",
     "data.max_size",
+    "data.sampler",  # the order a mid-epoch checkpoint counts its batches in
+    "data.m_per_class",
     "augment.image_size",
     "optim.name",
     # The checkpoint's place in its epoch counts global batches of this size, and a contrastive loss's

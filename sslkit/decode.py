@@ -7,7 +7,7 @@ through Pillow, which converts any of its modes to RGB. An animated image gives 
 
 A file that neither can decode is *corrupt*: :func:`decode_rgb` returns None rather than
 raising, so the loader decides what a corrupt file costs (``data.on_corrupt``,
-:mod:`sslkit.folders`).
+:mod:`sslkit.datasets.folders`).
 
 ``max_size`` reduces an image whose longer side exceeds it, keeping its aspect ratio (antialiased,
 as torchvision's ``Resize(max_size=...)``): loading cost, not augmentation, since the random crops

@@ -125,12 +125,17 @@ def skip_broadcast_of_replicated_buffers(model: torch.nn.Module) -> list[str]:
     Call it before the model is wrapped (``accelerator.prepare``). Ignored buffers also skip
     DDP's initial rank-0 broadcast, so they must start equal: zeros, or drawn from a fixed seed.
 
+    The same list carries the parameters that each process holds *differently*, which DDP must
+    neither broadcast from rank 0 nor average: a Partial FC head's block of class centres
+    (:mod:`sslkit.losses.partial_fc`), named in the module's ``sharded_parameters``. (DDP keeps
+    one such list per model, so both kinds go in one call.)
+
     Returns the names, ``[]`` when no module declares any (the model is then left as it was).
     """
     names = [
-        f"{prefix}.{buffer}" if prefix else buffer
+        f"{prefix}.{name}" if prefix else name
         for prefix, module in model.named_modules()
-        for buffer in getattr(type(module), "replicated_buffers", ())
+        for name in (*getattr(type(module), "replicated_buffers", ()), *getattr(module, "sharded_parameters", ()))
     ]
     if names:
         torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)

@@ -1,4 +1,4 @@
-"""Make ``accelerate launch --cpu --num_processes N script.py`` start N processes.
+"""Make ``accelerate launch --cpu --num_processes N -m sslkit.cli.pretrain`` start N processes.
 
 Accelerate (1.x) runs ``--cpu`` jobs through its "simple launcher", which starts N processes
 only through ``mpirun`` with a host file; without one it silently starts a single process
@@ -15,8 +15,8 @@ starts its N / M processes as node R of M.
 :func:`cpu_threads` undoes a second launcher default: on a machine without a GPU and with no
 ``--num_processes``, ``accelerate launch`` sets ``OMP_NUM_THREADS=1`` (its rule that spreads
 the cores over the processes only runs when it counts at least one process, and it counts the
-GPUs: none). ``accelerate launch sslkit/pretrain.py recipes/fashion_mnist_simclr.yaml`` then
-trained far slower than ``python sslkit/pretrain.py ...``: torch used one core of the machine's
+GPUs: none). ``accelerate launch -m sslkit.cli.pretrain recipes/fashion_mnist_simclr.yaml`` then
+trained far slower than ``sslkit-pretrain ...``: torch used one core of the machine's
 several.
 """
 
@@ -62,6 +62,13 @@ def _launcher_int(parent_cmdline: list[str], name: str, default: int) -> int:
     return default
 
 
+def _own_command_line() -> list[str]:
+    """This process's command line as torchrun takes it: ``-m MODULE ARGS`` when it was started with
+    ``python -m`` (``accelerate launch -m``), else the script and its arguments."""
+    spec = sys.modules["__main__"].__spec__  # None for a script, a console script included
+    return ["-m", spec.name, *sys.argv[1:]] if spec is not None else sys.argv
+
+
 def relaunch_cpu_processes() -> int | None:
     """If ``accelerate launch --cpu --num_processes N>1`` started one process, run N; return their exit code."""
     env = os.environ
@@ -105,7 +112,7 @@ def relaunch_cpu_processes() -> int | None:
             env["MASTER_ADDR"],
             "--master_port",
             env.get("MASTER_PORT", "29500"),
-            *sys.argv,
+            *_own_command_line(),
         ]
     )
     try:

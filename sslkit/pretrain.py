@@ -1,101 +1,13 @@
-"""Pretrain an encoder from a recipe.
+"""``accelerate launch sslkit/pretrain.py RECIPE [key=value ...]``: the launch path of a clone.
 
-    accelerate launch sslkit/pretrain.py recipes/simclr.yaml [key.sub=value ...]
-    python sslkit/pretrain.py recipes/quickstart.yaml train.epochs=5 loss.temperature=0.2
-    sslkit-pretrain quickstart          # installed: a bundled recipe by name, from any directory
-
-A user's mistake (unknown key, wrong type, missing dataset, ...) prints one line and exits
-with status 2; nothing half-done is written.
+The command is :mod:`sslkit.cli.pretrain` (installed as ``sslkit-pretrain``, started by a launcher as
+``-m sslkit.cli.pretrain``); this file keeps the path a launcher takes from a clone where the README
+of earlier versions, and many job scripts, give it.
 """
 
-from __future__ import annotations
-
 import sys
-from pathlib import Path
 
-if __package__ in (None, ""):
-    # Run as a script: put the repository root first on the path, not sslkit/ itself (whose
-    # module names, e.g. data.py, would shadow other packages' imports).
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-import argparse  # noqa: E402
-import os  # noqa: E402
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from sslkit.config import bundled_recipes
-
-    parser = argparse.ArgumentParser(
-        prog="sslkit-pretrain" if Path(sys.argv[0]).name == "sslkit-pretrain" else "sslkit/pretrain.py",
-        description="Pretrain an encoder from a YAML recipe.",
-    )
-    parser.add_argument(
-        "recipe", help="a YAML recipe's path, or the name of a bundled one: " + ", ".join(bundled_recipes())
-    )
-    parser.add_argument(
-        "overrides", nargs="*", default=[], help="dotted key=value overrides, e.g. train.epochs=5 loss.temperature=0.2"
-    )
-    # Intermixed: overrides may come before or after the --options, as users type them.
-    return parser.parse_intermixed_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from sslkit.config import check_command_line
-    from sslkit.console import print_user_error
-    from sslkit.errors import REQUEUE_EXIT_STATUS, Preempted, UserError
-
-    try:
-        check_command_line(sys.argv[1:] if argv is None else argv, ())
-    except UserError as error:
-        print_user_error(error)
-        return 2
-    args = parse_args(argv)
-    from sslkit.launch import relaunch_cpu_processes
-
-    if argv is None and (code := relaunch_cpu_processes()) is not None:
-        return code
-    from sslkit.config import load_config
-    from sslkit.loop import train
-
-    cfg = None
-    try:
-        cfg = load_config(args.recipe, args.overrides)
-        train(cfg)
-    except UserError as error:
-        print_user_error(error)
-        return 2
-    except Preempted as stopped:  # train.stop_signals: saved; a batch script requeues on the exit status
-        if os.environ.get("RANK", "0") == "0":
-            from sslkit.console import error_console
-
-            error_console.print(
-                f"{stopped}: saved {stopped.checkpoint}; continue with run.resume=auto "
-                f"(exit status {REQUEUE_EXIT_STATUS}: requeue)",
-                highlight=False,
-                soft_wrap=True,
-            )
-        return REQUEUE_EXIT_STATUS
-    except KeyboardInterrupt:  # Ctrl-C: a user's choice, not a crash; every checkpoint written so far is whole
-        if os.environ.get("RANK", "0") == "0":  # one line, not one per process
-            from sslkit.console import error_console
-
-            error_console.print(interrupted_message(cfg), highlight=False)
-        return 130
-    return 0
-
-
-def interrupted_message(cfg) -> str:
-    """What Ctrl-C leaves: a checkpoint to continue from, or (before the first one) nothing to resume."""
-    from sslkit.checkpoint import list_checkpoints
-    from sslkit.loop import make_run_dir
-
-    if cfg is not None and list_checkpoints(make_run_dir(cfg)):
-        return "interrupted: continue from the last checkpoint with run.resume=auto"
-    return (
-        "interrupted before the first checkpoint: nothing to continue from; run.resume=auto starts the run over "
-        "in the same directory (train.checkpoint_every_steps saves sooner)"
-    )
-
+from sslkit.cli.pretrain import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -77,7 +77,7 @@ def write_report(run_dir: Path) -> Path:
     """Write ``run_dir/report.md`` (and its PNG curves when matplotlib is installed).
 
     Args:
-        run_dir: a run directory, as ``sslkit/pretrain.py`` writes it.
+        run_dir: a run directory, as ``sslkit-pretrain`` writes it.
 
     Returns:
         The path of the report.
@@ -89,7 +89,7 @@ def write_report(run_dir: Path) -> Path:
     if not is_run_dir(run_dir):
         raise UserError(
             f"'{run_dir}' is not a run directory (no config.yaml); "
-            "give one that sslkit/pretrain.py wrote, e.g. runs/quickstart"
+            "give one that sslkit-pretrain wrote, e.g. runs/quickstart"
         )
     records = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in records if "loss" in r]

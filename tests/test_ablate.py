@@ -1,4 +1,4 @@
-"""tools/ablate.py: a real tiny sweep on digits (every point a ``sslkit/pretrain.py`` subprocess),
+"""sslkit-ablate: a real tiny sweep on digits (every point a ``python -m sslkit.cli.pretrain`` subprocess),
 resume after an unfinished point, a point that diverges, and the mistakes that must fail up front.
 
 The sweep is driven through ``ablate.main(argv)`` in this process (its points are real
@@ -24,12 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from sslkit.cli import ablate
+from sslkit.errors import UserError
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-import ablate  # noqa: E402
-
-from sslkit.errors import UserError  # noqa: E402
 
 QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
 TINY = [
@@ -185,7 +184,8 @@ def test_bad_sweep_syntax_gives_one_line_from_the_command(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "tools" / "ablate.py"),
+            "-m",
+            "sslkit.cli.ablate",
             QUICKSTART,
             "--sweep",
             "loss.temperature:0.1,0.2",
@@ -272,11 +272,11 @@ def test_grid_is_the_product_with_seeds_innermost_and_paths_made_safe():
         ablate.build_grid([("data.root", ["/a", "-a"])], seeds=[0])
 
 
-def test_point_command_is_the_users_command_behind_the_launcher(tmp_path):
+def test_a_point_is_the_users_command_behind_the_launcher(tmp_path):
     point = ablate.Point((("loss.temperature", "0.2"),), seed=1)
-    plain = ablate.point_command(point, Path("r.yaml"), ["train.epochs=3"], tmp_path, None)
-    assert plain[:3] == [sys.executable, str(ROOT / "sslkit" / "pretrain.py"), "r.yaml"]
-    assert plain[3:] == [
+    job = ablate.point_job(point, Path("r.yaml"), ["train.epochs=3"], tmp_path, None)
+    assert job.command[:4] == [sys.executable, "-m", "sslkit.cli.pretrain", "r.yaml"]
+    assert job.command[4:] == [
         "train.epochs=3",
         "loss.temperature=0.2",
         "run.seed=1",
@@ -284,20 +284,12 @@ def test_point_command_is_the_users_command_behind_the_launcher(tmp_path):
         f"run.name={point.name}",
         "run.resume=auto",
     ]
-    launched = ablate.point_command(
+    assert job.result == tmp_path / "runs" / point.name / "results.json"
+    assert job.fields["values"] == {"loss.temperature": 0.2} and job.fields["seed"] == 1
+    launched = ablate.point_job(
         point, Path("r.yaml"), ["train.epochs=3"], tmp_path, "accelerate launch --cpu --num_processes 2"
     )
-    assert launched == ["accelerate", "launch", "--cpu", "--num_processes", "2", *plain[1:]]
-
-
-def test_error_line_prefers_sslkits_own_line_over_a_launchers_traceback():
-    stderr = (
-        'error: loss became nan at step 3\nTraceback (most recent call last):\n  File "x"\n'
-        "subprocess.CalledProcessError: Command '...' returned non-zero exit status 2.\n"
-    )
-    assert ablate.error_line(stderr, 1) == "loss became nan at step 3"
-    assert ablate.error_line("Traceback ...\nRuntimeError: boom\n\n", 1) == "RuntimeError: boom"
-    assert ablate.error_line("", -9) == "killed by SIGKILL"
+    assert launched.command == ["accelerate", "launch", "--cpu", "--num_processes", "2", *job.command[1:]]
 
 
 # --------------------------------------------------------------------------- aggregation and plots

@@ -23,12 +23,11 @@ from sslkit.augment import (
     kernel_size_for,
     resized_crop,
 )
-from sslkit.batches import ImageBatch
+from sslkit.cli import show_augmentations
 from sslkit.config import AugmentConfig
+from sslkit.datasets.batches import ImageBatch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import show_augmentations  # noqa: E402
 
 RGB_STATS = ((0.4, 0.5, 0.6), (0.2, 0.25, 0.3))
 GREY_STATS = ((0.3,), (0.35,))
@@ -406,7 +405,8 @@ def test_show_augmentations_writes_the_png(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "tools" / "show_augmentations.py"),
+            "-m",
+            "sslkit.cli.show_augmentations",
             str(recipe),
             "augment.blur_p=1.0",
             "--out",

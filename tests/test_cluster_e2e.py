@@ -56,7 +56,7 @@ def launch(tmp_path, name: str, port: int, machines: int, machine_rank: int = 0)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--cpu", "--num_processes", "2"]
     command += ["--num_machines", str(machines), "--machine_rank", str(machine_rank)]
     command += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(PRETRAIN), str(QUICKSTART)]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", *PRETRAIN, str(QUICKSTART)]
     command += [f"run.output_dir={tmp_path}", f"run.name={name}", *TINY, "train.epochs=1", "train.max_steps=6"]
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), start_new_session=True
@@ -103,8 +103,8 @@ def test_two_machines_with_one_rank_is_one_line(tmp_path):
 
 def test_a_process_count_that_does_not_divide_the_global_batch_is_one_line():
     from sslkit.config import load_config
+    from sslkit.datasets import build_splits
     from sslkit.errors import UserError
-    from sslkit.evaluation import build_splits
     from sslkit.loop.build import check_training_set
 
     cfg = load_config("quickstart", ["train.batch_size=64"])

@@ -261,7 +261,7 @@ def test_tracker_and_compile_mistakes_are_one_line(train, words):
     assert all(word in str(info.value) for word in words), str(info.value)
 
 
-@pytest.mark.parametrize("module, positional", [("sslkit.pretrain", "recipe"), ("sslkit.evaluate", "target")])
+@pytest.mark.parametrize("module, positional", [("sslkit.cli.pretrain", "recipe"), ("sslkit.cli.evaluate", "target")])
 def test_a_command_without_arguments_names_only_the_one_it_needs(module, positional, capsys):
     """The overrides are optional: argparse listed them as required too (nargs='*' without a default)."""
     import importlib

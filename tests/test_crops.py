@@ -11,9 +11,9 @@ import torch
 from torchvision.transforms import RandomResizedCrop
 
 from sslkit.augment import TwoViewAugment
-from sslkit.batches import ImageBatch, pad_images
 from sslkit.config import AugmentConfig
 from sslkit.crops import centre_boxes, random_resized_boxes
+from sslkit.datasets.batches import ImageBatch, pad_images
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 DRAWS = 10_000

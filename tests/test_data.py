@@ -13,19 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
-from sslkit.data import (
-    DATASETS,
-    FASHION_MNIST_CLASSES,
-    FASHION_MNIST_MEAN,
-    FASHION_MNIST_ROOT,
-    FASHION_MNIST_STD,
-    DatasetInfo,
-    ImageFolderDataset,
-    ImageTensorDataset,
-    build_dataset,
-    build_loader,
-    collate_batch,
-)
+from sslkit.datasets import DATASETS, DatasetInfo, ImageTensorDataset, build_dataset, build_loader, collate_batch
+from sslkit.datasets.folders import ImageFolderDataset
+from sslkit.datasets.idx import FASHION_MNIST_CLASSES, FASHION_MNIST_MEAN, FASHION_MNIST_ROOT, FASHION_MNIST_STD
 from sslkit.errors import UserError
 
 
@@ -340,6 +330,17 @@ def test_imagefolder_without_split_folders_is_the_training_split(tmp_path):
     assert flat.classes == ["cat", "dog"] and len(flat) == 3
     with pytest.raises(UserError, match="no test split"):
         build_dataset("imagefolder", "test", root=str(tmp_path / "train"), image_size=8)
+
+
+def test_imagefolder_resized_lists_and_decodes_as_the_folder_reader_does(tmp_path):
+    write_image_folder(tmp_path)
+    Image.new("RGB", (5, 7), (10, 20, 30)).save(tmp_path / "train" / "dog" / "e.BMP")  # Pillow decodes it
+    (tmp_path / "train" / ".thumbs").mkdir()  # hidden: not a class
+    resized = build_dataset("imagefolder", root=str(tmp_path), image_size=8)
+    files = build_dataset("imagefolder", root=str(tmp_path))
+    assert [path for path, _ in resized.samples] == [str(path) for path in files.paths]
+    assert resized.classes == files.classes == ["cat", "dog"] and resized.labels.tolist() == files.labels.tolist()
+    assert resized[3][0].shape == (3, 8, 8) and resized[3][0][:, 0, 0].tolist() == [10, 20, 30]
 
 
 def test_imagefolder_corrupt_image_is_a_one_line_error_naming_it(tmp_path):

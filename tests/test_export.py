@@ -11,7 +11,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from sslkit import export, models
+from sslkit import models
+from sslkit.cli import export
 from sslkit.config import load_config
 from sslkit.loop import train
 

@@ -15,13 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sslkit import data, models
+from sslkit import datasets, models
 from sslkit.augment import EvalTransform
 from sslkit.config import load_config
 from sslkit.methods import METHODS, build_method
 
-ROOT = Path(__file__).resolve().parents[1]
-PRETRAIN, EVALUATE = ROOT / "sslkit" / "pretrain.py", ROOT / "sslkit" / "evaluate.py"
+PRETRAIN, EVALUATE = "sslkit.cli.pretrain", "sslkit.cli.evaluate"
 TINY = [
     "model.width=4",
     "augment.image_size=8",
@@ -35,8 +34,8 @@ FINETUNE = ["data.label_fraction=0.1", "train.epochs=2", "train.batch_size=16", 
 pytestmark = pytest.mark.slow
 
 
-def run(tmp_path: Path, script: Path, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    command = [*(launcher or [sys.executable]), str(script), *args]
+def run(tmp_path: Path, module: str, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    command = [*(launcher or [sys.executable]), "-m", module, *args]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -54,7 +53,7 @@ def hand_top1(run_dir: Path) -> tuple[float, int]:
     and how many of the 360 test images are near-ties (top-2 logits within 1e-4), whose argmax may
     differ between batch compositions in the last float bits."""
     cfg = load_config(run_dir / "config.yaml")
-    test = data.build_dataset("digits", "test")
+    test = datasets.build_dataset("digits", "test")
     info = test.info
     backbone = models.build_backbone(cfg.model.backbone, cfg.model.width, cfg.model.cifar_stem, info.channels)
     method = build_method(cfg, backbone, info.num_classes)
@@ -107,7 +106,7 @@ def test_resume_and_evaluate_read_the_saved_subset_back(pretrained, tmp_path):
     saved = json.loads(saved_file.read_text())
     # Another valid subset of the same spec (the last 14 images of each class): a resumed run and
     # evaluate.py must use the file, not a fresh draw.
-    labels = data.build_dataset("digits", "train").labels
+    labels = datasets.build_dataset("digits", "train").labels
     edited = sorted(i for c in range(10) for i in (labels == c).nonzero().flatten()[-14:].tolist())
     assert edited != saved["indices"]
     saved_file.write_text(json.dumps({**saved, "indices": edited}))
@@ -132,7 +131,7 @@ def test_distill_student_learns_from_a_finetuned_teacher(pretrained, tmp_path):
 def test_distill_without_a_teacher_and_a_teacher_without_a_classifier_are_one_line(pretrained, tmp_path):
     for teacher, words in ((None, "needs method.teacher"), (pretrained, "has no classifier")):
         extra = [f"method.teacher={teacher}"] if teacher else []
-        command = [sys.executable, str(PRETRAIN), "quickstart_distill", f"run.output_dir={tmp_path}", *TINY, *extra]
+        command = [sys.executable, "-m", PRETRAIN, "quickstart_distill", f"run.output_dir={tmp_path}", *TINY, *extra]
         result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert words in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -174,7 +173,7 @@ def test_finetune_from_the_projectors_first_layer_keeps_its_pretrained_weights(p
 )
 def test_finetune_from_a_projector_that_is_not_there_is_one_line(pretrained, tmp_path, capsys, change, words):
     """Through pretrain.py's main() in this process: the interpreter's start would cost more than the check."""
-    from sslkit.pretrain import main
+    from sslkit.cli.pretrain import main
 
     keep = ["method.finetune_from_projector_layer=1", "model.projector_hidden=32", "model.projector_out=16"]
     source = pretrained / "backbone.safetensors" if change == ["from-export"] else pretrained

@@ -14,11 +14,11 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as TF
 
-from sslkit import decode, folders
+from sslkit import decode
 from sslkit.augment import EvalTransform, crop_padded, resized_crop
-from sslkit.batches import EncodedBatch, ImageBatch, pad_images
 from sslkit.config import Config
-from sslkit.data import build_dataset
+from sslkit.datasets import build_dataset, folders
+from sslkit.datasets.batches import EncodedBatch, ImageBatch, pad_images
 from sslkit.errors import UserError
 
 
@@ -172,7 +172,7 @@ def test_evaluation_resizes_the_shorter_side_and_crops_the_centre():
 
 
 def test_eval_data_gives_the_kNN_memory_and_test_split_of_an_unlabelled_run(tmp_path):
-    from sslkit.evaluation import build_splits
+    from sslkit.datasets import build_splits
 
     write_folder(tmp_path / "unlabelled")
     for split, count in (("train", 3), ("test", 2)):
@@ -213,7 +213,7 @@ def test_jpegs_decode_on_a_cuda_device_as_on_the_cpu():
 
 
 def test_an_evaluation_set_of_another_channel_count_is_one_line(tmp_path):
-    from sslkit.evaluation import build_splits
+    from sslkit.datasets import build_splits
 
     write_folder(tmp_path)
     cfg = Config()

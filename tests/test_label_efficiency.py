@@ -1,4 +1,4 @@
-"""tools/label_efficiency.py: the runs it plans, the mistakes that must fail up front, the aggregation
+"""sslkit-label-efficiency: the runs it plans, the mistakes that must fail up front, the aggregation
 (mean and std over seeds, best of the two scratch runs, tables and plot), and one real tiny comparison
 on digits with the bundled quick-start recipes (every run a subprocess), rerun to check it resumes.
 
@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+from sslkit.cli import label_efficiency as le
+from sslkit.cli import sweep
 
-import label_efficiency as le  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Every run: a width-8 ResNet-18 on 8x8 crops of the digits, 2 epochs, one thread.
@@ -124,7 +125,7 @@ def test_every_road_runs_and_the_tables_hold_what_the_runs_wrote(comparison):
     runs = out / "runs"
     for row in rows:
         assert float(row["wall_s"]) > 0 and 0 <= float(row["top1"]) <= 1
-        if row["road"] in ("linear", "knn"):  # the frozen evaluation's JSON, as sslkit/evaluate.py wrote it
+        if row["road"] in ("linear", "knn"):  # the frozen evaluation's JSON, as sslkit-evaluate wrote it
             results = json.loads((out / "points" / f"{row['run']}.json").read_text())["results"]
             assert float(row["top1"]) == pytest.approx(results[f"{row['road']}_top1"], rel=1e-5)
         elif row["road"] != "scratch-best":  # the run's own classifier
@@ -230,7 +231,7 @@ def test_aggregation_of_the_real_results_without_matplotlib(comparison, tmp_path
 
 def test_a_bad_fraction_gives_one_line_from_the_command(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "label_efficiency.py"), "quickstart", "--fractions", "0.1,1.5"],
+        [sys.executable, "-m", "sslkit.cli.label_efficiency", "quickstart", "--fractions", "0.1,1.5"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -327,7 +328,8 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     tail = ["run.output_dir=" + str(tmp_path / "runs"), "run.resume=auto"]
     assert by["pretrain"].command == [
         python,
-        str(le.PRETRAIN),
+        "-m",
+        sweep.PRETRAIN,
         "/r/pre.yaml",
         "train.threads=2",
         "train.epochs=7",
@@ -338,7 +340,8 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     frozen = by["frozen-f0.01-s4"]
     assert frozen.command == [
         python,
-        str(le.EVALUATE),
+        "-m",
+        sweep.EVALUATE,
         str(pre),
         "train.threads=2",
         "eval.label_fraction=0.01",
@@ -349,7 +352,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     ]
     assert frozen.needs == ("pretrain",) and (frozen.fraction, frozen.seed) == (0.01, 4)
     labels = ["data.label_fraction=0.01", "data.label_seed=4", "run.seed=4"]
-    assert by["finetune-f0.01-s4"].command[2:] == [
+    assert by["finetune-f0.01-s4"].command[3:] == [
         "/r/ft.yaml",
         "train.threads=2",
         "train.epochs=5",
@@ -360,7 +363,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
         tail[1],
     ]
     distill = by["distill-f0.01-s4"]
-    assert distill.command[2:6] == [
+    assert distill.command[3:7] == [
         "/r/di.yaml",
         "train.threads=2",
         "train.epochs=5",
@@ -368,7 +371,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     ]
     assert distill.needs == ("pretrain", "finetune-f0.01-s4")
     scratch, long = by["scratch-f0.01-s4"], by["scratch-long-f0.01-s4"]
-    assert scratch.command[2:] == [
+    assert scratch.command[3:] == [
         "/r/ft.yaml",
         "train.threads=2",
         "train.epochs=5",
@@ -378,7 +381,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
         "run.name=scratch-f0.01-s4",
         tail[1],
     ]
-    assert long.command[4:7] == ["train.epochs=5", "train.epochs=15", "run.init_from=null"]  # the later one wins
+    assert long.command[5:8] == ["train.epochs=5", "train.epochs=15", "run.init_from=null"]  # the later one wins
     assert scratch.needs == long.needs == ()  # they run even when the pretraining failed
     assert by["scratch-f1-s3"].result == tmp_path / "runs" / "scratch-f1-s3" / "results.json"
 
@@ -392,14 +395,14 @@ def test_pretrained_run_no_distill_factor_one_and_launcher(tmp_path):
     assert [r.name for r in runs] == [
         f"{kind}-f{f}-s{seed}" for f in ("0.01", "1") for seed in (3, 4) for kind in ("frozen", "finetune", "scratch")
     ]
-    assert runs[0].command[:4] == ["accelerate", "launch", "--cpu", str(le.EVALUATE)]
-    assert runs[0].command[4] == str(pretrained) and runs[0].needs == ()
+    assert runs[0].command[:5] == ["accelerate", "launch", "--cpu", "-m", sweep.EVALUATE]
+    assert runs[0].command[5] == str(pretrained) and runs[0].needs == ()
     assert f"run.init_from={pretrained}" in runs[1].command and runs[1].needs == ()
 
 
 def test_epochs_at_a_fraction_go_to_its_fine_tune_and_scratch_runs_only(tmp_path):
     runs = {r.name: r for r in le.plan_runs(make_plan(tmp_path, epochs={"1": 2}))}
-    assert runs["finetune-f1-s3"].command[4:6] == ["train.epochs=5", "train.epochs=2"]  # the later one wins
+    assert runs["finetune-f1-s3"].command[5:7] == ["train.epochs=5", "train.epochs=2"]  # the later one wins
     assert "train.epochs=2" in runs["scratch-f1-s3"].command
     assert "train.epochs=6" in runs["scratch-long-f1-s3"].command  # --scratch-factor times the fraction's epochs
     for name in ("finetune-f0.01-s3", "distill-f0.01-s3", "scratch-f0.01-s3"):
@@ -428,41 +431,13 @@ def test_parse_fractions_sorts_and_names_them_plainly():
     assert le.run_name("scratch-long", 1.0, 0) == "scratch-long-f1-s0"
 
 
-def test_config_differences_compare_paths_resolved_and_runs_of_the_comparison_by_name(tmp_path):
-    wanted = {"run.init_from": str(tmp_path / "a" / ".." / "pre"), "run.output_dir": "x", "optim.lr": 0.1, "new": 1}
-    saved = {"run.init_from": str(tmp_path / "pre"), "run.output_dir": "/abs/x", "optim.lr": 0.1}
-    assert le.config_differences(wanted, saved) == []
-    assert le.config_differences({**wanted, "optim.lr": 0.2}, saved) == ["optim.lr"]
-    assert le.config_differences({**wanted, "run.init_from": "null"}, saved) == ["run.init_from"]
-    assert le.config_differences({"run.init_from": "null"}, {"run.init_from": None}) == []
-    # OUT moved from old/ to new/: its runs still start from its own pretraining and teacher
-    moved = {"run.output_dir": "/new/runs", "run.init_from": "/new/runs/pretrain", "method.teacher": "/new/runs/ft"}
-    before = {"run.output_dir": "/old/runs", "run.init_from": "/old/runs/pretrain", "method.teacher": "/old/runs/ft"}
-    assert le.config_differences(moved, before) == []
-    assert le.config_differences({**moved, "method.teacher": "/new/runs/ft2"}, before) == ["method.teacher"]
-    assert le.config_differences({**moved, "run.init_from": "/old/runs/pretrain"}, before) == ["run.init_from"]
-
-
-def test_a_failing_run_is_recorded_with_its_error_and_what_needs_it_is_not_run(tmp_path):
-    fail = le.Run(
-        name="finetune-f0.1-s0",
-        kind="finetune",
-        fraction=0.1,
-        seed=0,
-        command=[sys.executable, "-c", "import sys; print('error: the teacher ran away', file=sys.stderr); exit(2)"],
-        result=tmp_path / "runs" / "finetune-f0.1-s0" / "results.json",
-    )
-    record = le.run_or_skip(fail, tmp_path, None, {})
-    assert (record["status"], record["error"], record["skipped"]) == ("failed", "the teacher ran away", False)
-    assert record["wall_s"] > 0 and "the teacher ran away" in (tmp_path / "logs" / "finetune-f0.1-s0.err").read_text()
-    child = le.Run("distill-f0.1-s0", "distill", 0.1, 0, ["false"], tmp_path / "r.json", needs=("finetune-f0.1-s0",))
-    record = le.run_or_skip(child, tmp_path, None, {"finetune-f0.1-s0": "the teacher ran away"})
-    assert (record["status"], record["error"], record["wall_s"]) == (
-        "failed",
-        "not run: finetune-f0.1-s0 failed",
-        None,
-    )
-    assert not (tmp_path / "logs" / "distill-f0.1-s0.err").exists()
+def test_a_run_is_a_job_that_reads_its_own_result():
+    frozen = le.Run("frozen-f0.1-s0", "frozen", 0.1, 0, ["x"], Path("p.json"), needs=("pretrain",)).job()
+    assert (frozen.metrics_at, frozen.needs) == (("results",), ("pretrain",))
+    assert frozen.shown == ("linear_top1", "knn_top1")
+    finetune = le.Run("finetune-f0.1-s0", "finetune", 0.1, 0, ["x"], Path("r/results.json")).job()
+    assert finetune.metrics_at == ("results", "trained") and finetune.shown == ("finetune_top1",)
+    assert finetune.fields == {"kind": "finetune", "fraction": 0.1, "seed": 0}
 
 
 # --------------------------------------------------------------------------- aggregation and plot

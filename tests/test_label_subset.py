@@ -7,11 +7,10 @@ import json
 import pytest
 import torch
 
-from sslkit import label_subset
 from sslkit.config import load_config
+from sslkit.datasets import build_splits, label_subset
+from sslkit.datasets.label_subset import LabelSpec, choose
 from sslkit.errors import UserError
-from sslkit.evaluation import build_splits
-from sslkit.label_subset import LabelSpec, choose
 
 
 def labels_of(counts: list[int]) -> torch.Tensor:
@@ -95,7 +94,7 @@ def test_a_fraction_and_a_count_together_say_how_to_choose_one():
 
 def test_splits_of_a_supervised_method_hold_only_the_subset():
     cfg = load_config("quickstart_finetune", ["data.label_fraction=0.1", "data.holdout_classes=[9]"])
-    splits = build_splits(cfg)
+    splits = build_splits(cfg, labelled_training=True)
     assert len(splits.train) == len(splits.memory) == len(splits.subset) == 9 * 14  # 1293 seen digits / 9
     assert torch.bincount(splits.train.labels, minlength=10).tolist() == [14] * 9 + [0]
     assert len(splits.test) == 360 - 36 and len(splits.unseen) == 36  # kNN and probe score the whole test split

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sslkit import data, methods, models, optim
+from sslkit import datasets, methods, models, optim
 from sslkit.augment import TwoViewAugment
 from sslkit.config import config_from_dict
 
@@ -29,7 +29,7 @@ CASES = {
 
 def build(case: str):
     cfg = config_from_dict({**CASES[case], "model": TINY_MODEL, "augment": {"image_size": 8}})
-    ds = data.build_dataset("digits")
+    ds = datasets.build_dataset("digits")
     augment = TwoViewAugment(cfg.augment, ds.info.channels, ds.info.mean, ds.info.std)
     torch.manual_seed(0)
     backbone = models.build_backbone("resnet18", 4, True, augment.out_channels)
@@ -212,7 +212,7 @@ def test_distill_is_the_cross_entropy_of_the_teacher_on_view1_and_the_student_on
     from sslkit.methods.distill import Distill
     from sslkit.methods.finetune import FineTune
 
-    ds = data.build_dataset("digits")
+    ds = datasets.build_dataset("digits")
     torch.manual_seed(0)
     teacher = FineTune(models.build_backbone("resnet18", 4, True, 1), SoftmaxHead(32, 10)).eval()
     head = SoftmaxHead(32, 10)

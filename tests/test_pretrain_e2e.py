@@ -1,4 +1,4 @@
-"""End to end, as a user runs it: ``sslkit/pretrain.py`` in real subprocesses, one process and two
+"""End to end, as a user runs it: ``python -m sslkit.cli.pretrain`` in real subprocesses, one process and two
 (``accelerate launch --cpu --num_processes 2``), SIGKILL and resume, and every bad input a user
 is likely to type, each of which must give one line and leave nothing half-done.
 
@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from sslkit import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-PRETRAIN = ROOT / "sslkit" / "pretrain.py"
+PRETRAIN = ["-m", "sslkit.cli.pretrain"]  # as `accelerate launch -m` and the sweep tools start it
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 
 TINY = [
@@ -53,7 +53,7 @@ def pretrain(
 ) -> subprocess.CompletedProcess:
     command = [
         *(launcher or [sys.executable]),
-        str(PRETRAIN),
+        *PRETRAIN,
         str(recipe),
         f"run.output_dir={tmp_path}",
         *TINY,
@@ -104,13 +104,14 @@ def test_one_process_run_writes_everything(tmp_path):
 
 @pytest.mark.slow
 def test_evaluate_a_run_next_to_raw_pixels(tmp_path):
-    """``sslkit/evaluate.py RUN`` as a user types it: overrides before and after the --options."""
+    """``sslkit-evaluate RUN`` as a user types it: overrides before and after the --options."""
     trained = pretrain(tmp_path, "run.name=ev", "train.epochs=1", "train.max_steps=2", "eval.linear_epochs=0")
     assert trained.returncode == 0, trained.stderr[-3000:]
     out = tmp_path / "ev.json"
     command = [
         sys.executable,
-        str(ROOT / "sslkit" / "evaluate.py"),
+        "-m",
+        "sslkit.cli.evaluate",
         str(tmp_path / "ev"),
         "eval.knn_k=5",
         "--no-linear",
@@ -125,7 +126,7 @@ def test_evaluate_a_run_next_to_raw_pixels(tmp_path):
     assert 0.1 < report["raw_pixels"]["knn_top1"] <= 1.0  # digits: raw-pixel kNN is far above chance
     assert "raw pixels" in result.stdout
     missing = subprocess.run(
-        [*command[:2], str(tmp_path / "nope")], capture_output=True, text=True, timeout=240, env=env(), cwd=tmp_path
+        [*command[:3], str(tmp_path / "nope")], capture_output=True, text=True, timeout=240, env=env(), cwd=tmp_path
     )
     assert_one_line_error(missing, "nope", "not found")
 
@@ -146,7 +147,7 @@ def _tiny_backbone_file(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def evaluate(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(ROOT / "sslkit" / "evaluate.py"), *args]
+    command = [sys.executable, "-m", "sslkit.cli.evaluate", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env(), cwd=tmp_path)
 
 
@@ -285,7 +286,7 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
 
     command = [
         sys.executable,
-        str(PRETRAIN),
+        *PRETRAIN,
         str(QUICKSTART),
         f"run.output_dir={tmp_path}",
         *TINY,
@@ -322,7 +323,7 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
 def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     command = [
         sys.executable,
-        str(PRETRAIN),
+        *PRETRAIN,
         str(QUICKSTART),
         f"run.output_dir={tmp_path}",
         *TINY,
@@ -436,7 +437,7 @@ def test_recipe_mistakes_are_one_line_before_any_work(tmp_path, capsys, override
     """Mistakes the recipe check catches, through pretrain.py's main() in this process (they stop
     before the trainer, so nothing of this process's torch or Accelerate state is touched; the
     subprocess cases above cover the command itself)."""
-    from sslkit.pretrain import main
+    from sslkit.cli.pretrain import main
 
     code = main([str(QUICKSTART), f"run.output_dir={tmp_path}", *TINY, "run.name=bad", *overrides])
     assert code == 2
@@ -533,8 +534,8 @@ def test_a_run_directory_under_a_file_is_one_line_before_any_work(tmp_path):
 
 def test_ctrl_c_before_the_first_checkpoint_does_not_promise_one(tmp_path):
     from sslkit.checkpoint import PROGRESS_FILE
+    from sslkit.cli.pretrain import interrupted_message
     from sslkit.config import config_from_dict
-    from sslkit.pretrain import interrupted_message
 
     cfg = config_from_dict({"run": {"name": "early", "output_dir": str(tmp_path)}})
     assert interrupted_message(cfg).startswith("interrupted before the first checkpoint: nothing to continue from")

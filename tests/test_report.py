@@ -1,4 +1,4 @@
-"""sslkit.report and tools/report.py on run directories the tests write in the trainer's formats:
+"""sslkit.report and sslkit-report on run directories the tests write in the trainer's formats:
 ``config.yaml`` (``save_config``), ``metrics.jsonl`` (step, epoch and final records) and
 ``results.json``; with matplotlib, without it (its import blocked), and for unfinished runs.
 """
@@ -142,13 +142,13 @@ def test_not_a_run_directory(tmp_path):
 def test_command_renders_runs_and_gives_one_line_for_a_non_run(tmp_path):
     good = write_run(tmp_path / "runs" / "a")
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "report.py"), str(good)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "sslkit.cli.report", str(good)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     assert f"report: {good / 'report.md'}" in result.stdout and (good / "report.md").is_file()
 
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "report.py"), str(tmp_path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "sslkit.cli.report", str(tmp_path)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -160,8 +160,8 @@ def test_command_without_matplotlib_installed(tmp_path):
     run = write_run(tmp_path / "a")
     block = (
         "import runpy, sys; sys.modules['matplotlib'] = None; "
-        f"sys.argv = ['tools/report.py', {str(run)!r}]; "
-        f"runpy.run_path({str(ROOT / 'tools' / 'report.py')!r}, run_name='__main__')"
+        f"sys.argv = ['sslkit-report', {str(run)!r}]; "
+        "runpy.run_module('sslkit.cli.report', run_name='__main__')"
     )
     result = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -1,4 +1,4 @@
-"""Tar shards written by ``tools/write_shards.py`` and streamed by webdataset: every sample once an
+"""Tar shards written by ``sslkit-write-shards`` and streamed by webdataset: every sample once an
 epoch in two real processes with two loader workers each, an exact mid-epoch resume, and shard
 patterns that match nothing as one line.
 
@@ -20,13 +20,11 @@ import pytest
 import torch
 from PIL import Image
 
-from sslkit import shards
-from sslkit.data import build_dataset
+from sslkit.cli.write_shards import main as write_shards
+from sslkit.datasets import build_dataset, shards
 from sslkit.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-from write_shards import main as write_shards  # noqa: E402
 
 SHARDS, PER_SHARD = 8, 24
 
@@ -98,8 +96,8 @@ from sslkit.launch import relaunch_cpu_processes
 if (code := relaunch_cpu_processes()) is not None:  # accelerate's --cpu launcher alone starts one process
     sys.exit(code)
 from accelerate import Accelerator
-from sslkit import shards
-from sslkit.data import build_dataset
+from sslkit.datasets import shards
+from sslkit.datasets import build_dataset
 sys.path.insert(0, {tests!r})
 from test_shards import indices_of
 state = Accelerator()  # as the trainer does, before the loader is built

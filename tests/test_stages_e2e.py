@@ -9,7 +9,7 @@ import json
 import pytest
 from test_pretrain_e2e import assert_one_line_error, pretrain
 
-pytestmark = pytest.mark.slow  # every test runs sslkit/pretrain.py in a subprocess
+pytestmark = pytest.mark.slow  # every test runs sslkit-pretrain in a subprocess
 
 HOLDOUT = "data.holdout_classes=[5, 6, 7, 8, 9]"
 

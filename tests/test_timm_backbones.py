@@ -24,9 +24,7 @@ from sslkit.errors import UserError
 
 timm = pytest.importorskip("timm")
 
-ROOT = Path(__file__).resolve().parents[1]
-PRETRAIN, EVALUATE = ROOT / "sslkit" / "pretrain.py", ROOT / "sslkit" / "evaluate.py"
-EXPORT = ROOT / "sslkit" / "export.py"
+PRETRAIN, EVALUATE, EXPORT = "sslkit.cli.pretrain", "sslkit.cli.evaluate", "sslkit.cli.export"
 
 VIT = "vit_tiny_patch16_224"
 VIT_KWARGS = {"img_size": 16, "patch_size": 4, "depth": 2, "embed_dim": 32, "num_heads": 2}
@@ -227,8 +225,8 @@ def env() -> dict:
     return e
 
 
-def run(tmp_path: Path, script: Path, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    command = [*(launcher or [sys.executable]), str(script), *args]
+def run(tmp_path: Path, module: str, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    command = [*(launcher or [sys.executable]), "-m", module, *args]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env())
     assert result.returncode == 0, result.stderr[-3000:]
     return result

@@ -23,9 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sslkit import config, methods  # noqa: E402
+from sslkit import config, methods
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 ROLE = re.compile(r":(?:mod|class|func|meth|attr):`~?([^`]+)`")

@@ -14,9 +14,7 @@ import inspect
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sslkit import losses  # noqa: E402
+from sslkit import losses
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "losses.md"
 CALL = {

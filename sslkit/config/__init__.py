@@ -217,7 +217,7 @@ def _check_image_files(cfg: Config, source: str, datasets: typing.Iterable[str])
 def validate(cfg: Config, source: str = "recipe") -> None:
     """Check names against the registries and numbers against their valid ranges."""
     # Imported here: the registries import torch-heavy modules that plain YAML parsing does not need.
-    from sslkit import data, losses, methods, models, optim
+    from sslkit import datasets, losses, methods, models, optim
 
     name = cfg.run.name
     if not name or name in (".", "..") or "/" in name or os.sep in name:  # it is joined to run.output_dir
@@ -225,7 +225,22 @@ def validate(cfg: Config, source: str = "recipe") -> None:
             f"{source}: 'run.name' must be a plain folder name (no '/', not '.' or '..'), got {name!r}; "
             f"choose where runs go with run.output_dir"
         )
-    _check_choice(cfg.data.name, data.DATASETS, "data.name", source)
+    _check_choice(cfg.data.name, datasets.DATASETS, "data.name", source)
+    _check_choice(cfg.data.sampler, datasets.SAMPLERS, "data.sampler", source)
+    _check_range(cfg.data.m_per_class, "data.m_per_class", source, 1)
+    if cfg.data.class_split is not None:
+        _check_range(cfg.data.class_split, "data.class_split", source, 0, 1)
+        if cfg.data.class_split in (0, 1) or cfg.data.name != "imagefolder" or cfg.data.image_size is not None:
+            raise UserError(
+                f"{source}: data.class_split={cfg.data.class_split}: give a fraction strictly between 0 and 1, with "
+                f"data.name=imagefolder and data.image_size null (the retrieval benchmarks cub200, cars196, sop and "
+                f"inshop have their own class split)"
+            )
+    if cfg.data.sampler == "m_per_class" and cfg.data.name == "webdataset":
+        raise UserError(
+            f"{source}: data.sampler=m_per_class needs labelled images, and tar shards are unlabelled; "
+            f"use data.sampler=random, or a labelled dataset (an image folder with train/<class>/)"
+        )
     _check_choice(cfg.method.name, methods.METHODS, "method.name", source)
     _check_choice(cfg.loss.name, losses.LOSSES, "loss.name", source)
     _check_choice(cfg.optim.name, optim.OPTIMIZERS, "optim.name", source)
@@ -275,7 +290,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         _check_range(value, key, source, 1)
     # A timm model is built on the meta device here: a name, argument or image size it cannot take is one line now.
     models.check_backbone(cfg.model, cfg.augment.image_size, source)
-    # Before any data is read (tools/ablate.py checks every point of a sweep up front): the method's options,
+    # Before any data is read (sslkit-ablate checks every point of a sweep up front): the method's options,
     # its loss and its batch, checked by the method itself.
     methods.check_config(cfg, source)
     _check_range(cfg.eval.linear_epochs, "eval.linear_epochs", source, 0)
@@ -307,7 +322,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         if not value > 0:
             raise UserError(f"{source}: '{key}' must be > 0, got {value}")
     _check_label_subset(cfg.data, "data", source)
-    _check_image_files(cfg, source, data.DATASETS)
+    _check_image_files(cfg, source, datasets.DATASETS)
     _check_label_subset(cfg.eval, "eval", source)
     cfg.loss.kwargs = losses.check_loss_kwargs(cfg.loss.name, cfg.loss.kwargs, source)
 

@@ -58,12 +58,15 @@ class DataConfig:
 
     Attributes:
         name: The dataset: ``digits`` (scikit-learn's, bundled), ``fashion_mnist``, ``cifar10``, ``cifar100``,
-            ``stl10``, ``imagefolder`` or ``webdataset`` (see :mod:`sslkit.data`).
+            ``stl10``, ``imagefolder``, ``webdataset``, or a metric-learning benchmark split by class and evaluated
+            by retrieval: ``cub200``, ``cars196``, ``sop``, ``inshop`` (see :mod:`sslkit.datasets`).
         root: Where the files are; ``null`` is the dataset's standard place (``fashion_mnist``:
             ``/usr/share/datasets/fashion-mnist``; torchvision's datasets: ``~/.cache/sslkit/datasets``).
             ``imagefolder`` needs it: a folder of images at any depth (unlabelled), or labelled
             ``root/train/<class>/`` and ``root/test/<class>/``. ``webdataset`` needs it: the tar shards, as a brace
             pattern (``shards/train-{000000..000015}.tar``), a folder of ``.tar`` files, or paths joined by ``::``.
+            The benchmarks need it: the folder their archive unpacked to (``CUB_200_2011/``, the one holding
+            ``cars_annos.mat``, ``Stanford_Online_Products/``, In-shop's).
         train_split: The split to train on; STL-10 also takes ``unlabeled`` and ``train+unlabeled``
             (self-supervised methods only).
         download: Download a torchvision dataset (CIFAR, STL-10) when its files are missing; nothing
@@ -83,8 +86,8 @@ class DataConfig:
         labels_per_class: Keep this many labelled images of every class instead (``null``: see
             ``label_fraction``; set at most one of the two).
         label_seed: The seed that picks the labelled subset; ``null``: ``run.seed``.
-        max_size: ``imagefolder`` and ``webdataset``: shrink an image whose longer side exceeds this at decode,
-            keeping its aspect ratio (faster loading of large photos); ``null``: decode at full size.
+        max_size: ``imagefolder``, ``webdataset`` and the benchmarks: shrink an image whose longer side exceeds
+            this at decode, keeping its aspect ratio (faster loading of large photos); ``null``: decode at full size.
         on_corrupt: ``imagefolder`` and ``webdataset``: what a corrupt or truncated image does. ``skip`` replaces it
             by another image, counts it and reports the count at the end of the epoch, and stops the run once more
             than 1% of the images are corrupt; ``error`` stops at the first one. (With ``data.image_size`` set, a
@@ -92,6 +95,16 @@ class DataConfig:
         decode: ``imagefolder`` and ``webdataset``: where JPEGs are decoded. ``auto``: on the accelerator when it
             is a CUDA device (nvJPEG, in batches; other formats fall back to the CPU), otherwise in the loader
             workers; ``cpu``: always in the loader workers.
+        sampler: The training order. ``random``: a shuffle of every image each epoch. ``m_per_class``: class-balanced
+            P x K batches for metric learning, ``train.batch_size / data.m_per_class`` distinct classes of
+            ``data.m_per_class`` images each, every image about once an epoch (a class with fewer images than that
+            is drawn with replacement); over several processes each takes its own classes. Needs a label for every
+            training image.
+        m_per_class: Images of each class in a batch with ``data.sampler=m_per_class`` (4 in "A Metric Learning
+            Reality Check"); ``train.batch_size`` divided by the number of processes must be a multiple of it.
+        class_split: ``imagefolder`` only: split the classes rather than the images, as the retrieval benchmarks
+            do. Train on the first fraction (0 < f < 1) of the sorted class folders of ``root`` (or ``root/train``)
+            and evaluate by retrieval (Recall@K, MAP@R, NMI) among the images of the others; ``null``: no split.
     """
 
     name: str = "digits"
@@ -107,6 +120,9 @@ class DataConfig:
     max_size: int | None = None
     on_corrupt: str = "skip"
     decode: str = "auto"
+    sampler: str = "random"
+    m_per_class: int = 4
+    class_split: float | None = None
 
 
 @dataclass
@@ -351,7 +367,7 @@ class EvalDataConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation at the end of a run and in ``sslkit/evaluate.py``, on the frozen backbone's features.
+    """Evaluation at the end of a run and in ``sslkit-evaluate``, on the frozen backbone's features.
 
     Attributes:
         knn_k: Neighbours of the weighted kNN classifier (InstDisc's; k=200 is the usual CIFAR figure).

@@ -110,7 +110,7 @@ def extract_features(
             :mod:`sslkit.distributed`).
 
     Shape:
-        images: (B, C, H, W) uint8 (or a batch of images of different sizes, :mod:`sslkit.batches`,
+        images: (B, C, H, W) uint8 (or a batch of images of different sizes, :mod:`sslkit.datasets.batches`,
         which ``preprocess`` crops); labels: (B,)
         returns: features (N, D) float32 and labels (N,) int64, both on the CPU, N the
         number of distinct samples the loader visits over all processes.

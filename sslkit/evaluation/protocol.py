@@ -1,4 +1,4 @@
-"""How a run's encoder is evaluated, by the trainer (monitor and final rows) and by ``evaluate.py``.
+"""How a run's encoder is evaluated, by the trainer (monitor and final rows) and by ``sslkit-evaluate``.
 
 :class:`RunEvaluator` prepares the unshuffled loaders of a run's :class:`~.splits.Splits` once
 and measures any backbone on them:
@@ -17,18 +17,17 @@ from __future__ import annotations
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from sslkit import data
+from sslkit.datasets import ImageTensorDataset, Splits, build_loader
 from sslkit.errors import UserError
 from sslkit.evaluation.features import extract_features
 from sslkit.evaluation.knn import knn_accuracy
 from sslkit.evaluation.linear import linear_probe
 from sslkit.evaluation.retrieval import retrieval_metrics
-from sslkit.evaluation.splits import Splits
 
 
 def eval_loader(dataset: Dataset, batch_size: int, num_workers: int = 0) -> DataLoader:
     """An unshuffled loader over every sample, for feature extraction."""
-    return data.build_loader(dataset, batch_size, shuffle=False, drop_last=False, num_workers=num_workers)
+    return build_loader(dataset, batch_size, shuffle=False, drop_last=False, num_workers=num_workers)
 
 
 class RunEvaluator:
@@ -43,14 +42,15 @@ class RunEvaluator:
 
     def __init__(self, cfg, splits: Splits, preprocess: nn.Module, accelerator) -> None:
         self.cfg, self.splits, self.preprocess, self.accelerator = cfg, splits, preprocess, accelerator
+        # kNN and the probe need a labelled memory and test split; class-disjoint data has retrieval only.
+        self.classifies = splits.memory is not None and splits.test is not None
         # Unlabelled training data and no eval.data: nothing to measure on (the trainer skips evaluation).
-        self.available = splits.memory is not None and splits.test is not None
-        if not self.available:
-            self.memory_loader = self.test_loader = self.unseen_loader = None
-            return
+        self.available = self.classifies or splits.unseen is not None
         loader = lambda ds: eval_loader(ds, cfg.eval.batch_size, cfg.data.num_workers)  # noqa: E731
-        self.memory_loader, self.test_loader = accelerator.prepare(loader(splits.memory), loader(splits.test))
-        self.unseen_loader = accelerator.prepare(loader(splits.unseen)) if splits.unseen is not None else None
+        prepared = lambda ds: accelerator.prepare(loader(ds)) if ds is not None else None  # noqa: E731
+        self.memory_loader = prepared(splits.memory) if self.classifies else None
+        self.test_loader = prepared(splits.test) if self.classifies else None
+        self.unseen_loader, self.gallery_loader = prepared(splits.unseen), prepared(splits.gallery)
 
     def _features(self, backbone: nn.Module, loader: DataLoader):
         if loader is None:
@@ -78,13 +78,23 @@ class RunEvaluator:
         return self.evaluate(backbone, linear=False, unseen=False)
 
     def evaluate(self, backbone: nn.Module, linear: bool = True, unseen: bool = True) -> dict[str, float]:
-        """kNN, linear probe and (with held-out classes) ``unseen_*`` retrieval metrics of ``backbone``."""
-        train_x, train_y = self._features(backbone, self.memory_loader)
-        test_x, test_y = self._features(backbone, self.test_loader)
-        results = self._scores(train_x, train_y, test_x, test_y, linear)
+        """kNN, linear probe and (with held-out classes) ``unseen_*`` retrieval metrics of ``backbone``.
+
+        Class-disjoint data (no memory and test split) has the retrieval metrics only: the unseen
+        images retrieved from one another, or (In-shop) from the gallery.
+        """
+        results = {}
+        if self.classifies or self.unseen_loader is None:  # the latter: the one-line error of _features
+            train_x, train_y = self._features(backbone, self.memory_loader)
+            test_x, test_y = self._features(backbone, self.test_loader)
+            results = self._scores(train_x, train_y, test_x, test_y, linear)
         if unseen and self.unseen_loader is not None:
             features, labels = self._features(backbone, self.unseen_loader)
-            results.update({f"unseen_{k}": v for k, v in retrieval_metrics(features, labels).items()})
+            gallery = (None, None)  # without one, the unseen images are retrieved from one another
+            if self.gallery_loader is not None:
+                gallery = self._features(backbone, self.gallery_loader)
+            metrics = retrieval_metrics(features, labels, *gallery)
+            results.update({f"unseen_{k}": v for k, v in metrics.items()})
         return results
 
     def classifier_top1(self, method: nn.Module) -> float:
@@ -99,7 +109,7 @@ class RunEvaluator:
     def raw_pixels(self, linear: bool = True) -> dict[str, float]:
         """The same kNN (and probe) on flattened pixels in [0, 1]; {} for a dataset not held in memory."""
         memory, test = self.splits.memory, self.splits.test
-        if not self.available or not hasattr(memory, "images"):
+        if not self.available or not isinstance(memory, ImageTensorDataset):
             return {}
         train_x, test_x = memory.images.flatten(1).float() / 255, test.images.flatten(1).float() / 255
         return self._scores(train_x, memory.labels, test_x, test.labels, linear)

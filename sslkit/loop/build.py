@@ -14,34 +14,14 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
 from torch.utils.data import DataLoader, Sampler
 
-from sslkit import checkpoint, data, distributed, methods, models, optim, shards
+from sslkit import checkpoint, distributed, methods, models, optim
 from sslkit.config import Config
 from sslkit.console import console
+from sslkit.datasets import Splits, WithIndices, collate_batch, shards, training_sampler
 from sslkit.errors import UserError
-from sslkit.evaluation import Splits
 from sslkit.loop.signals import signal_of
+from sslkit.losses.partial_fc import keep_optimizer_state_in_class_order
 from sslkit.sync_batchnorm import convert_sync_batchnorm
-
-
-class EpochShuffleSampler(Sampler[int]):
-    """A permutation of the dataset that depends only on ``(seed, epoch)``.
-
-    Why not ``RandomSampler``: its order depends on the global RNG at the moment the epoch
-    starts, so a resumed run would see different batches. Here ``set_epoch`` picks the order.
-    """
-
-    def __init__(self, size: int, seed: int) -> None:
-        self.size, self.seed, self.epoch = size, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return iter(torch.randperm(self.size, generator=generator).tolist())
-
-    def __len__(self) -> int:
-        return self.size
 
 
 def make_run_dir(cfg: Config) -> Path:
@@ -85,22 +65,23 @@ def check_training_set(cfg: Config, splits: Splits, world: int) -> int:
     return batch // world
 
 
-def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoader, EpochShuffleSampler]:
+def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoader, Sampler]:
     """The training loader (uint8 batches, ``local_batch`` per process) and the sampler that orders its epochs."""
     if isinstance(train_set, shards.ShardStream):  # tar shards: the stream splits and orders its own epochs
         if methods.METHODS[cfg.method.name].needs_indices:
             raise UserError(f"method '{cfg.method.name}' keeps per-sample state, which streamed shards cannot index")
         loader = shards.stream_loader(train_set, local_batch, cfg.data.num_workers, cfg.run.seed)
         return loader, loader
-    sampler = EpochShuffleSampler(len(train_set), cfg.run.seed)
+    d, batch = cfg.data, cfg.train.batch_size
+    sampler = training_sampler(d.sampler, train_set.labels, d.m_per_class, batch, local_batch, cfg.run.seed)
     # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
     needs_indices = methods.METHODS[cfg.method.name].needs_indices
     loader = DataLoader(
-        data.WithIndices(train_set) if needs_indices else train_set,
+        WithIndices(train_set) if needs_indices else train_set,
         batch_size=local_batch,
         sampler=sampler,
         drop_last=True,
-        collate_fn=data.collate_batch,
+        collate_fn=collate_batch,
         num_workers=cfg.data.num_workers,
         persistent_workers=cfg.data.num_workers > 0,
         # A preemption signal sent to every process must not kill a worker mid-epoch: the run stops at a step
@@ -166,6 +147,8 @@ def make_optimizer(cfg: Config, method: torch.nn.Module) -> tuple[torch.optim.Op
     no_decay = {f"backbone.{name}" for name in optim.model_no_weight_decay(method.backbone)}
     groups = optim.parameter_groups(method, o.weight_decay, o.exclude_bias_and_norm, lr_scales, no_decay)
     optimizer = optim.build_optimizer(o.name, groups, lr, o.momentum, o.weight_decay, o.betas, o.trust_coefficient)
+    # Partial FC heads hold a block of classes per process: their optimizer state is saved whole, in class order.
+    keep_optimizer_state_in_class_order(method, optimizer)
     return optimizer, lr
 
 

@@ -8,10 +8,10 @@ DDP, shards the loader, and saves/loads state. Sections, in order:
 
 and the loop body reads augment -> forward -> check -> backward -> step -> after-step hook ->
 log -> checkpoint. The prepared pieces travel together as one :class:`Run`. Evaluation (the kNN
-monitor and the final rows) lives in :mod:`sslkit.evaluation`, shared with ``sslkit/evaluate.py``.
+monitor and the final rows) lives in :mod:`sslkit.evaluation`, shared with ``sslkit-evaluate``.
 
 Exactness of resume: the data order of epoch ``e`` is a pure function of ``(seed, e)``
-(:class:`~sslkit.loop.build.EpochShuffleSampler`), the learning rate a pure function of the step, and
+(:mod:`sslkit.datasets.samplers`), the learning rate a pure function of the step, and
 ``accelerator.save_state`` stores model, optimizer, scaler and every process's RNG states
 (kornia draws augmentation parameters from the torch RNG). A run resumed from a checkpoint
 therefore continues with the same batches, augmentations and updates.
@@ -26,15 +26,16 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
+from torch.utils.data import Sampler
 
-from sslkit import checkpoint, distributed, folders, label_subset, launch, methods, models, shards
+from sslkit import checkpoint, distributed, launch, methods, models
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, save_config, to_dict
 from sslkit.console import console, print_config, results_table
+from sslkit.datasets import Splits, build_splits, folders, label_subset, shards
 from sslkit.errors import Preempted
-from sslkit.evaluation import RunEvaluator, Splits, build_splits
+from sslkit.evaluation import RunEvaluator
 from sslkit.loop.build import (
-    EpochShuffleSampler,
     check_training_set,
     make_accelerator,
     make_backbone,
@@ -62,7 +63,7 @@ class Run:
     accelerator: Accelerator
     step: TrainingStep  # the prepared method and optimizer
     loader: object  # the prepared DataLoader, or a shards.StreamLoader
-    sampler: EpochShuffleSampler | shards.StreamLoader
+    sampler: Sampler | shards.StreamLoader
     augment: TwoViewAugment
     schedule: Schedule
     evaluator: RunEvaluator
@@ -192,7 +193,7 @@ def end_epoch(run: Run) -> None:
     """An epoch ran to its end: count it, run the kNN monitor and save when the recipe says so."""
     cfg, progress, evaluator = run.cfg, run.progress, run.evaluator
     progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
-    every = cfg.train.knn_every_epochs if evaluator.available else 0  # no labelled evaluation set: no monitor
+    every = cfg.train.knn_every_epochs if evaluator.classifies else 0  # no labelled evaluation set: no monitor
     if every and progress.epoch % every == 0 and progress.step < run.schedule.total_steps:  # last: final evaluation
         distributed.broadcast_buffers(run.unwrapped)  # every process evaluates rank 0's
         knn = evaluator.knn(run.unwrapped.backbone)
@@ -244,7 +245,7 @@ def final_evaluation(cfg: Config, evaluator: RunEvaluator, method, start_state: 
     if not evaluator.available:
         return {"trained": {}}
     results = {"trained": evaluator.evaluate(method.backbone)}
-    if method.classifier_metric:  # fine-tuning, the heads: the network's own test top-1
+    if method.classifier_metric and evaluator.classifies:  # fine-tuning, the heads: the network's own test top-1
         results["trained"][method.classifier_metric] = evaluator.classifier_top1(method)
     if start_state is not None:
         # Built only now: building it draws from the RNG, which training must not see.
@@ -288,7 +289,9 @@ def prepare_run(cfg: Config) -> tuple[Run, dict | None]:
     set_seed(cfg.run.seed, device_specific=True)
 
     # ------------------------------------------------------------------ data
-    splits = build_splits(cfg, run_dir=run_dir)  # a resumed run reads its label subset back
+    # A resumed run reads its label subset back; supervised methods train on the labelled images only.
+    needs_labels = methods.METHODS[cfg.method.name].needs_labels
+    splits = build_splits(cfg, run_dir=run_dir, labelled_training=needs_labels)
     info = splits.info
     notes += folders.prepare_training_set(cfg, splits, accelerator.device)  # where images decode; evaluation or not
     local_batch = check_training_set(cfg, splits, accelerator.num_processes)

@@ -3,6 +3,7 @@
 References:
     [0] ArcFace, Deng et al. 2019, https://arxiv.org/abs/1801.07698 (eq. 3)
     [1] insightface's reference implementation (the ``th`` / ``mm`` fallback for theta + m > pi)
+    [2] Partial FC, An et al. 2022, https://arxiv.org/abs/2203.15565
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import math
 import torch
 
 from sslkit.losses._common import as_number, check_flag, check_positive
+from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
+from sslkit.losses.partial_fc import PartialFC, check_sample_rate
 
 # sin(theta) = sqrt(1 - cos^2) has an infinite derivative at cos = +-1; below this the sine is
 # held constant, so an embedding exactly on (or opposite) its class weight gets finite gradients.
@@ -57,6 +60,10 @@ class ArcFaceHead(MarginSoftmaxHead):
         scale: s > 0.
         margin: m in radians, in [0, pi/2).
         easy_margin: apply the margin only where ``cos theta_y > 0`` instead of the fallback.
+        partial_fc: shard the class weights across processes and sample them each step
+            (Partial FC, :mod:`sslkit.losses.partial_fc`); the ``state_dict`` still holds all C rows.
+        sample_rate: with ``partial_fc``, the share of each process's classes kept per step,
+            the batch's own classes always among them (0.1 in [2]'s recipes); 1 is the full head.
 
     Shape:
         embeddings: (N, D); labels: (N,) in [0, C); returns a scalar; ``logits``: (N, C) = s cos.
@@ -73,8 +80,12 @@ class ArcFaceHead(MarginSoftmaxHead):
         scale: float = 64.0,
         margin: float = 0.5,
         easy_margin: bool = False,
+        partial_fc: bool = False,
+        sample_rate: float = 1.0,
     ) -> None:
-        super().__init__(embedding_dim, num_classes)
+        partial_fc, sample_rate = check_sample_rate(partial_fc, sample_rate)
+        sharding = PartialFC(check_positive_int(num_classes, "num_classes"), sample_rate) if partial_fc else None
+        super().__init__(embedding_dim, num_classes, sharding)
         self.scale = check_positive(scale, "scale")
         margin = as_number(margin, "margin")
         if not 0 <= margin < math.pi / 2:
@@ -89,4 +100,5 @@ class ArcFaceHead(MarginSoftmaxHead):
         return (
             f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, scale={self.scale}, "
             f"margin={self.margin}, easy_margin={self.easy_margin}"
+            + (f", partial_fc=True, sample_rate={self.partial_fc.sample_rate}" if self.partial_fc else "")
         )

@@ -3,6 +3,7 @@
 References:
     [0] CosFace, Wang et al. 2018, https://arxiv.org/abs/1801.09414 (eq. 4, LMCL)
     [1] AM-Softmax, Wang et al. 2018, https://arxiv.org/abs/1801.05599 (the same loss, s = 30)
+    [2] Partial FC, An et al. 2022, https://arxiv.org/abs/2203.15565
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import torch
 
 from sslkit.losses._common import as_number, check_positive
+from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
+from sslkit.losses.partial_fc import PartialFC, check_sample_rate
 
 
 def cosface_target_logit(cos_target: torch.Tensor, margin: float) -> torch.Tensor:
@@ -32,6 +35,10 @@ class CosFaceHead(MarginSoftmaxHead):
         num_classes: C.
         scale: s > 0.
         margin: m in [0, 1); 0 gives the normalised softmax with scale s.
+        partial_fc: shard the class weights across processes and sample them each step
+            (Partial FC, :mod:`sslkit.losses.partial_fc`); the ``state_dict`` still holds all C rows.
+        sample_rate: with ``partial_fc``, the share of each process's classes kept per step,
+            the batch's own classes always among them (0.1 in [2]'s recipes); 1 is the full head.
 
     Shape:
         embeddings: (N, D); labels: (N,) in [0, C); returns a scalar; ``logits``: (N, C) = s cos.
@@ -41,8 +48,18 @@ class CosFaceHead(MarginSoftmaxHead):
     torch.Size([])
     """
 
-    def __init__(self, embedding_dim: int, num_classes: int, scale: float = 64.0, margin: float = 0.35) -> None:
-        super().__init__(embedding_dim, num_classes)
+    def __init__(
+        self,
+        embedding_dim: int,
+        num_classes: int,
+        scale: float = 64.0,
+        margin: float = 0.35,
+        partial_fc: bool = False,
+        sample_rate: float = 1.0,
+    ) -> None:
+        partial_fc, sample_rate = check_sample_rate(partial_fc, sample_rate)
+        sharding = PartialFC(check_positive_int(num_classes, "num_classes"), sample_rate) if partial_fc else None
+        super().__init__(embedding_dim, num_classes, sharding)
         self.scale = check_positive(scale, "scale")
         margin = as_number(margin, "margin")
         if not 0 <= margin < 1:
@@ -56,4 +73,5 @@ class CosFaceHead(MarginSoftmaxHead):
         return (
             f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, "
             f"scale={self.scale}, margin={self.margin}"
+            + (f", partial_fc=True, sample_rate={self.partial_fc.sample_rate}" if self.partial_fc else "")
         )

@@ -10,7 +10,10 @@ A head owns parameters (class weights, proxies), so unlike the pair losses it is
 * ``head.num_classes``.
 
 The weights are ordinary parameters: under DDP they are averaged like the backbone's, so no
-head needs a cross-process gather.
+head needs a cross-process gather. The exception is a head built with ``partial_fc=True``
+(:mod:`sslkit.losses.partial_fc`): each process then holds a block of the class rows, named in
+``sharded_parameters`` so that DDP leaves them alone, and its ``state_dict`` still holds the
+whole (C, D) matrix in class order.
 """
 
 from __future__ import annotations
@@ -77,10 +80,31 @@ class Head(nn.Module):
         num_classes: C, the number of training classes.
     """
 
+    # Partial FC: this process's block of the class rows, and the names of the (rows, D)
+    # parameters sharded so (each process holds other rows: DDP must neither average nor
+    # broadcast them). None and () for a head that holds every class.
+    partial_fc: nn.Module | None = None  # a sslkit.losses.partial_fc.PartialFC
+    sharded_parameters: tuple[str, ...] = ()
+
     def __init__(self, embedding_dim: int, num_classes: int) -> None:
         super().__init__()
         self.embedding_dim = check_positive_int(embedding_dim, "embedding_dim")
         self.num_classes = check_positive_int(num_classes, "num_classes")
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # A sharded parameter is saved whole, in class order: every process must call state_dict().
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name in self.sharded_parameters:
+            destination[prefix + name] = self.partial_fc.gather_rows(destination[prefix + name])
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        # The whole (C, D) matrix in class order: this process takes its rows (another shape is
+        # left for the shape check to report).
+        state_dict = dict(state_dict)
+        for key in (prefix + name for name in self.sharded_parameters):
+            if key in state_dict and state_dict[key].dim() and state_dict[key].shape[0] == self.num_classes:
+                state_dict[key] = self.partial_fc.own_rows(state_dict[key])
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def check_inputs(
         self, embeddings: torch.Tensor, labels: torch.Tensor | None | object = _NO_LABELS

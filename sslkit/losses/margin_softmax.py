@@ -50,6 +50,8 @@ References:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -502,10 +504,14 @@ class MarginSoftmaxHead(Head):
 
     The weight is stored (C, D) as in ``nn.Linear`` (pytorch-metric-learning stores ``W`` as
     (D, C)). It is a parameter: under DDP it is averaged like the backbone, no gather needed.
+    With a :class:`~sslkit.losses.partial_fc.PartialFC` (a head's ``partial_fc=True``) it is
+    this process's block of the rows instead, the loss is Partial FC's, and ``logits`` gathers
+    the whole weight (every process must call it).
 
     Args:
         embedding_dim: D.
         num_classes: C.
+        partial_fc: the block of classes this process holds and samples from; None holds every class.
 
     Shape:
         embeddings: (N, D), any float dtype (the math runs in fp32, fp64 stays fp64).
@@ -527,10 +533,18 @@ class MarginSoftmaxHead(Head):
     normalize_weights: bool = True
     scale: float = 1.0
 
-    def __init__(self, embedding_dim: int, num_classes: int) -> None:
+    def __init__(self, embedding_dim: int, num_classes: int, partial_fc: torch.nn.Module | None = None) -> None:
         super().__init__(embedding_dim, num_classes)
-        self.weight = torch.nn.Parameter(torch.empty(self.num_classes, self.embedding_dim))
-        torch.nn.init.xavier_uniform_(self.weight)
+        rows = partial_fc.rows if partial_fc is not None else self.num_classes
+        self.weight = torch.nn.Parameter(torch.empty(rows, self.embedding_dim))
+        if partial_fc is None:
+            torch.nn.init.xavier_uniform_(self.weight)
+        else:
+            if not (self.normalize_features and self.normalize_weights):
+                raise ValueError(f"partial_fc needs unit features and weights; {type(self).__name__} keeps norms")
+            self.partial_fc, self.sharded_parameters = partial_fc, ("weight",)
+            bound = math.sqrt(6.0 / (self.num_classes + self.embedding_dim))  # xavier_uniform_ of the whole (C, D)
+            partial_fc.init_rows(self.weight, lambda rows, seeded: rows.uniform_(-bound, bound, generator=seeded))
         self.workspace = Workspace()  # scratch memory of the fused loss, reused between steps
 
     def target_logit(self, cos_target: torch.Tensor) -> torch.Tensor:
@@ -561,6 +575,8 @@ class MarginSoftmaxHead(Head):
         """
         features, radius = self._features(embeddings)
         weight = self.weight.to(features.dtype)
+        if self.partial_fc is not None:
+            weight = self.partial_fc.gather_rows(weight)
         if self.normalize_weights:
             # With labels this is the loss path: the logits go straight into margin_cross_entropy.
             private = labels is not None
@@ -577,6 +593,9 @@ class MarginSoftmaxHead(Head):
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         labels = self.check_inputs(embeddings, labels)
+        if self.partial_fc is not None:
+            weight, workspace = self.weight, self.workspace
+            return self.partial_fc.loss(embeddings, labels, weight, self.scale, self.target_logit, True, workspace)
         with full_precision(embeddings.device):
             if self.normalize_weights:
                 features, radius = self._features(embeddings)

@@ -5,6 +5,7 @@ References:
         https://arxiv.org/abs/1703.07464 (Section 3, the NCA loss written on proxies)
     [1] ProxyNCA++, Teh et al. 2020, https://arxiv.org/abs/2004.01113 (temperature T = 1/9,
         fast-moving proxies)
+    [2] Partial FC, An et al. 2022, https://arxiv.org/abs/2203.15565
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sslkit.losses._common import check_flag, check_positive, full_precision, up
 from sslkit.losses._workspace import Workspace
 from sslkit.losses.head import Head, check_proxy_inputs
 from sslkit.losses.margin_softmax import _scaled_unit_rows, cosine_margin_cross_entropy
+from sslkit.losses.partial_fc import PartialFC, check_sample_rate
 
 
 def _unchanged(cos_target: torch.Tensor) -> torch.Tensor:
@@ -124,6 +126,11 @@ class ProxyNCAHead(Head):
             The default 100 follows the latter and matches Proxy-Anchor's 100x.
         include_positive_in_denominator: see :func:`proxy_nca_loss`. Default False, the
             paper's form; True matches pytorch-metric-learning and ProxyNCA++.
+        partial_fc: shard the proxies across processes and sample them each step (Partial FC
+            [2], :mod:`sslkit.losses.partial_fc`); the ``state_dict`` still holds all C rows, and
+            ``logits`` gathers them (every process must call it).
+        sample_rate: with ``partial_fc``, the share of each process's proxies kept per step, the
+            batch's own classes always among them; 1 is the full head.
 
     The proxies are a (C, D) parameter (one row per class) initialised N(0, 1/64) as in the
     reference implementations (``randn / 8``). Only their direction matters to the loss;
@@ -146,8 +153,11 @@ class ProxyNCAHead(Head):
         scale: float = 9.0,
         proxy_lr_scale: float = 100.0,
         include_positive_in_denominator: bool = False,
+        partial_fc: bool = False,
+        sample_rate: float = 1.0,
     ) -> None:
         super().__init__(embedding_dim, num_classes)
+        partial_fc, sample_rate = check_sample_rate(partial_fc, sample_rate)
         include_positive_in_denominator = check_flag(
             include_positive_in_denominator, "include_positive_in_denominator"
         )
@@ -159,18 +169,27 @@ class ProxyNCAHead(Head):
         self.scale = check_positive(scale, "scale")
         self.proxy_lr_scale = check_positive(proxy_lr_scale, "proxy_lr_scale")
         self.include_positive_in_denominator = include_positive_in_denominator
-        self.proxies = nn.Parameter(torch.randn(self.num_classes, self.embedding_dim) / 8)  # (C, D)
+        if partial_fc:
+            self.partial_fc, self.sharded_parameters = PartialFC(self.num_classes, sample_rate), ("proxies",)
+            self.proxies = nn.Parameter(torch.empty(self.partial_fc.rows, self.embedding_dim))  # (C / W, D)
+            self.partial_fc.init_rows(self.proxies, lambda rows, seeded: rows.normal_(0.0, 1 / 8, generator=seeded))
+        else:
+            self.proxies = nn.Parameter(torch.randn(self.num_classes, self.embedding_dim) / 8)  # (C, D)
         self.workspace = Workspace()  # scratch memory of the fused loss, reused between steps
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         labels = self.check_inputs(embeddings, labels)
+        if self.partial_fc is not None:  # -s d = 2 s cos - 2 s, as in _proxy_nca_loss
+            in_denominator = self.include_positive_in_denominator
+            return self.partial_fc.loss(embeddings, labels, self.proxies, 2.0 * self.scale, _unchanged, in_denominator)
         return _proxy_nca_loss(
             embeddings, labels, self.proxies, self.scale, self.include_positive_in_denominator, self.workspace
         )
 
     def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
         self.check_inputs(embeddings)
-        return proxy_nca_logits(embeddings, self.proxies, self.scale)
+        proxies = self.proxies if self.partial_fc is None else self.partial_fc.gather_rows(self.proxies)
+        return proxy_nca_logits(embeddings, proxies, self.scale)
 
     def param_groups(self) -> list[dict]:
         return [{"params": [self.proxies], "lr_scale": self.proxy_lr_scale, "name": "proxy_nca.proxies"}]
@@ -180,4 +199,5 @@ class ProxyNCAHead(Head):
             f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, scale={self.scale}, "
             f"proxy_lr_scale={self.proxy_lr_scale}, "
             f"include_positive_in_denominator={self.include_positive_in_denominator}"
+            + (f", partial_fc=True, sample_rate={self.partial_fc.sample_rate}" if self.partial_fc else "")
         )

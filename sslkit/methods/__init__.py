@@ -147,7 +147,7 @@ def load_teacher(source: str | None, num_classes: int, in_channels: int) -> Meth
     Built from the run's own ``config.yaml`` (checked against the schema and its method's options;
     the rest was checked when it trained) with its own method, which must have a classifier
     (``classifier_metric``). The path is checked here, when the run starts, not when the recipe
-    loads: a sweep plans the student before its teacher exists (``tools/label_efficiency.py``).
+    loads: a sweep plans the student before its teacher exists (``sslkit-label-efficiency``).
     """
     if not source:
         raise UserError(

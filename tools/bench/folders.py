@@ -7,7 +7,7 @@ kept and reused): ``--images`` JPEGs of random smooth content, each side drawn f
 independently, so sizes and aspect ratios vary. Two pipelines then read it, each in a
 DataLoader with ``--workers`` worker processes and batches of ``--batch`` images:
 
-- ``sslkit``: :func:`sslkit.folders.image_folder` with the loader :func:`sslkit.loop.build.make_train_loader`
+- ``sslkit``: :func:`sslkit.datasets.folders.image_folder` with the loader :func:`sslkit.loop.build.make_train_loader`
   builds; the workers decode each JPEG at its own size into a padded batch, and
   :class:`sslkit.augment.TwoViewAugment` (the SimCLR set at 224 px) augments the whole batch in the
   training process, as in training.
@@ -48,10 +48,10 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from torchvision.transforms import v2 as T  # noqa: E402
 
-from sslkit import folders  # noqa: E402
 from sslkit.augment import TwoViewAugment, kernel_size_for  # noqa: E402
 from sslkit.config import Config  # noqa: E402
-from sslkit.data import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
+from sslkit.datasets import folders  # noqa: E402
+from sslkit.datasets.base import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
 from sslkit.loop.build import make_train_loader  # noqa: E402
 
 

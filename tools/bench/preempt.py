@@ -53,7 +53,7 @@ def free_port() -> int:
 
 def start(out: Path, name: str, processes: int, overrides: list[str]) -> list[subprocess.Popen]:
     """One process per rank, each told its rank in the environment (as srun and a batch script do)."""
-    command = [sys.executable, "-m", "sslkit.pretrain", "quickstart", f"run.output_dir={out}", f"run.name={name}"]
+    command = [sys.executable, "-m", "sslkit.cli.pretrain", "quickstart", f"run.output_dir={out}", f"run.name={name}"]
     base = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     ranks = [{}]
     if processes > 1:

@@ -4,7 +4,7 @@
 
 Both sides train the same SimCLR for the same epochs and are scored by the same evaluator:
 
-- ``sslkit``: ``sslkit/pretrain.py`` with the recipe in a subprocess, as a user runs it.
+- ``sslkit``: ``python -m sslkit.cli.pretrain`` with the recipe in a subprocess, as a user runs it.
   Images/s and data wait come from the run's ``metrics.jsonl`` (logged every step here), the
   trained backbone from its ``backbone.safetensors``.
 - ``lightly``: a plain PyTorch loop a lightly user would write. ``lightly.transforms.SimCLRTransform``
@@ -58,7 +58,7 @@ from rich.table import Table  # noqa: E402
 from sslkit.config import Config, EvalConfig, load_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-PRETRAIN = ROOT / "sslkit" / "pretrain.py"
+PRETRAIN = "sslkit.cli.pretrain"
 FASHION_RECIPE = ROOT / "recipes" / "fashion_mnist_simclr.yaml"
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 QUICKSTART_FASHION = ["data.name=fashion_mnist", "augment.image_size=28"]
@@ -179,11 +179,12 @@ def read_sslkit_metrics(metrics_path: Path, batch_size: int, batches_per_epoch: 
 def run_sslkit(
     recipe: Path, overrides: list[str], workdir: Path, batches_per_epoch: int, batch_size: int, timeout: float
 ) -> dict:
-    """``sslkit/pretrain.py`` in a subprocess; images/s from its metrics, the backbone from its run directory."""
+    """``python -m sslkit.cli.pretrain`` in a subprocess; images/s from its metrics, the backbone from its run
+    directory."""
     run_overrides = [*overrides, *SSLKIT_RUN_OVERRIDES, f"run.output_dir={workdir}", "run.name=race-sslkit"]
     if "compare_raw_pixels" in {f.name for f in dataclasses.fields(EvalConfig)}:
         run_overrides.append("eval.compare_raw_pixels=false")
-    command = [sys.executable, str(PRETRAIN), str(recipe), *run_overrides]
+    command = [sys.executable, "-m", PRETRAIN, str(recipe), *run_overrides]
     shutil.rmtree(workdir / "race-sslkit", ignore_errors=True)  # the race's own scratch run: a rerun starts over
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
@@ -191,7 +192,7 @@ def run_sslkit(
     wall = time.perf_counter() - start
     if process.returncode != 0:
         tail = (process.stderr.strip() or process.stdout.strip()).splitlines()[-5:]
-        raise RuntimeError(f"sslkit/pretrain.py exited with {process.returncode}: {' | '.join(tail)}")
+        raise RuntimeError(f"sslkit-pretrain exited with {process.returncode}: {' | '.join(tail)}")
     run_dir = workdir / "race-sslkit"
     figures = read_sslkit_metrics(run_dir / "metrics.jsonl", batch_size, batches_per_epoch)
     results = json.loads((run_dir / "results.json").read_text())["results"]["trained"]
@@ -369,12 +370,12 @@ def train_lightly(cfg: Config, train_set, num_workers: int, max_steps: int | Non
 
 def knn_of(backbone: torch.nn.Module, cfg: Config, train_set, test_set) -> float:
     """kNN top-1 of frozen ``backbone`` features, exactly as sslkit's trainer evaluates (EvalTransform, k, T)."""
-    from sslkit import data, evaluation
+    from sslkit import datasets, evaluation
     from sslkit.augment import EvalTransform
 
     info = train_set.info
     preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize)
-    loader = lambda ds: data.build_loader(ds, cfg.eval.batch_size, shuffle=False, drop_last=False)  # noqa: E731
+    loader = lambda ds: datasets.build_loader(ds, cfg.eval.batch_size, shuffle=False, drop_last=False)  # noqa: E731
     train_x, train_y = evaluation.extract_features(backbone, loader(train_set), preprocess)
     test_x, test_y = evaluation.extract_features(backbone, loader(test_set), preprocess)
     return evaluation.knn_accuracy(
@@ -445,7 +446,7 @@ def render(result: dict, console: Console) -> None:
         table.add_column(column, justify="left" if not column else "right")
     s, lt = result["sslkit"], result["lightly"]
     table.add_row(
-        "sslkit (sslkit/pretrain.py)",
+        "sslkit (sslkit-pretrain)",
         f"{s['images_per_s']:.0f}",
         f"{100 * s['data_wait_share']:.1f}%",
         f"{1e3 * s['data_wait_max_s']:.1f}",
@@ -515,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
 
-    from sslkit import data
+    from sslkit import datasets
     from sslkit.console import print_user_error
     from sslkit.errors import UserError
 
@@ -528,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(recipe, overrides)
         if cfg.data.name == "fashion_mnist":
             try:
-                data.build_dataset("fashion_mnist", "test", cfg.data.root)
+                datasets.build_dataset("fashion_mnist", "test", cfg.data.root)
             except UserError:
                 note = "Fashion-MNIST files not found: raced on scikit-learn's digits (8x8, crops 16x16) instead"
                 overrides = [o for o in overrides if o not in QUICKSTART_FASHION] + [
@@ -537,8 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 cfg = load_config(recipe, overrides)
         check_raceable(cfg)
-        train_set = data.build_dataset(cfg.data.name, "train", cfg.data.root)
-        test_set = data.build_dataset(cfg.data.name, "test", cfg.data.root)
+        train_set = datasets.build_dataset(cfg.data.name, "train", cfg.data.root)
+        test_set = datasets.build_dataset(cfg.data.name, "test", cfg.data.root)
     except UserError as error:
         print_user_error(error)
         return 2
@@ -548,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sslkit-race-") as temporary:
         workdir = args.workdir or Path(temporary)
         workdir.mkdir(parents=True, exist_ok=True)
-        console.print(f"sslkit: sslkit/pretrain.py {recipe.name} {' '.join(overrides)} ({cfg.train.epochs} epoch(s))")
+        console.print(f"sslkit: sslkit-pretrain {recipe.name} {' '.join(overrides)} ({cfg.train.epochs} epoch(s))")
         sslkit = run_sslkit(
             recipe.resolve(), overrides, workdir.resolve(), batches_per_epoch, cfg.train.batch_size, args.timeout
         )

@@ -53,12 +53,12 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from sslkit import data, models  # noqa: E402
+from sslkit import datasets, models  # noqa: E402
 from sslkit.augment import TwoViewAugment  # noqa: E402
 from sslkit.config import Config, load_config  # noqa: E402
-from sslkit.evaluation import build_splits  # noqa: E402
+from sslkit.datasets import EpochShuffleSampler, build_splits  # noqa: E402
+from sslkit.datasets.idx import FASHION_MNIST_ROOT  # noqa: E402
 from sslkit.loop import build  # noqa: E402
-from sslkit.loop.build import EpochShuffleSampler  # noqa: E402
 from sslkit.loop.state import Schedule  # noqa: E402
 from sslkit.loop.step import FiniteLoss, TrainingStep  # noqa: E402
 
@@ -81,7 +81,7 @@ def default_recipe() -> tuple[Path, list[str]]:
 
 def fashion_mnist_available(cfg: Config) -> bool:
     try:
-        data.build_dataset("fashion_mnist", "test", cfg.data.root)
+        datasets.build_dataset("fashion_mnist", "test", cfg.data.root)
     except Exception:  # a UserError naming the missing files; the caller reports the fallback
         return False
     return True
@@ -100,7 +100,7 @@ def resolve_config(
     note = None
     if cfg.data.name == "fashion_mnist" and not fashion_mnist_available(cfg):
         note = (
-            f"Fashion-MNIST files not found in {cfg.data.root or data.FASHION_MNIST_ROOT}: "
+            f"Fashion-MNIST files not found in {cfg.data.root or FASHION_MNIST_ROOT}: "
             f"measured on scikit-learn's digits (8x8) instead"
         )
         # Digits are 8x8: the quick start's 16x16 crop, not Fashion-MNIST's 28.

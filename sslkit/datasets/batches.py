@@ -1,7 +1,7 @@
 """Batches of images of different sizes: padded pixels with each image's own size, or still encoded.
 
 The in-memory datasets hand the accelerator one uint8 tensor ``(B, C, H, W)``. Images read from
-files (:mod:`sslkit.folders`, :mod:`sslkit.shards`) keep their own size and aspect ratio, so a
+files (:mod:`sslkit.datasets.folders`, :mod:`sslkit.datasets.shards`) keep their own size and aspect ratio, so a
 batch of them is an :class:`ImageBatch`: the images pasted into the top-left corner of one
 zero tensor as large as the largest, with each image's valid ``(height, width)``. The random
 resized crops (:mod:`sslkit.crops`) are then drawn on each image's valid region and cut from
@@ -10,7 +10,7 @@ its original pixels. When the accelerator decodes (a CUDA device), the loader ha
 :class:`ImageBatch` on the device.
 
 Both carry the names of the files found corrupt while the batch was made (``corrupt``), which
-:class:`sslkit.folders.CorruptCount` adds up; each corrupt file was replaced by another image,
+:class:`sslkit.datasets.folders.CorruptCount` adds up; each corrupt file was replaced by another image,
 so a batch always holds the batch size.
 
 Both have ``to(device)``, so Accelerate's loader moves them like a tensor.

@@ -6,13 +6,13 @@ into a shard as its original bytes, under a key made of its position in that sor
 hold ``--per-shard`` images each (the last one the rest) and are written by webdataset's
 ``ShardWriter``:
 
-    python tools/write_shards.py ~/photos shards/photos-%06d.tar --per-shard 1000
-    python sslkit/pretrain.py recipes/simclr.yaml data.name=webdataset \\
+    sslkit-write-shards ~/photos shards/photos-%06d.tar --per-shard 1000
+    sslkit-pretrain recipes/simclr.yaml data.name=webdataset \\
         data.root='shards/photos-{000000..000009}.tar'
 
 For every sample to be read once an epoch, make the number of shards a multiple of
 processes x ``data.num_workers`` and ``--per-shard`` a multiple of the per-process batch size
-(see ``sslkit/shards.py``). The command prints the brace pattern of what it wrote.
+(see ``sslkit/datasets/shards.py``). The command prints the brace pattern of what it wrote.
 """
 
 from __future__ import annotations
@@ -21,15 +21,13 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sslkit.console import print_user_error  # noqa: E402
-from sslkit.errors import UserError  # noqa: E402
+from sslkit.console import print_user_error
+from sslkit.errors import UserError
 
 
 def write_shards(folder: Path, pattern: str, per_shard: int) -> list[str]:
     """Write the images under ``folder`` into shards named by ``pattern`` (``%06d`` numbers them); returns them."""
-    from sslkit import folders, shards
+    from sslkit.datasets import folders, shards
 
     wds = shards._webdataset()
     if "%" not in pattern:
@@ -51,7 +49,7 @@ def write_shards(folder: Path, pattern: str, per_shard: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="sslkit-write-shards", description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="the image folder (any layout, any depth)")
     parser.add_argument("pattern", help="where the shards go, with a number placeholder: shards/train-%%06d.tar")
     parser.add_argument("--per-shard", type=int, default=1000, help="images per shard (default 1000)")

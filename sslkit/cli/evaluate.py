@@ -1,7 +1,7 @@
 """Evaluate a trained encoder: weighted kNN, linear probe (and retrieval on held-out classes).
 
-    python sslkit/evaluate.py runs/quickstart [key.sub=value ...] [--out results.json]
-    accelerate launch --num_processes 2 sslkit/evaluate.py runs/quickstart/checkpoints/step-00000420
+    sslkit-evaluate runs/quickstart [key.sub=value ...] [--out results.json]
+    accelerate launch --num_processes 2 -m sslkit.cli.evaluate runs/quickstart/checkpoints/step-00000420
 
 RUN_OR_CHECKPOINT is a run directory (its config.yaml and backbone are used), a checkpoint
 directory inside one, or an exported backbone file together with ``--recipe``.
@@ -9,21 +9,17 @@ directory inside one, or an exported backbone file together with ``--recipe``.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
+import os
 import sys
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path[0] = str(Path(__file__).resolve().parents[1])  # see sslkit/pretrain.py
-
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="sslkit-evaluate" if Path(sys.argv[0]).name == "sslkit-evaluate" else "sslkit/evaluate.py",
+        prog="sslkit-evaluate",
         description="kNN and linear-probe accuracy of a trained encoder.",
     )
     parser.add_argument("target", help="a run directory, a checkpoint directory, or a backbone .safetensors/.pt file")
@@ -146,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     from sslkit.augment import EvalTransform
     from sslkit.config import load_config
     from sslkit.console import console, results_table
-    from sslkit.evaluation import RunEvaluator, build_splits
+    from sslkit.datasets import build_splits
+    from sslkit.evaluation import RunEvaluator
 
     try:
         target = Path(args.target)

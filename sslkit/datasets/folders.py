@@ -11,7 +11,7 @@
 
 Files are listed by extension (:data:`IMAGE_EXTENSIONS`, any case); other files and hidden
 files and folders are ignored. Images keep their own size and aspect ratio (reduced to
-``data.max_size`` if set): a batch is an :class:`~sslkit.batches.ImageBatch` of padded images, and
+``data.max_size`` if set): a batch is an :class:`~sslkit.datasets.batches.ImageBatch` of padded images, and
 the crops are drawn on each original image (:mod:`sslkit.crops`).
 
 Decoding (:mod:`sslkit.decode`) runs in the DataLoader workers, or, when the accelerator is a
@@ -34,11 +34,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
+from torchvision.transforms.v2 import functional as TF
 
 from sslkit import decode
-from sslkit.batches import EncodedBatch, ImageBatch, pad_images
-from sslkit.data import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, _class_indices
+from sslkit.datasets.base import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, ImageDataset
+from sslkit.datasets.batches import EncodedBatch, ImageBatch, pad_images
 from sslkit.errors import UserError
 
 # What torchvision.io or Pillow decodes; every other file in the folder is ignored.
@@ -64,7 +64,7 @@ def _is_image(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS)
 
 
-class ImageFiles(Dataset):
+class ImageFiles(ImageDataset):
     """Image files decoded when a batch is fetched, at their own size (reduced to ``max_size``).
 
     Batches come from ``__getitems__`` (PyTorch's fetcher calls it with the batch's indices):
@@ -83,6 +83,8 @@ class ImageFiles(Dataset):
         labels: (N,) int64.
     """
 
+    reads_files = True
+
     def __init__(
         self, paths: Sequence[Path], labels: torch.Tensor, classes: list[str], max_size: int | None = None
     ) -> None:
@@ -90,13 +92,9 @@ class ImageFiles(Dataset):
         self.labels = labels
         self.classes = list(classes)
         self.max_size = max_size
-        self.decode_on_device = False
         # Statistics of the folder are unknown without decoding it all; ImageNet's are the usual stand-in.
         # image_size 0: the images keep their own sizes.
         self.info = DatasetInfo(3, 0, len(self.classes), IMAGENET_MEAN, IMAGENET_STD)
-
-    def __len__(self) -> int:
-        return len(self.paths)
 
     def _read(self, index: int) -> torch.Tensor | None:
         try:
@@ -144,10 +142,6 @@ class ImageFiles(Dataset):
         """The same images with other labels (-1: unlabelled)."""
         return ImageFiles(self.paths, labels, self.classes, self.max_size)
 
-    def select_classes(self, classes: Iterable[int], keep: bool = True) -> ImageFiles:
-        """The samples of ``classes`` (``keep=True``) or of every other class; labels unchanged."""
-        return self.subset(_class_indices(self.labels, classes, len(self.classes), keep))
-
 
 def has_labelled_splits(root: str | None) -> bool:
     """Whether ``root`` is laid out as ``train/<class>/`` and ``test/<class>/`` (a labelled image folder)."""
@@ -177,15 +171,13 @@ def image_folder(split: str, root: str | None, max_size: int | None = None) -> I
         paths = list_images(folder)
         _check_found(paths, folder)
         return ImageFiles(paths, torch.full((len(paths),), -1, dtype=torch.int64), [], max_size)
-    classes = sorted(d.name for d in (folder / "train").iterdir() if d.is_dir() and not d.name.startswith("."))
+    classes = _class_folders(folder / "train")
     if not classes:
         raise UserError(f"imagefolder: {folder / 'train'} has no class folders; put the images in train/<class>/")
     split_dir = folder / split
     if not split_dir.is_dir():
         raise UserError(f"imagefolder: {split_dir} does not exist; add it with the same class folders as train/")
-    unknown = sorted(
-        d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith(".") and d.name not in classes
-    )
+    unknown = sorted(set(_class_folders(split_dir)) - set(classes))
     if unknown:
         raise UserError(f"imagefolder: {split_dir} has classes that {folder / 'train'} lacks: {', '.join(unknown)}")
     paths, labels = [], []
@@ -194,6 +186,31 @@ def image_folder(split: str, root: str | None, max_size: int | None = None) -> I
         paths += found
         labels += [label] * len(found)
     _check_found(paths, split_dir)
+    return ImageFiles(paths, torch.tensor(labels, dtype=torch.int64), classes, max_size)
+
+
+def labelled_folder(root: str | None, max_size: int | None = None) -> ImageFiles:
+    """Every image of the class folders of ``root`` (``root/train`` when the folder has one), labelled by class.
+
+    For ``data.class_split``, which splits the classes rather than the images.
+
+    Raises:
+        UserError: no root, or no class folders with images in it.
+    """
+    if root is None:
+        raise UserError("data.class_split needs data.root: a folder of <class>/ folders of images")
+    base = Path(root).expanduser()
+    folder = base / "train" if has_labelled_splits(root) else base
+    if not folder.is_dir():
+        raise UserError(f"data.class_split: data.root {folder} is not a folder")
+    found = {name: list_images(folder / name) for name in _class_folders(folder)}
+    classes = [name for name, images in found.items() if images]  # sorted, as _class_folders lists them
+    if not classes:
+        raise UserError(f"data.class_split: {folder} has no <class>/ folders of images")
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        paths += found[name]
+        labels += [label] * len(found[name])
     return ImageFiles(paths, torch.tensor(labels, dtype=torch.int64), classes, max_size)
 
 
@@ -214,10 +231,16 @@ def prepare_training_set(cfg, splits, device: torch.device) -> list[str]:
     """
     notes = []
     train = splits.train
-    if hasattr(train, "decode_on_device") and cfg.data.decode == "auto" and device.type == "cuda":
+    if train.reads_files and cfg.data.decode == "auto" and device.type == "cuda":
         train.decode_on_device = True
         notes.append(f"JPEGs are decoded on {device} (nvJPEG) in batches; other formats in the loader workers")
-    if splits.test is None:
+    if splits.test is None and splits.unseen is not None:
+        queries = f"{len(splits.unseen)} queries against a gallery of {len(splits.gallery)}" if splits.gallery else ""
+        notes.append(
+            f"evaluation: retrieval (Recall@K, MAP@R, NMI) among the {len(splits.unseen.classes)} classes kept out of "
+            f"training{', ' + queries if queries else ''}; no kNN monitor (its classes are not the training classes)"
+        )
+    elif splits.test is None:
         notes.append(
             f"{cfg.data.name} at {cfg.data.root} has no labels and eval.data is not set: the kNN monitor and the "
             f"final evaluation are skipped (the backbone is still exported); set eval.data.root to a folder with "
@@ -243,7 +266,8 @@ class CorruptCount:
     def watch(self, batches: Iterable) -> Iterator:
         """``batches``, counting the corrupt files each one names."""
         for batch in batches:
-            self.add(getattr(batch[0], "corrupt", ()))
+            images = batch[0]
+            self.add(images.corrupt if isinstance(images, (ImageBatch, EncodedBatch)) else ())
             yield batch
 
     def add(self, names: Sequence[str]) -> None:
@@ -275,3 +299,117 @@ class CorruptCount:
             )
         self.names = {}
         return total
+
+
+# --------------------------------------------------------------------------- images resized to a square
+# data.image_size set: the older reader, labelled <class>/<image> folders, every image resized to one square.
+# It lists and decodes files as image_folder does; only the labels' layout and the square differ.
+
+
+def _class_folders(folder: Path) -> list[str]:
+    """The class folders directly under ``folder``, sorted; hidden ones skipped."""
+    return sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+class ImageFolderDataset(ImageDataset):
+    """Images in ``<class>/<image>`` folders, decoded when fetched and resized to a square.
+
+    Decoding is lazy: building the dataset only lists the files, so a corrupt image is found
+    when a batch first needs it. It then raises :class:`UserError` naming the file (with
+    ``num_workers > 0`` PyTorch re-raises it in the main process with the worker's traceback
+    in the message; the file name is on its last line). Checking every file up front would
+    mean decoding the whole folder before training starts.
+
+    Args:
+        samples: ``(path, label)`` pairs, as torchvision's ``make_dataset`` lists them.
+        classes: class names; ``classes[k]`` names label ``k``.
+        image_size: every image is resized to ``image_size x image_size``.
+    """
+
+    def __init__(self, samples: list[tuple[str, int]], classes: list[str], image_size: int) -> None:
+        self.samples = list(samples)
+        self.labels = torch.tensor([label for _, label in self.samples], dtype=torch.int64)
+        self.classes = list(classes)
+        self.image_size = image_size
+        # Statistics of the folder are unknown without decoding it all; ImageNet's are the usual stand-in.
+        self.info = DatasetInfo(3, image_size, len(self.classes), IMAGENET_MEAN, IMAGENET_STD)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One image ``(3, image_size, image_size)`` uint8 and its label, an int64 scalar tensor."""
+        return decode_and_resize(self.samples[index][0], self.image_size), self.labels[index]
+
+    def subset(self, indices: Sequence[int] | torch.Tensor) -> ImageFolderDataset:
+        """A new dataset of the given samples (labels and class names unchanged)."""
+        return ImageFolderDataset([self.samples[int(i)] for i in indices], self.classes, self.image_size)
+
+    def with_labels(self, labels: torch.Tensor) -> ImageFolderDataset:
+        """The same images with other labels (-1: unlabelled), e.g. only a labelled subset's."""
+        samples = [(path, int(label)) for (path, _), label in zip(self.samples, labels)]
+        return ImageFolderDataset(samples, self.classes, self.image_size)
+
+
+def decode_and_resize(path: str, image_size: int) -> torch.Tensor:
+    """Decode an image file to RGB uint8 (:func:`sslkit.decode.decode_rgb`) and resize it to a square.
+
+    Resizing every image to one size is loading, not augmentation: it is what lets a folder of
+    differently sized images form a batch. The aspect ratio is not kept.
+
+    Raises:
+        UserError: a file that cannot be read or decoded, named.
+
+    Shape:
+        returns: (3, image_size, image_size), uint8.
+    """
+    try:
+        image = decode.decode_rgb(torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8))
+    except (OSError, ValueError) as error:  # unreadable, or an empty file (frombuffer of no bytes)
+        raise UserError(f"cannot read image {path} ({error}); remove or fix this file") from None
+    if image is None:
+        raise UserError(f"cannot decode image {path}; remove or fix this file")
+    if image.shape[-2:] != (image_size, image_size):
+        image = TF.resize(image, [image_size, image_size], antialias=True)
+    return image
+
+
+def resized_image_folder(split: str, root: str | None, image_size: int) -> ImageFolderDataset:
+    """Images in ``root/<class>/<image>``, or ``root/train/<class>/...`` and ``root/test/<class>/...``,
+    resized to ``image_size`` squares (with ``image_size`` None, :func:`image_folder` reads the folder).
+
+    When ``root/train`` exists the splits are ``root/train`` and ``root/test``; otherwise ``root``
+    itself is the training split and there is no test split. Test classes are matched to the
+    training classes by name, so a class missing from the test folder does not shift the labels.
+    """
+    if root is None:
+        raise UserError(
+            "imagefolder needs data.root: a directory laid out as root/train/<class>/<image> "
+            "and root/test/<class>/<image>"
+        )
+    root_path = Path(root).expanduser()
+    if not root_path.is_dir():
+        raise UserError(f"imagefolder: data.root {root_path} is not a directory")
+    has_splits = (root_path / "train").is_dir()
+    train_dir = root_path / "train" if has_splits else root_path
+    if split == "test" and not (root_path / "test").is_dir():
+        raise UserError(
+            f"imagefolder: no test split: {root_path / 'test'} does not exist; training evaluates on one, "
+            f"so lay the folder out as root/train/<class>/... and root/test/<class>/... (a few images a class will do)"
+        )
+    folder = train_dir if split == "train" else root_path / "test"
+    classes = _class_folders(train_dir)
+    if not classes:
+        raise UserError(f"imagefolder: {train_dir} has no class folders; put the images in <class>/ folders")
+    if split == "test":
+        unknown = sorted(set(_class_folders(folder)) - set(classes))
+        if unknown:
+            raise UserError(f"imagefolder: {folder} has classes that {train_dir} lacks: {', '.join(unknown)}")
+    samples = []
+    for label, name in enumerate(classes):
+        found = list_images(folder / name) if (folder / name).is_dir() else []
+        if not found and split == "train":
+            raise UserError(
+                f"imagefolder: the class folder {folder / name} holds no images ({', '.join(IMAGE_EXTENSIONS)})"
+            )
+        samples += [(str(path), label) for path in found]
+    if not samples:
+        raise UserError(f"imagefolder: no images ({', '.join(IMAGE_EXTENSIONS)}) under {folder}")
+    return ImageFolderDataset(samples, classes, image_size)

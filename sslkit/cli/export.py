@@ -2,7 +2,7 @@
 
     sslkit-export runs/quickstart                       # safetensors (torchvision or timm keys)
     sslkit-export runs/vit --format timm                # timm.create_model("local-dir:runs/vit/export-timm")
-    python sslkit/export.py runs/x/checkpoints/step-00000420 --format onnx --out /tmp/x.onnx
+    sslkit-export runs/x/checkpoints/step-00000420 --format onnx --out /tmp/x.onnx
 
 RUN is a run directory (its ``backbone.safetensors``, or its latest checkpoint) or a checkpoint
 directory inside one; the run's ``config.yaml`` says which network the weights belong to. Every
@@ -26,18 +26,14 @@ Formats:
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
 import sys
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path[0] = str(Path(__file__).resolve().parents[1])  # see sslkit/pretrain.py
-
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
 
 FORMATS = ("safetensors", "timm", "onnx")
 # The lowest opset torch's dynamo-based exporter writes; onnxruntime runs it from version 1.14.
@@ -49,7 +45,7 @@ TOLERANCE = 1e-4
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="sslkit-export" if Path(sys.argv[0]).name == "sslkit-export" else "sslkit/export.py",
+        prog="sslkit-export",
         description="Export a run's backbone (safetensors, a timm model folder or ONNX), checked by loading it back.",
     )
     parser.add_argument("run", help="a run directory, or a checkpoint directory inside one")
@@ -68,9 +64,9 @@ def default_out(run_dir: Path, fmt: str) -> Path:
 def load_trained_backbone(target: Path):
     """The run's config and its backbone with the trained weights, in eval mode, on the CPU."""
     from sslkit import checkpoint, models
+    from sslkit.cli.evaluate import load_backbone
     from sslkit.config import load_config
     from sslkit.errors import UserError
-    from sslkit.evaluate import load_backbone
 
     if not target.exists():
         raise UserError(f"'{target}' not found; give a run directory (runs/<name>) or a checkpoint directory in one")

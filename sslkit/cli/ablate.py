@@ -1,18 +1,18 @@
 """Run a grid of pretraining runs (sweeps x seeds) and tabulate and plot what they give.
 
-    python tools/ablate.py RECIPE --sweep KEY=V1,V2,... [--sweep KEY=...] [--seeds N] [--out DIR]
-                           [--launcher "accelerate launch --cpu --num_processes 2"] [key.sub=value ...]
-    python tools/ablate.py recipes/quickstart.yaml --sweep loss.temperature=0.05,0.1,0.2,0.5 --seeds 2 train.epochs=10
+    sslkit-ablate RECIPE --sweep KEY=V1,V2,... [--sweep KEY=...] [--seeds N] [--out DIR]
+                  [--launcher "accelerate launch --cpu --num_processes 2"] [key.sub=value ...]
+    sslkit-ablate recipes/quickstart.yaml --sweep loss.temperature=0.05,0.1,0.2,0.5 --seeds 2 train.epochs=10
 
 The grid is the product of the sweeps and the seeds (``--seeds N``: ``run.seed`` = s, s+1, ...,
 from the recipe's seed s). Every point is the user's own command, run as a subprocess:
 
-    python sslkit/pretrain.py RECIPE key.sub=value ... <swept values> run.seed=S
+    python -m sslkit.cli.pretrain RECIPE key.sub=value ... <swept values> run.seed=S
         run.output_dir=OUT/runs run.name=<point> run.resume=auto
 
-(or ``--launcher`` followed by the same arguments), so a point that crashes or diverges cannot
-take the others down, and each leaves a normal run directory that ``sslkit/evaluate.py`` and
-``tools/report.py`` take as it is. Values are YAML, as in overrides; a value that holds a
+(or ``--launcher -m sslkit.cli.pretrain`` and the same arguments), so a point that crashes or diverges cannot
+take the others down, and each leaves a normal run directory that ``sslkit-evaluate`` and
+``sslkit-report`` take as it is. Values are YAML, as in overrides; a value that holds a
 comma goes in brackets: ``--sweep augment.crop_scale=[0.08,1.0],[0.2,1.0]``.
 
 Every point's config is loaded and validated before anything runs, so a typo fails in a second
@@ -38,34 +38,24 @@ import argparse
 import csv
 import json
 import math
-import os
 import re
-import shlex
-import signal
 import statistics
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    # Run as a script: the repository root first on the path, so `sslkit` imports from here.
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+import yaml
+from rich.markup import escape
+from rich.table import Table
 
-import yaml  # noqa: E402
-from rich.markup import escape  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
+from sslkit.cli import sweep
+from sslkit.config import find_recipe, flatten, load_config, to_dict
+from sslkit.console import console, print_user_error
+from sslkit.errors import UserError
+from sslkit.report import PLOT_HINT, new_figure
 
-from sslkit.config import find_recipe, flatten, load_config, to_dict  # noqa: E402
-from sslkit.console import console, print_user_error  # noqa: E402
-from sslkit.errors import UserError  # noqa: E402
-from sslkit.report import PLOT_HINT, new_figure  # noqa: E402
-
-PRETRAIN = Path(__file__).resolve().parents[1] / "sslkit" / "pretrain.py"
 PLOTTED_METRICS = ("knn_top1", "linear_top1")
 # Set per point by this tool; a user's override of them would break the sweep's bookkeeping.
 # (run.seed may be overridden: it is the first of the --seeds.)
@@ -157,10 +147,20 @@ def point_overrides(point: Point, overrides: list[str], out: Path) -> list[str]:
     ]
 
 
-def point_command(point: Point, recipe: Path, overrides: list[str], out: Path, launcher: str | None) -> list[str]:
-    """The command line of one point: the user's pretrain command with the point's values."""
-    prefix = shlex.split(launcher) if launcher else [sys.executable]
-    return [*prefix, str(PRETRAIN), str(recipe), *point_overrides(point, overrides, out)]
+def point_job(point: Point, recipe: Path, overrides: list[str], out: Path, launcher: str | None) -> sweep.Job:
+    """One point as the sweep runs it: the user's pretrain command with the point's values."""
+    run_dir = out / "runs" / point.name
+    return sweep.Job(
+        name=point.name,
+        command=sweep.command(sweep.PRETRAIN, [str(recipe), *point_overrides(point, overrides, out)], launcher),
+        result=run_dir / "results.json",
+        fields={
+            "values": {k: parse_value(v) for k, v in point.values},
+            "values_text": dict(point.values),
+            "seed": point.seed,
+            "run_dir": str(run_dir),
+        },
+    )
 
 
 def check_points(recipe: Path, overrides: list[str], points: list[Point], out: Path) -> None:
@@ -175,66 +175,7 @@ def check_points(recipe: Path, overrides: list[str], points: list[Point], out: P
             cfg = load_config(recipe, point_overrides(point, overrides, out))
         except UserError as error:
             raise UserError(f"point {point.name}: {error}") from None
-        saved_path = out / "runs" / point.name / "config.yaml"
-        if saved_path.is_file():
-            wanted, saved = flatten(to_dict(cfg)), flatten(yaml.safe_load(saved_path.read_text()) or {})
-            # output_dir: the same place, maybe spelled differently. Keys the saved config lacks came with a
-            # newer sslkit: the run predates them, which alone is no reason to refuse it.
-            differ = sorted(k for k in wanted.keys() & saved.keys() if k != "run.output_dir" and wanted[k] != saved[k])
-            if differ:
-                key = differ[0]
-                more = f" (and {len(differ) - 1} more keys)" if len(differ) > 1 else ""
-                raise UserError(
-                    f"{saved_path.parent} was run with {key}={saved[key]}, "
-                    f"this sweep asks for {key}={wanted[key]}{more}; "
-                    "use another --out, or delete that run directory to redo it"
-                )
-
-
-# --------------------------------------------------------------------------- running
-
-
-def run_point(command: list[str], log_dir: Path, name: str) -> tuple[int, str | None, float]:
-    """Run one point, its stdout and stderr to ``log_dir/<name>.out`` / ``.err``.
-
-    Returns:
-        (exit status, its error line or None, wall seconds).
-    """
-    log_dir.mkdir(parents=True, exist_ok=True)
-    err_path = log_dir / f"{name}.err"
-    start = time.perf_counter()
-    with open(log_dir / f"{name}.out", "w") as out_file, open(err_path, "w") as err_file:
-        # Unbuffered: a point's log is readable while it runs.
-        status = subprocess.run(
-            command, stdout=out_file, stderr=err_file, env=dict(os.environ, PYTHONUNBUFFERED="1")
-        ).returncode
-    wall = time.perf_counter() - start
-    return status, (None if status == 0 else error_line(err_path.read_text(errors="replace"), status)), wall
-
-
-def error_line(stderr: str, status: int) -> str:
-    """What went wrong, in one line: sslkit's own ``error:`` line, else the last line of stderr."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    # Under a launcher, the launcher's traceback follows the point's own one-line error.
-    ours = [line for line in lines if line.startswith("error:")]
-    if ours:
-        return ours[-1].removeprefix("error:").strip()
-    if lines:
-        return lines[-1]
-    if status < 0:
-        return f"killed by {signal.Signals(-status).name}"
-    return f"exited with status {status} and printed nothing on stderr"
-
-
-def read_trained_metrics(run_dir: Path) -> dict[str, float] | None:
-    """The trained encoder's final metrics from a run's ``results.json``, or None if it has none."""
-    try:
-        trained = json.loads((run_dir / "results.json").read_text())["results"]["trained"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(trained, dict):
-        return None
-    return {k: float(v) for k, v in trained.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        sweep.refuse_changed_run(out / "runs" / point.name, flatten(to_dict(cfg)), (), "sweep")
 
 
 # --------------------------------------------------------------------------- results
@@ -300,7 +241,7 @@ def write_tables(out: Path, records: list[dict], keys: list[str], header: dict) 
                     r["skipped"],
                     r["error"] or "",
                     "" if r["wall_s"] is None else f"{r['wall_s']:.1f}",
-                    *(_csv(r["metrics"].get(m)) for m in metrics),
+                    *(sweep.csv_number(r["metrics"].get(m)) for m in metrics),
                 ]
             )
     (out / "results.json").write_text(json.dumps({**header, "points": records}, indent=2))
@@ -314,14 +255,10 @@ def write_tables(out: Path, records: list[dict], keys: list[str], header: dict) 
                     *(row["values_text"][k] for k in keys),
                     row["n_ok"],
                     row["n_failed"],
-                    *(_csv(row[f"{m}_{s}"]) for m in metrics for s in ("mean", "std")),
+                    *(sweep.csv_number(row[f"{m}_{s}"]) for m in metrics for s in ("mean", "std")),
                 ]
             )
     return summary
-
-
-def _csv(value: float | None) -> str:
-    return "" if value is None else f"{value:.6g}"
 
 
 def summary_table(summary: list[dict], keys: list[str], metrics: list[str]) -> Table:
@@ -397,7 +334,7 @@ def plot_metric(summary: list[dict], keys: list[str], metric: str, path: Path) -
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="tools/ablate.py", description="Run a grid of pretraining runs and tabulate and plot the results."
+        prog="sslkit-ablate", description="Run a grid of pretraining runs and tabulate and plot the results."
     )
     parser.add_argument(
         "recipe",
@@ -469,75 +406,28 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": seeds,
         "launcher": args.launcher,
     }
-    return run_sweep(args.recipe.resolve(), args.overrides, args.launcher, keys, points, out.resolve(), header)
+    jobs = [point_job(point, args.recipe.resolve(), args.overrides, out.resolve(), args.launcher) for point in points]
+    return run_sweep(jobs, keys, out.resolve(), header)
 
 
-def run_sweep(
-    recipe: Path,
-    overrides: list[str],
-    launcher: str | None,
-    keys: list[str],
-    points: list[Point],
-    out: Path,
-    header: dict,
-) -> int:
-    """Run (or skip) every point, writing the tables after each.
+def run_sweep(jobs: list[sweep.Job], keys: list[str], out: Path, header: dict) -> int:
+    """Run (or skip) every point, writing the tables after each; then the summary table and the plots.
 
     Returns:
         The exit status: 0 when every point succeeded, 1 when any failed, 130 when interrupted.
     """
     out.mkdir(parents=True, exist_ok=True)
-    previous = _previous_wall_times(out / "results.json")
     seeds = len(header["seeds"])
     console.print(
-        f"ablation: {len(points)} runs "
-        f"({len(points) // seeds} grid points x {seeds} seed{'s' if seeds > 1 else ''}) -> {out}",
+        f"ablation: {len(jobs)} runs "
+        f"({len(jobs) // seeds} grid points x {seeds} seed{'s' if seeds > 1 else ''}) -> {out}",
         markup=False,
         highlight=False,
         soft_wrap=True,
     )
-    records: list[dict] = []
-    progress = Progress(
-        TextColumn("[bold]points"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[current]}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
-    try:
-        with progress:
-            task = progress.add_task("points", total=len(points), current="")
-            for index, point in enumerate(points, 1):
-                progress.update(task, current=point.name)
-                record = run_or_skip(point, recipe, overrides, launcher, out, previous.get(point.name))
-                tag = escape(f"[{index}/{len(points)}] {point.name}")
-                if record["skipped"]:
-                    progress.console.print(f"{tag}: done, skipped", highlight=False, soft_wrap=True)
-                elif record["status"] == "failed":
-                    progress.console.print(
-                        f"{tag}: [red]failed[/] after {record['wall_s']:.0f} s: {escape(record['error'])}",
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-                else:
-                    shown = ", ".join(
-                        f"{m} {record['metrics'][m]:.4f}" for m in PLOTTED_METRICS if m in record["metrics"]
-                    )
-                    progress.console.print(
-                        f"{tag}: ok in {record['wall_s']:.0f} s: {shown}", highlight=False, soft_wrap=True
-                    )
-                records.append(record)
-                write_tables(out, records, keys, header)
-                progress.advance(task)
-    except KeyboardInterrupt:
-        console.print(
-            f"interrupted: the same command continues the sweep (finished points are skipped, the stopped one "
-            f"resumes from its last checkpoint); results so far in {out}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+    previous = sweep.previous_wall_times(out / "results.json", "points")
+    records = sweep.run_jobs(jobs, out, previous, lambda records: write_tables(out, records, keys, header), "points")
+    if records is None:
         return 130
 
     summary = write_tables(out, records, keys, header)
@@ -560,51 +450,7 @@ def run_sweep(
         highlight=False,
         soft_wrap=True,
     )
-    failed = [r for r in records if r["status"] == "failed"]
-    if failed:
-        console.print(
-            f"[red]{len(failed)} of {len(records)} points failed[/]; rerunning the same command retries them "
-            f"(logs in {escape(str(out / 'logs'))})",
-            highlight=False,
-            soft_wrap=True,
-        )
-        return 1
-    return 0
-
-
-def run_or_skip(
-    point: Point, recipe: Path, overrides: list[str], launcher: str | None, out: Path, previous_wall_s: float | None
-) -> dict:
-    """One point's record: read from its run directory when it has results.json, else from running it."""
-    run_dir = out / "runs" / point.name
-    record = {
-        "name": point.name,
-        "values": {k: parse_value(v) for k, v in point.values},
-        "values_text": dict(point.values),
-        "seed": point.seed,
-        "status": "ok",
-        "skipped": False,
-        "error": None,
-        "wall_s": None,
-        "metrics": {},
-        "run_dir": str(run_dir),
-    }
-    metrics = read_trained_metrics(run_dir)
-    if metrics is not None:
-        return {**record, "skipped": True, "metrics": metrics, "wall_s": previous_wall_s}
-    status, error, wall = run_point(point_command(point, recipe, overrides, out, launcher), out / "logs", point.name)
-    metrics = read_trained_metrics(run_dir) if status == 0 else None
-    if metrics is None:
-        return {**record, "status": "failed", "error": error or "finished without a results.json", "wall_s": wall}
-    return {**record, "metrics": metrics, "wall_s": wall}
-
-
-def _previous_wall_times(path: Path) -> dict[str, float]:
-    """Wall times of points an earlier invocation ran, so that skipped points keep theirs."""
-    try:
-        return {r["name"]: r["wall_s"] for r in json.loads(path.read_text())["points"] if r.get("wall_s") is not None}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
+    return sweep.exit_status(records, out, "points")
 
 
 if __name__ == "__main__":

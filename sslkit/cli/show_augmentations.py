@@ -1,7 +1,7 @@
 """Save a grid of a recipe's augmented views, to see what the encoder will be shown.
 
-    python tools/show_augmentations.py RECIPE [key.sub=value ...] [--out PATH] [--images N] [--views K]
-    python tools/show_augmentations.py recipes/quickstart.yaml augment.crop_scale=[0.08,1.0]
+    sslkit-show-augmentations RECIPE [key.sub=value ...] [--out PATH] [--images N] [--views K]
+    sslkit-show-augmentations recipes/quickstart.yaml augment.crop_scale=[0.08,1.0]
 
 Each row is one training image (resized to the crop size), then K augmented views of it, as
 :class:`sslkit.augment.TwoViewAugment` makes them (normalisation undone for display). A
@@ -13,23 +13,22 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-if __package__ in (None, ""):
-    # Run as a script: the repository root first on the path, so `sslkit` imports from here.
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from sslkit.config import load_config
+from sslkit.console import console, print_user_error
+from sslkit.errors import UserError
 
-import torch  # noqa: E402
-from torchvision.utils import save_image  # noqa: E402
+# torch, torchvision and kornia are imported where they are used: --help answers at once, not after seconds.
+if TYPE_CHECKING:
+    import torch
 
-from sslkit.augment import EvalTransform, TwoViewAugment  # noqa: E402
-from sslkit.config import load_config  # noqa: E402
-from sslkit.console import console, print_user_error  # noqa: E402
-from sslkit.errors import UserError  # noqa: E402
+    from sslkit.augment import EvalTransform, TwoViewAugment
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="tools/show_augmentations.py", description="Save a PNG grid of a recipe's augmented views."
+        prog="sslkit-show-augmentations", description="Save a PNG grid of a recipe's augmented views."
     )
     parser.add_argument(
         "recipe", help="a YAML recipe's path or a bundled recipe's name, e.g. recipes/quickstart.yaml or quickstart"
@@ -48,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def first_images(dataset, count: int):
     """The first ``count`` images of a dataset as one uint8 (N, C, H, W) batch, or a padded batch of
     images of different sizes (image folders, shards)."""
+    import torch
+
     count = min(count, len(dataset))
     if hasattr(dataset, "images"):
         return dataset.images[:count]
@@ -73,6 +74,8 @@ def augmentation_grid(
     Shape:
         images: (N, C, H, W) uint8; returns (N * (K + 1), C, S, S).
     """
+    import torch
+
     made = []
     for _ in range((views + 1) // 2):  # each call makes two views
         made.extend(augment(images))
@@ -91,13 +94,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.images < 1 or args.views < 1:
             raise UserError(f"--images and --views must be >= 1, got --images {args.images} --views {args.views}")
         cfg = load_config(args.recipe, args.overrides)
-        from sslkit.data import build_dataset
+        from sslkit.datasets import build_dataset
 
         d = cfg.data
         dataset = build_dataset(d.name, "train", d.root, d.download, d.image_size, d.max_size)
     except UserError as error:
         print_user_error(error)
         return 2
+
+    import torch
+    from torchvision.utils import save_image
+
+    from sslkit.augment import EvalTransform, TwoViewAugment
 
     info = dataset.info
     torch.manual_seed(cfg.run.seed if args.seed is None else args.seed)

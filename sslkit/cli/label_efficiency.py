@@ -1,19 +1,19 @@
 """Label efficiency: what pretraining buys at 1%, 10%, 100% of the labels, against training from scratch.
 
-    python tools/label_efficiency.py RECIPE --fractions 0.01,0.1,1 --seeds 3 [--out DIR]
+    sslkit-label-efficiency RECIPE --fractions 0.01,0.1,1 --seeds 3 [--out DIR]
         [--pretrained RUN_DIR] [--finetune-recipe R] [--distill-recipe R] [--no-distill]
         [--scratch-factor 3] [--epochs F=E,...] [--launcher "..."]
         [--pretrain-override K=V ...] [--finetune-override K=V ...]
         [key.sub=value ...]
-    python tools/label_efficiency.py quickstart --fractions 0.05,0.1,1 --seeds 3 train.threads=2
+    sslkit-label-efficiency quickstart --fractions 0.05,0.1,1 --seeds 3 train.threads=2
 
 RECIPE is a self-supervised pretraining recipe. It is pretrained once (or ``--pretrained RUN_DIR``
 names a finished run to start from), then, for every label fraction f and seed s, the same
-labelled images (``data.label_fraction=f data.label_seed=s``, chosen by :mod:`sslkit.label_subset`)
+labelled images (``data.label_fraction=f data.label_seed=s``, chosen by :mod:`sslkit.datasets.label_subset`)
 go down every road:
 
 - ``linear``, ``knn``: the frozen pretrained encoder, evaluated with f of the labels
-  (``sslkit/evaluate.py PRE eval.label_fraction=f data.label_seed=s run.seed=s``);
+  (``sslkit-evaluate PRE eval.label_fraction=f data.label_seed=s run.seed=s``);
 - ``finetune``: the whole network fine-tuned from the pretrained backbone on those labels
   (``--finetune-recipe``, ``run.init_from=PRE``); its own classifier's test top-1, ``finetune_top1``;
 - ``distill``: a student started from the pretrained backbone, taught by that fine-tuned network on
@@ -34,14 +34,14 @@ from the recipe's ``run.seed``. Overrides after RECIPE apply to every run (``tra
 ``--pretrain-override`` to the pretraining only, ``--finetune-override`` to the fine-tune, distill
 and scratch runs only (``train.epochs=5``). Every run is its own subprocess, the user's command:
 
-    python sslkit/pretrain.py RECIPE <overrides> run.output_dir=OUT/runs run.name=pretrain run.resume=auto
-    python sslkit/evaluate.py OUT/runs/pretrain <overrides> eval.label_fraction=F data.label_seed=S run.seed=S
+    python -m sslkit.cli.pretrain RECIPE <overrides> run.output_dir=OUT/runs run.name=pretrain run.resume=auto
+    python -m sslkit.cli.evaluate OUT/runs/pretrain <overrides> eval.label_fraction=F data.label_seed=S run.seed=S
         --out OUT/points/frozen-fF-sS.json
-    python sslkit/pretrain.py FINETUNE <overrides> run.init_from=OUT/runs/pretrain data.label_fraction=F
+    python -m sslkit.cli.pretrain FINETUNE <overrides> run.init_from=OUT/runs/pretrain data.label_fraction=F
         data.label_seed=S run.seed=S run.output_dir=OUT/runs run.name=finetune-fF-sS run.resume=auto
     ...
 
-(behind ``--launcher`` when given). Every run's config is validated before anything runs (a typo
+(``--launcher`` in place of ``python`` when given). Every run's config is validated before anything runs (a typo
 fails in a second, exit status 2, one line). The comparison is resumable: a run whose result
 file exists (``results.json`` in its run directory; the frozen evaluation's JSON) is skipped
 ("done, skipped"), any other runs again, continuing from its last checkpoint. A run that fails is
@@ -68,37 +68,21 @@ import argparse
 import csv
 import json
 import math
-import shlex
 import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    # Run as a script: the repository root first on the path, so `sslkit` imports from here, and this
-    # folder after it, for the sibling tool whose helpers this one shares.
-    _TOOLS = Path(__file__).resolve().parent
-    sys.path[0] = str(_TOOLS.parent)
-    if str(_TOOLS) not in sys.path:
-        sys.path.insert(1, str(_TOOLS))
-    import ablate  # noqa: E402
-else:
-    from . import ablate  # noqa: E402
+import yaml
+from rich.table import Table
 
-import yaml  # noqa: E402
-from rich.markup import escape  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
+from sslkit.cli import sweep
+from sslkit.config import Config, find_recipe, flatten, load_config, to_dict
+from sslkit.console import console, error_console, print_user_error
+from sslkit.errors import UserError
+from sslkit.report import PLOT_HINT, new_figure
 
-from sslkit.config import Config, find_recipe, flatten, load_config, to_dict  # noqa: E402
-from sslkit.console import console, error_console, print_user_error  # noqa: E402
-from sslkit.errors import UserError  # noqa: E402
-from sslkit.report import PLOT_HINT, new_figure  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-PRETRAIN = ROOT / "sslkit" / "pretrain.py"
-EVALUATE = ROOT / "sslkit" / "evaluate.py"
 PLOT_FILE = "label_efficiency.png"
 
 # Roads in table order; the kind of run each comes from and the metric read from its results.
@@ -153,7 +137,20 @@ class Run:
     # What validation loads: the recipe and the overrides the command gives it.
     recipe: Path | None = None
     overrides: list[str] = field(default_factory=list)
-    run_dir: Path | None = None  # for pretrain.py runs: where its config.yaml is saved
+    run_dir: Path | None = None  # for pretraining runs: where its config.yaml is saved
+
+    def job(self) -> sweep.Job:
+        """The run as the sweep runner runs it; its record keeps the kind, fraction and seed."""
+        frozen = self.kind == "frozen"
+        return sweep.Job(
+            name=self.name,
+            command=self.command,
+            result=self.result,
+            metrics_at=("results",) if frozen else sweep.TRAINED,
+            needs=self.needs,
+            shown=("linear_top1", "knn_top1") if frozen else ("finetune_top1",),
+            fields={"kind": self.kind, "fraction": self.fraction, "seed": self.seed},
+        )
 
 
 @dataclass
@@ -334,12 +331,11 @@ def build_plan(args: argparse.Namespace) -> Plan:
 def plan_runs(plan: Plan) -> list[Run]:
     """Every run in the order they go: the pretraining, then per fraction and seed frozen, fine-tune,
     distill, scratch and scratch-long."""
-    prefix = shlex.split(plan.launcher) if plan.launcher else [sys.executable]
     runs_dir = plan.out / "runs"
     pre = plan.pretrained or runs_dir / "pretrain"
 
     def trained(kind: str, recipe: Path, own: list[str], needs: tuple[str, ...], labels=None, **keys) -> Run:
-        """A sslkit/pretrain.py run; ``labels``: (fraction, seed) of its labelled subset and run seed."""
+        """A ``sslkit.cli.pretrain`` run; ``labels``: (fraction, seed) of its labelled subset and run seed."""
         fraction, seed = labels if labels is not None else (None, None)
         name = "pretrain" if labels is None else run_name(kind, fraction, seed)
         if labels is not None:
@@ -358,7 +354,7 @@ def plan_runs(plan: Plan) -> list[Run]:
             kind=kind,
             fraction=fraction,
             seed=seed,
-            command=[*prefix, str(PRETRAIN), str(recipe), *overrides],
+            command=sweep.command(sweep.PRETRAIN, [str(recipe), *overrides], plan.launcher),
             result=runs_dir / name / "results.json",
             needs=needs,
             recipe=recipe,
@@ -390,7 +386,9 @@ def plan_runs(plan: Plan) -> list[Run]:
                     kind="frozen",
                     fraction=fraction,
                     seed=seed,
-                    command=[*prefix, str(EVALUATE), str(pre), *eval_overrides, "--out", str(result)],
+                    command=sweep.command(
+                        sweep.EVALUATE, [str(pre), *eval_overrides, "--out", str(result)], plan.launcher
+                    ),
                     result=result,
                     needs=needs_pre,
                     overrides=eval_overrides,
@@ -456,93 +454,14 @@ def check_runs(runs: list[Run], plan: Plan) -> None:
                         f"every road needs the same network on the same images: pass {key}={theirs} "
                         f"(an override for every run) or another {option}"
                     )
-        if run.run_dir is None or not (saved_path := run.run_dir / "config.yaml").is_file():
+        if run.run_dir is None:
             continue
         wanted = flatten(to_dict(cfg))
         for override in run.overrides:  # the paths validation left out
             key, _, value = override.partition("=")
             if key in PATH_KEYS:
                 wanted[key] = value
-        saved = flatten(yaml.safe_load(saved_path.read_text()) or {})
-        differ = config_differences(wanted, saved)
-        if differ:
-            key = differ[0]
-            more = f" (and {len(differ) - 1} more keys)" if len(differ) > 1 else ""
-            raise UserError(
-                f"{saved_path.parent} was run with {key}={saved[key]}, this comparison asks for "
-                f"{key}={wanted[key]}{more}; use another --out, or delete that run directory to redo it"
-            )
-
-
-def config_differences(wanted: dict, saved: dict) -> list[str]:
-    """Keys whose values differ between the config a run would get and the one it was run with.
-
-    ``run.output_dir``: the same place, maybe spelled differently. A path to another run of the same
-    ``run.output_dir`` (the pretraining, the teacher) is compared by its name there, so that OUT may move;
-    other paths are compared resolved. Keys the saved config lacks came with a newer sslkit: the run
-    predates them, which alone is no reason to refuse it.
-    """
-
-    def place(config: dict, key: str) -> Any:
-        if config[key] in (None, "null"):
-            return None
-        path = Path(str(config[key])).resolve()
-        runs = config.get("run.output_dir")
-        if runs is not None and path.parent == Path(str(runs)).resolve():
-            return ("run.output_dir", path.name)
-        return path
-
-    def same(key: str) -> bool:
-        return place(wanted, key) == place(saved, key) if key in PATH_KEYS else wanted[key] == saved[key]
-
-    return sorted(k for k in wanted.keys() & saved.keys() if k != "run.output_dir" and not same(k))
-
-
-def read_result(run: Run) -> dict[str, float] | None:
-    """A finished run's metrics: the frozen evaluation's ``results``, a trained run's ``results.trained``."""
-    if run.kind != "frozen":
-        return ablate.read_trained_metrics(run.result.parent)
-    try:
-        results = json.loads(run.result.read_text())["results"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(results, dict):
-        return None
-    return {k: float(v) for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def run_or_skip(run: Run, out: Path, previous_wall_s: float | None, failed: dict[str, str]) -> dict:
-    """One run's record: read from its result file when it exists, else from running it.
-
-    ``failed`` maps the runs that failed so far to their errors; a run that needs one of them is not started.
-    """
-    record = {
-        "name": run.name,
-        "kind": run.kind,
-        "fraction": run.fraction,
-        "seed": run.seed,
-        "status": "ok",
-        "skipped": False,
-        "error": None,
-        "wall_s": None,
-        "metrics": {},
-        "result": str(run.result),
-        "command": shlex.join(run.command),
-    }
-    metrics = read_result(run)
-    if metrics is not None:
-        return {**record, "skipped": True, "metrics": metrics, "wall_s": previous_wall_s}
-    blocked = [name for name in run.needs if name in failed]
-    if blocked:
-        return {**record, "status": "failed", "error": f"not run: {blocked[0]} failed"}
-    if run.kind == "frozen":
-        run.result.parent.mkdir(parents=True, exist_ok=True)  # evaluate.py wants --out's folder to exist
-    status, error, wall = ablate.run_point(run.command, out / "logs", run.name)
-    metrics = read_result(run) if status == 0 else None
-    if metrics is None:
-        missing = "finished without writing " + run.result.name
-        return {**record, "status": "failed", "error": error or missing, "wall_s": wall}
-    return {**record, "metrics": metrics, "wall_s": wall}
+        sweep.refuse_changed_run(run.run_dir, wanted, PATH_KEYS, "comparison")
 
 
 # --------------------------------------------------------------------------- rows, summary, plot
@@ -675,7 +594,7 @@ def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool =
                     r["error"] or "",
                     "" if r["wall_s"] is None else f"{r['wall_s']:.1f}",
                     r["metric"],
-                    ablate._csv(r["top1"]),
+                    sweep.csv_number(r["top1"]),
                 ]
             )
     (out / "points.json").write_text(json.dumps({**header, "runs": records, "points": rows}, indent=2))
@@ -689,7 +608,7 @@ def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool =
                 [
                     fraction_text(row["fraction"]),
                     *(row[c] for c in columns[1:4]),
-                    *(ablate._csv(row[c]) for c in columns[4:]),
+                    *(sweep.csv_number(row[c]) for c in columns[4:]),
                 ]
             )
     columns = ["fraction", "road", "n_seeds", "gain_mean", "gain_std", "seeds_ahead"]
@@ -702,7 +621,7 @@ def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool =
                     fraction_text(row["fraction"]),
                     row["road"],
                     row["n_seeds"],
-                    *(ablate._csv(row[c]) for c in columns[3:]),
+                    *(sweep.csv_number(row[c]) for c in columns[3:]),
                 ]
             )
     return summary
@@ -800,7 +719,7 @@ def plot(summary: list[dict], seeds: int, path: Path, scratch_factor: int = 3) -
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="tools/label_efficiency.py",
+        prog="sslkit-label-efficiency",
         description="Compare, at several label fractions, a pretrained encoder frozen, fine-tuned and distilled "
         "against the same network trained from scratch on the same labels.",
     )
@@ -934,7 +853,8 @@ def run_all(runs: list[Run], plan: Plan, header: dict) -> int:
     """
     out = plan.out
     out.mkdir(parents=True, exist_ok=True)
-    previous = _previous_wall_times(out / "points.json")
+    # Every run ever timed into this output, also those outside this command's grid: skipped runs keep theirs.
+    previous = sweep.previous_wall_times(out / "points.json", "runs")
     seeds, fractions = len(plan.seeds), len(plan.fractions)
     console.print(
         f"label efficiency: {len(runs)} runs ({fractions} label fraction{'s' if fractions > 1 else ''} x {seeds} "
@@ -945,57 +865,17 @@ def run_all(runs: list[Run], plan: Plan, header: dict) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    records: list[dict] = []
-    failed: dict[str, str] = {}
-    progress = Progress(
-        TextColumn("[bold]runs"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[current]}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
-    try:
-        with progress:
-            task = progress.add_task("runs", total=len(runs), current="")
-            for index, run in enumerate(runs, 1):
-                progress.update(task, current=run.name)
-                record = run_or_skip(run, out, previous.get(run.name), failed)
-                tag = escape(f"[{index}/{len(runs)}] {run.name}")
-                if record["skipped"]:
-                    progress.console.print(f"{tag}: done, skipped", highlight=False, soft_wrap=True)
-                elif record["status"] == "failed":
-                    failed[run.name] = record["error"]
-                    after = "" if record["wall_s"] is None else f" after {record['wall_s']:.0f} s"
-                    progress.console.print(
-                        f"{tag}: [red]failed[/]{after}: {escape(record['error'])}", highlight=False, soft_wrap=True
-                    )
-                else:
-                    metrics = ("linear_top1", "knn_top1") if run.kind == "frozen" else ("finetune_top1",)
-                    shown = ", ".join(f"{m} {record['metrics'][m]:.4f}" for m in metrics if m in record["metrics"])
-                    progress.console.print(
-                        f"{tag}: ok in {record['wall_s']:.0f} s" + (f": {shown}" if shown else ""),
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-                records.append(record)
-                if record["wall_s"] is not None:
-                    previous[run.name] = record["wall_s"]
-                tables_header = {**header, "pretrain": _pretrain(records), "wall_times": previous}
-                write_tables(out, records, tables_header, plan.scratch_factor > 1)
-                progress.advance(task)
-    except KeyboardInterrupt:
-        console.print(
-            f"interrupted: the same command continues the comparison (finished runs are skipped, the stopped one "
-            f"resumes from its last checkpoint); results so far in {out}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+    (out / "points").mkdir(exist_ok=True)  # where the frozen evaluations write (--out's folder must exist)
+
+    def tables(records: list[dict]) -> list[dict]:
+        header_now = {**header, "pretrain": _pretrain(records), "wall_times": previous}
+        return write_tables(out, records, header_now, plan.scratch_factor > 1)
+
+    records = sweep.run_jobs([run.job() for run in runs], out, previous, tables, "runs")
+    if records is None:
         return 130
 
-    tables_header = {**header, "pretrain": _pretrain(records), "wall_times": previous}
-    summary = write_tables(out, records, tables_header, plan.scratch_factor > 1)
+    summary = tables(records)
     console.print(summary_table(summary, _pretrain(records)))
     if gains := paired_gains(point_rows(records, plan.scratch_factor > 1)):
         console.print(gains_table(gains))
@@ -1007,31 +887,11 @@ def run_all(runs: list[Run], plan: Plan, header: dict) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    bad = [r for r in records if r["status"] == "failed"]
-    if bad:
-        console.print(
-            f"[red]{len(bad)} of {len(records)} runs failed[/]; rerunning the same command retries them "
-            f"(logs in {escape(str(out / 'logs'))})",
-            highlight=False,
-            soft_wrap=True,
-        )
-        return 1
-    return 0
+    return sweep.exit_status(records, out, "runs")
 
 
 def _pretrain(records: list[dict]) -> dict | None:
     return next((r for r in records if r["kind"] == "pretrain"), None)
-
-
-def _previous_wall_times(path: Path) -> dict[str, float]:
-    """Wall times of runs earlier invocations ran, so that skipped runs keep theirs: ``wall_times`` holds
-    every run ever timed into this output, also those outside the last command's grid."""
-    try:
-        saved = json.loads(path.read_text())
-        runs = {r["name"]: r["wall_s"] for r in saved["runs"] if r.get("wall_s") is not None}
-        return {**saved.get("wall_times", {}), **runs}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ holds the same number ``k`` of images of every class,
 
 (``N`` labelled images of ``C`` classes, at least one each), drawn by a generator seeded with
 ``seed`` alone: the same seed picks the same images on every machine and in every process. A run
-saves its subset as ``label_subset.json``; a resumed run and ``evaluate.py`` read the saved indices
+saves its subset as ``label_subset.json``; a resumed run and ``sslkit-evaluate`` read the saved indices
 back, so a result is measured on exactly the images it was trained with.
 
 >>> import torch

@@ -1,4 +1,4 @@
-"""The datasets a run trains and is evaluated on, built once for the trainer and ``evaluate.py`` alike.
+"""The datasets a run trains and is evaluated on, built once for the trainer and ``sslkit-evaluate`` alike.
 
 Four roles, all from the recipe's ``data`` section:
 
@@ -8,6 +8,12 @@ Four roles, all from the recipe's ``data`` section:
 - ``test``: the labelled test split every accuracy is measured on;
 - ``unseen``: with ``data.holdout_classes``, those classes of the test split, kept out of the
   other three and used for retrieval among classes never trained on (the CUB / Cars protocol).
+
+Class-disjoint data (the retrieval benchmarks ``cub200``, ``cars196``, ``sop``, ``inshop``, or an
+image folder with ``data.class_split``) trains on its training classes and is evaluated by
+retrieval only: ``unseen`` holds the test classes (In-shop: the queries, with the ``gallery``
+they are retrieved from), and there is no ``memory`` or ``test`` (no kNN or linear probe over
+classes the network never trained on).
 
 With ``eval.data`` set, or training data that has no labels (an unlabelled image folder, tar
 shards), ``memory`` and ``test`` are the ``train`` and ``test`` splits of the evaluation set
@@ -26,9 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
 
-from sslkit import data, folders, label_subset, methods
+from sslkit.datasets.base import DatasetInfo, ImageDataset, ImageSource
+from sslkit.datasets.build import build_dataset
+from sslkit.datasets.folders import ImageFiles, has_labelled_splits, labelled_folder
+from sslkit.datasets.label_subset import FILE_NAME, LabelSpec, labelled_subset, spec_for
+from sslkit.datasets.retrieval import READERS as RETRIEVAL_READERS
 from sslkit.errors import UserError
 
 
@@ -36,16 +45,23 @@ from sslkit.errors import UserError
 class Splits:
     """The four datasets of a run (see the module docstring) and what they share."""
 
-    train: Dataset
-    memory: Dataset | None
-    test: Dataset | None
-    unseen: Dataset | None
-    info: data.DatasetInfo
+    train: ImageSource
+    memory: ImageDataset | None
+    test: ImageDataset | None
+    unseen: ImageDataset | None
+    info: DatasetInfo
     subset: torch.Tensor | None = None
-    subset_spec: label_subset.LabelSpec | None = None
+    subset_spec: LabelSpec | None = None
+    gallery: ImageDataset | None = None  # what ``unseen`` queries are retrieved from (None: one another)
 
 
-def build_splits(cfg, train_split: str | None = None, run_dir: Path | None = None, for_evaluation: bool = False):
+def build_splits(
+    cfg,
+    train_split: str | None = None,
+    run_dir: Path | None = None,
+    for_evaluation: bool = False,
+    labelled_training: bool = False,
+):
     """The recipe's datasets, with its labelled subset (``data.label_fraction`` / ``labels_per_class``).
 
     Args:
@@ -53,6 +69,8 @@ def build_splits(cfg, train_split: str | None = None, run_dir: Path | None = Non
         train_split: replaces ``data.train_split`` (evaluation trains on nothing: ``"train"``).
         run_dir: the run's directory: a ``label_subset.json`` there of the same subset is read back.
         for_evaluation: take the subset from ``eval.label_fraction`` / ``eval.labels_per_class`` when set.
+        labelled_training: train on the labelled subset only (a method that needs labels); otherwise on
+            every image, with only the subset's labels.
 
     Returns:
         :class:`Splits`, whose ``subset`` holds the chosen indices into the labelled training split
@@ -64,9 +82,11 @@ def build_splits(cfg, train_split: str | None = None, run_dir: Path | None = Non
     """
     d = cfg.data
     train_split = train_split or d.train_split
+    if d.name in RETRIEVAL_READERS or d.class_split is not None:
+        return _class_disjoint_splits(cfg, for_evaluation)
     if _separate_evaluation(cfg):
         return _splits_with_evaluation_set(cfg, train_split, run_dir, for_evaluation)
-    load = lambda split: data.build_dataset(d.name, split, d.root, d.download, d.image_size)  # noqa: E731
+    load = lambda split: build_dataset(d.name, split, d.root, d.download, d.image_size)  # noqa: E731
     train_set, test_set = load(train_split), load("test")
     info = train_set.info
     # The kNN memory and the linear probe need labels: the labelled "train" split.
@@ -79,15 +99,15 @@ def build_splits(cfg, train_split: str | None = None, run_dir: Path | None = Non
     seen = lambda ds: ds.select_classes(d.holdout_classes, keep=False) if d.holdout_classes else ds  # noqa: E731
     # Train (and measure kNN / linear accuracy) on the seen classes; retrieve among the unseen ones.
     unseen = test_set.select_classes(d.holdout_classes, keep=True) if d.holdout_classes else None
-    spec = label_subset.spec_for(cfg, for_evaluation)
+    spec = spec_for(cfg, for_evaluation)
     seen_rows = torch.isin(labelled.labels, torch.tensor(d.holdout_classes, dtype=torch.int64), invert=True)
     seen_rows = seen_rows.nonzero().flatten()  # the labelled split's images of seen classes
-    saved = run_dir / label_subset.FILE_NAME if run_dir is not None else None
-    subset = label_subset.labelled_subset(labelled.labels, spec, seen_rows, saved)
+    saved = run_dir / FILE_NAME if run_dir is not None else None
+    subset = labelled_subset(labelled.labels, spec, seen_rows, saved)
     if subset is None:
         return Splits(seen(train_set), seen(labelled), seen(test_set), unseen, info)
     memory = labelled.subset(subset)
-    if methods.METHODS[cfg.method.name].needs_labels:
+    if labelled_training:
         train = memory  # supervised methods see the labelled images only
     elif train_split == "train":
         # The others see every image of the seen classes, and only the subset's labels.
@@ -108,7 +128,7 @@ def _separate_evaluation(cfg) -> bool:
     """Whether evaluation uses another dataset than the training data's own labelled splits."""
     d, e = cfg.data, cfg.eval.data
     unlabelled = d.name == "webdataset" or (
-        d.name == "imagefolder" and d.image_size is None and not folders.has_labelled_splits(d.root)
+        d.name == "imagefolder" and d.image_size is None and not has_labelled_splits(d.root)
     )
     return unlabelled or e.name is not None or e.root is not None
 
@@ -116,7 +136,7 @@ def _separate_evaluation(cfg) -> bool:
 def _splits_with_evaluation_set(cfg, train_split: str, run_dir: Path | None, for_evaluation: bool) -> Splits:
     """Training data from ``data``, kNN memory and test set from ``eval.data`` (None without one)."""
     d, e = cfg.data, cfg.eval.data
-    train_set = data.build_dataset(d.name, train_split, d.root, d.download, d.image_size, d.max_size)
+    train_set = build_dataset(d.name, train_split, d.root, d.download, d.image_size, d.max_size)
     if d.holdout_classes:
         raise UserError(
             "data.holdout_classes needs the training data's own labelled splits; "
@@ -127,7 +147,7 @@ def _splits_with_evaluation_set(cfg, train_split: str, run_dir: Path | None, for
         return Splits(train_set, None, None, None, info)
     name = e.name or "imagefolder"
     max_size = d.max_size if name == "imagefolder" else None
-    load = lambda split: data.build_dataset(name, split, e.root, d.download, None, max_size)  # noqa: E731
+    load = lambda split: build_dataset(name, split, e.root, d.download, None, max_size)  # noqa: E731
     memory, test = load("train"), load("test")
     if memory.info.channels != train_set.info.channels:
         raise UserError(
@@ -136,9 +156,48 @@ def _splits_with_evaluation_set(cfg, train_split: str, run_dir: Path | None, for
             f"eval.data.root with train/<class>/ and test/<class>/)"
         )
     info = dataclasses.replace(train_set.info, num_classes=memory.info.num_classes)
-    spec = label_subset.spec_for(cfg, for_evaluation)
-    saved = run_dir / label_subset.FILE_NAME if run_dir is not None else None
-    subset = label_subset.labelled_subset(memory.labels, spec, torch.arange(len(memory)), saved)
+    spec = spec_for(cfg, for_evaluation)
+    saved = run_dir / FILE_NAME if run_dir is not None else None
+    subset = labelled_subset(memory.labels, spec, torch.arange(len(memory)), saved)
     if subset is None:
         return Splits(train_set, memory, test, None, info)
     return Splits(train_set, memory.subset(subset), test, None, info, subset, spec)
+
+
+def _class_disjoint_splits(cfg, for_evaluation: bool) -> Splits:
+    """Training classes to train on, the other classes to retrieve among (see the module docstring)."""
+    d, e = cfg.data, cfg.eval
+    subset = spec_for(cfg, for_evaluation)
+    what = f"data.class_split={d.class_split}" if d.class_split is not None else f"data.name={d.name}"
+    for used, key in (
+        (bool(d.holdout_classes), "data.holdout_classes"),
+        (not subset.everything, "a label subset (data/eval.label_fraction, labels_per_class)"),
+        (e.data.name is not None or e.data.root is not None, "eval.data"),
+    ):
+        if used:
+            raise UserError(
+                f"{what} trains and evaluates on disjoint classes already; drop {key}, which would split them again"
+            )
+    if d.class_split is not None:
+        train, unseen = split_classes(labelled_folder(d.root, d.max_size), d.class_split)
+        return Splits(train, None, None, unseen, train.info)
+    load = lambda split: build_dataset(d.name, split, d.root, d.download, None, d.max_size)  # noqa: E731
+    train = load("train")
+    if d.name == "inshop":
+        return Splits(train, None, None, load("query"), train.info, gallery=load("gallery"))
+    return Splits(train, None, None, load("test"), train.info)
+
+
+def split_classes(files: ImageFiles, fraction: float) -> tuple[ImageFiles, ImageFiles]:
+    """The images of the first ``fraction`` of the classes (at least one, at most all but one), and the rest.
+
+    Each part is labelled ``0 ..`` within its own classes, which keep their sorted order.
+    """
+    count = len(files.classes)
+    if count < 2:
+        raise UserError(f"data.class_split needs at least 2 classes to split, found {count}")
+    first = min(max(1, round(fraction * count)), count - 1)
+    seen = files.labels < first
+    paths = [[path for path, keep in zip(files.paths, seen.tolist()) if keep == part] for part in (True, False)]
+    train = ImageFiles(paths[0], files.labels[seen], files.classes[:first], files.max_size)
+    return train, ImageFiles(paths[1], files.labels[~seen] - first, files.classes[first:], files.max_size)

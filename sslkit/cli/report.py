@@ -1,7 +1,7 @@
 """Render the Markdown report of past runs: config, final metrics, training curves.
 
-    python tools/report.py runs/quickstart [RUN_DIR ...]
-    python tools/report.py runs/ablate-quickstart-loss.temperature/runs/*
+    sslkit-report runs/quickstart [RUN_DIR ...]
+    sslkit-report runs/ablate-quickstart-loss.temperature/runs/*
 
 Each RUN_DIR gets ``RUN_DIR/report.md`` (see :mod:`sslkit.report`); with matplotlib installed
 (``pip install sslkit[plot]``) the curves are PNGs next to it. A run still training gets a
@@ -14,18 +14,14 @@ import argparse
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    # Run as a script: the repository root first on the path, so `sslkit` imports from here.
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-from sslkit.console import console, print_user_error  # noqa: E402
-from sslkit.errors import UserError  # noqa: E402
-from sslkit.report import have_matplotlib, is_run_dir, write_report  # noqa: E402
+from sslkit.console import console, print_user_error
+from sslkit.errors import UserError
+from sslkit.report import have_matplotlib, is_run_dir, write_report
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="tools/report.py", description="Write report.md (config, metrics, curves) for past runs."
+        prog="sslkit-report", description="Write report.md (config, metrics, curves) for past runs."
     )
     parser.add_argument(
         "run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="a run directory, e.g. runs/quickstart"
@@ -43,11 +39,10 @@ def not_a_run(path: Path) -> UserError:
     if inside:
         return UserError(
             f"'{path}' is not a run directory (no config.yaml) but holds run directories; "
-            f"give those instead, e.g. python tools/report.py {inside[0].parent}/*"
+            f"give those instead, e.g. sslkit-report {inside[0].parent}/*"
         )
     return UserError(
-        f"'{path}' is not a run directory (no config.yaml); "
-        "give one that sslkit/pretrain.py wrote, e.g. runs/quickstart"
+        f"'{path}' is not a run directory (no config.yaml); give one that sslkit-pretrain wrote, e.g. runs/quickstart"
     )
 
 

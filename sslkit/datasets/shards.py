@@ -1,7 +1,7 @@
 """Tar shards (the webdataset format) streamed across processes and loader workers, each sample once an epoch.
 
 ``data.name=webdataset data.root=PATTERN`` reads the shards the webdataset package writes
-(``tools/write_shards.py`` makes them from an image folder): tar files in which the members
+(``sslkit-write-shards`` makes them from an image folder): tar files in which the members
 ``<key>.jpg`` (or ``.png``, ``.webp``, ...) are the samples. ``PATTERN`` is a brace pattern
 (``shards/train-{000000..000015}.tar``), several joined by ``::``, or a folder of ``.tar`` files.
 The samples are unlabelled; evaluation uses ``eval.data``.
@@ -15,7 +15,7 @@ of batches, the most that the slot with the fewest samples can fill whatever the
 process takes the same number of steps (DDP needs that). The samples are read once an epoch:
 
 - all of them when the shards hold equal numbers of samples, the shard count is a multiple of ``P``
-  and each slot's share is a multiple of the batch size (``tools/write_shards.py --per-shard``);
+  and each slot's share is a multiple of the batch size (``sslkit-write-shards --per-shard``);
 - otherwise the samples past a slot's last full batch are skipped that epoch (a different set
   each epoch, since the order changes); the run's set-up line says how many.
 
@@ -46,10 +46,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from sslkit import decode
-from sslkit.batches import EncodedBatch, ImageBatch, pad_images
-from sslkit.data import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, collate_batch
+from sslkit.datasets.base import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, collate_batch
+from sslkit.datasets.batches import EncodedBatch, ImageBatch, pad_images
+from sslkit.datasets.folders import IMAGE_EXTENSIONS
 from sslkit.errors import UserError
-from sslkit.folders import IMAGE_EXTENSIONS
 
 SHUFFLE_BUFFER = 1000  # samples held by each slot's shuffle buffer (webdataset's default)
 _EXTENSIONS = tuple(extension.lstrip(".") for extension in IMAGE_EXTENSIONS)
@@ -107,6 +107,8 @@ class ShardStream(IterableDataset):
         max_size: the longest side kept at decode; None keeps each image's size.
     """
 
+    reads_files = True
+
     def __init__(self, shards: list[str], counts: list[int], max_size: int | None = None) -> None:
         self.shards, self.counts, self.max_size = list(shards), list(counts), max_size
         self.labels = torch.full((sum(counts),), -1, dtype=torch.int64)
@@ -114,7 +116,7 @@ class ShardStream(IterableDataset):
         self.classes: list[str] = []
         self.batch_size, self.rank, self.world, self.workers, self.seed = 1, 0, 1, 1, 0
         self.epoch, self.skip = 0, 0
-        self.decode_on_device = False  # set by sslkit.folders.prepare_training_set on a CUDA device
+        self.decode_on_device = False  # set by sslkit.datasets.folders.prepare_training_set on a CUDA device
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -242,7 +244,7 @@ def stream_loader(stream: ShardStream, batch_size: int, num_workers: int, seed: 
 
         console.print(
             f"note: {skipped} of the {len(stream)} samples are skipped each epoch (the shards do not split into "
-            f"equal full batches for {stream.slots} readers); see sslkit/shards.py",
+            f"equal full batches for {stream.slots} readers); see sslkit/datasets/shards.py",
             markup=False,
             highlight=False,
         )
@@ -258,7 +260,7 @@ def shard_stream(pattern: str | None, max_size: int | None = None) -> ShardStrea
     if not pattern:
         raise UserError(
             "webdataset needs data.root: the tar shards, e.g. data.root='shards/train-{000000..000015}.tar' "
-            "(tools/write_shards.py writes them from an image folder)"
+            "(sslkit-write-shards writes them from an image folder)"
         )
     shards = expand_shards(pattern)
     missing = [shard for shard in shards if not Path(shard).is_file()]

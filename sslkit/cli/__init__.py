@@ -1,0 +1,20 @@
+"""The commands a user runs, each installed as a console script and runnable as a module.
+
+==============================  ==========================================  =============================
+command                         what it does                                module
+==============================  ==========================================  =============================
+``sslkit-pretrain``             train an encoder from a recipe              :mod:`sslkit.cli.pretrain`
+``sslkit-evaluate``             kNN, linear probe, retrieval of an encoder  :mod:`sslkit.cli.evaluate`
+``sslkit-export``               the backbone as safetensors, timm, ONNX     :mod:`sslkit.cli.export`
+``sslkit-ablate``               a grid of runs (sweeps x seeds), tabulated  :mod:`sslkit.cli.ablate`
+``sslkit-label-efficiency``     pretrained against scratch at few labels    :mod:`sslkit.cli.label_efficiency`
+``sslkit-report``               a run's report.md with its curves           :mod:`sslkit.cli.report`
+``sslkit-show-augmentations``   a PNG grid of a recipe's views              :mod:`sslkit.cli.show_augmentations`
+``sslkit-write-shards``         an image folder as webdataset tar shards    :mod:`sslkit.cli.write_shards`
+==============================  ==========================================  =============================
+
+``python -m sslkit.cli.<module>`` is the same command. A launcher starts the training commands
+as modules: ``accelerate launch -m sslkit.cli.pretrain RECIPE`` (or ``torchrun -m``), and
+``sslkit-ablate`` and ``sslkit-label-efficiency`` start every run they make that way, through one
+runner (:mod:`sslkit.cli.sweep`).
+"""
