@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 from sklearn.datasets import load_digits
 
 from sslkit import methods, optim
+from sslkit.cli.export import export
 from sslkit.config import config_from_dict, load_config
 from sslkit.errors import UserError
-from sslkit.export import export
 from sslkit.loop import train
 from sslkit.models import build_backbone
 
