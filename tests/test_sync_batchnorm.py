@@ -167,11 +167,9 @@ def test_every_batchnorm_of_a_method_is_converted_and_moco_split_batchnorm_is_re
     method = convert_sync_batchnorm(build_method(cfg, build_backbone("resnet18", 4), 10, 100), "cpu")
     norms = [m for m in method.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     assert len(norms) == 21 and all(type(m) is GlobalBatchNorm for m in norms)  # backbone 20, projector 1
-    moco = config_from_dict(
-        {"method": {"name": "moco", "bn_splits": 8}, "model": {"sync_batchnorm": True}, "train": {"batch_size": 16}}
-    )
-    with pytest.raises(UserError, match="bn_splits=1"):
-        build_method(moco, build_backbone("resnet18", 4), 10, 100)
+    with pytest.raises(UserError, match="bn_splits=1"):  # checked with the recipe, before anything is built
+        moco = {"name": "moco", "bn_splits": 8}
+        config_from_dict({"method": moco, "model": {"sync_batchnorm": True}, "train": {"batch_size": 16}})
 
 
 def test_torch_sync_devices_without_torchs_private_backend_name_getter(monkeypatch):

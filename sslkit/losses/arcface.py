@@ -15,7 +15,7 @@ import torch
 from sslkit.losses._common import as_number, check_flag, check_positive
 from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
-from sslkit.losses.partial_fc import PartialFC, check_sample_rate
+from sslkit.losses.partial_fc import PartialFC, check_sample_rate, partial_fc_repr
 
 # sin(theta) = sqrt(1 - cos^2) has an infinite derivative at cos = +-1; below this the sine is
 # held constant, so an embedding exactly on (or opposite) its class weight gets finite gradients.
@@ -99,6 +99,5 @@ class ArcFaceHead(MarginSoftmaxHead):
     def extra_repr(self) -> str:
         return (
             f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, scale={self.scale}, "
-            f"margin={self.margin}, easy_margin={self.easy_margin}"
-            + (f", partial_fc=True, sample_rate={self.partial_fc.sample_rate}" if self.partial_fc else "")
+            f"margin={self.margin}, easy_margin={self.easy_margin}" + partial_fc_repr(self.partial_fc)
         )

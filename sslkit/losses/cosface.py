@@ -13,7 +13,7 @@ import torch
 from sslkit.losses._common import as_number, check_positive
 from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
-from sslkit.losses.partial_fc import PartialFC, check_sample_rate
+from sslkit.losses.partial_fc import PartialFC, check_sample_rate, partial_fc_repr
 
 
 def cosface_target_logit(cos_target: torch.Tensor, margin: float) -> torch.Tensor:
@@ -72,6 +72,5 @@ class CosFaceHead(MarginSoftmaxHead):
     def extra_repr(self) -> str:
         return (
             f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, "
-            f"scale={self.scale}, margin={self.margin}"
-            + (f", partial_fc=True, sample_rate={self.partial_fc.sample_rate}" if self.partial_fc else "")
+            f"scale={self.scale}, margin={self.margin}" + partial_fc_repr(self.partial_fc)
         )

@@ -62,6 +62,11 @@ from sslkit.losses.margin_softmax import (
 _INIT_BLOCK = 4096
 
 
+def partial_fc_repr(partial_fc: PartialFC | None) -> str:
+    """A head's ``extra_repr`` tail: its ``partial_fc`` switch, and the sample rate when it is on."""
+    return f", partial_fc=True, sample_rate={partial_fc.sample_rate}" if partial_fc else ", partial_fc=False"
+
+
 def check_sample_rate(partial_fc, sample_rate) -> tuple[bool, float]:
     """``(partial_fc, sample_rate)`` checked: a switch, and a rate in (0, 1] that only Partial FC uses."""
     partial_fc = check_flag(partial_fc, "partial_fc")

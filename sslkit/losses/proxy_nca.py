@@ -18,7 +18,7 @@ from sslkit.losses._common import check_flag, check_positive, full_precision, up
 from sslkit.losses._workspace import Workspace
 from sslkit.losses.head import Head, check_proxy_inputs
 from sslkit.losses.margin_softmax import _scaled_unit_rows, cosine_margin_cross_entropy
-from sslkit.losses.partial_fc import PartialFC, check_sample_rate
+from sslkit.losses.partial_fc import PartialFC, check_sample_rate, partial_fc_repr
 
 
 def _unchanged(cos_target: torch.Tensor) -> torch.Tensor:
@@ -199,5 +199,5 @@ class ProxyNCAHead(Head):
             f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, scale={self.scale}, "
             f"proxy_lr_scale={self.proxy_lr_scale}, "
             f"include_positive_in_denominator={self.include_positive_in_denominator}"
-            + (f", partial_fc=True, sample_rate={self.partial_fc.sample_rate}" if self.partial_fc else "")
+            + partial_fc_repr(self.partial_fc)
         )
