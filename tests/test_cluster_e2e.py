@@ -19,13 +19,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from dist_utils import _free_port
 from safetensors.torch import load_file
-from test_preemption_e2e import finish, start
-from test_pretrain_e2e import PRETRAIN, QUICKSTART, TINY, env
+from test_preemption_e2e import COMMON, finish, start
+from test_pretrain_e2e import QUICKSTART, env
 
 # Views that need no random numbers to be equal on every process count; BatchNorm over the global batch.
 SAME_EVERYWHERE = ["augment.crop_scale=[1,1]", "augment.crop_ratio=[1,1]", "augment.jitter_p=0"]
@@ -39,48 +40,63 @@ def trained(tmp_path, name: str, world: int, *overrides: str) -> dict[str, torch
     return load_file(tmp_path / name / "backbone.safetensors")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
-def test_a_run_resumed_on_another_process_count_ends_where_the_uninterrupted_run_ends(tmp_path, before, after):
-    straight = trained(tmp_path, "straight", before)
-    # Step 5 of 22, mid-epoch: the resumed run must skip exactly the global batches already trained on.
-    step5 = tmp_path / "straight" / "checkpoints" / "step-00000005"
-    resumed = trained(tmp_path, "resumed", after, f"run.resume={step5}")
-    assert straight.keys() == resumed.keys()
-    for key in straight:
-        torch.testing.assert_close(resumed[key], straight[key], rtol=1e-3, atol=1e-4, msg=key)
-
-
 def launch(tmp_path, name: str, port: int, machines: int, machine_rank: int = 0) -> subprocess.Popen:
     """``accelerate launch --cpu`` of two processes in all, on ``machines`` machines (this one plays each)."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--cpu", "--num_processes", "2"]
     command += ["--num_machines", str(machines), "--machine_rank", str(machine_rank)]
     command += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", *PRETRAIN, str(QUICKSTART)]
-    command += [f"run.output_dir={tmp_path}", f"run.name={name}", *TINY, "train.epochs=1", "train.max_steps=6"]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "sslkit.cli.pretrain", str(QUICKSTART)]
+    command += [f"run.output_dir={tmp_path}", f"run.name={name}", *COMMON, *SAME_EVERYWHERE]
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), start_new_session=True
     )
 
 
+@pytest.fixture(scope="module")
+def one_machine(tmp_path_factory) -> Path:
+    """Two processes on one machine: the reference of the two-machine run and of the 2 -> 1 resume."""
+    out = tmp_path_factory.mktemp("one-machine")
+    [result] = finish([launch(out, "one-machine", _free_port(), 1)])
+    assert result[0] == 0, result[2][-2000:]
+    return out / "one-machine"
+
+
 @pytest.mark.slow
-def test_two_machines_of_one_process_train_as_one_machine_of_two(tmp_path):
+def test_a_run_resumed_on_one_process_ends_where_the_two_process_run_ends(tmp_path, one_machine):
+    # Step 5 of 22, mid-epoch: the resumed run must skip exactly the global batches already trained on.
+    resumed = trained(tmp_path, "resumed", 1, f"run.resume={one_machine / 'checkpoints' / 'step-00000005'}")
+    assert_close_backbones(load_file(one_machine / "backbone.safetensors"), resumed)
+
+
+@pytest.mark.slow
+def test_a_run_resumed_on_two_processes_ends_where_the_one_process_run_ends(tmp_path):
+    straight = trained(tmp_path, "straight", 1)
+    resumed = trained(tmp_path, "resumed", 2, f"run.resume={tmp_path / 'straight' / 'checkpoints' / 'step-00000005'}")
+    assert_close_backbones(straight, resumed)
+
+
+def assert_close_backbones(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> None:
+    assert expected.keys() == actual.keys()
+    for key in expected:
+        torch.testing.assert_close(actual[key], expected[key], rtol=1e-3, atol=1e-4, msg=key)
+
+
+@pytest.mark.slow
+def test_two_machines_of_one_process_train_as_one_machine_of_two(tmp_path, one_machine):
     port = _free_port()
     machines = finish([launch(tmp_path, "two-machines", port, 2, rank) for rank in (0, 1)])
     assert [code for code, *_ in machines] == [0, 0], [err[-2000:] for *_, err in machines]
     assert "2 processes" in machines[0][1]
-    [single] = finish([launch(tmp_path, "one-machine", _free_port(), 1)])
-    assert single[0] == 0, single[2][-2000:]
 
-    def losses(name: str) -> list[float]:
-        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+    def losses(run: Path) -> list[float]:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
         return [json.loads(line)["loss"] for line in lines if '"loss"' in line]
 
-    assert losses("two-machines") == losses("one-machine") and len(losses("one-machine")) == 6
-    two, one = (tmp_path / "two-machines", tmp_path / "one-machine")
-    weights = "checkpoints/step-00000006/model.safetensors"
-    assert (two / weights).read_bytes() == (one / weights).read_bytes()
-    results = [json.loads((run / "results.json").read_text())["results"] for run in (two, one)]
+    two = tmp_path / "two-machines"
+    assert losses(two) == losses(one_machine) and len(losses(one_machine)) == 22
+    weights = "checkpoints/step-00000010/model.safetensors"
+    assert (two / weights).read_bytes() == (one_machine / weights).read_bytes()
+    results = [json.loads((run / "results.json").read_text())["results"] for run in (two, one_machine)]
     assert results[0] == results[1]
 
 

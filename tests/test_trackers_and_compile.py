@@ -34,7 +34,7 @@ def wandb_values(run_dir, key: str) -> list[str]:
     """The JSON values W&B's offline run file holds for ``key`` (config items and history rows alike are
     protobuf ``(key, value_json)`` pairs: length-prefixed key, then field 16 with the JSON text)."""
     (record,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    blob, name = record.read_bytes(), key.encode()
+    blob, name = wandb_records(record.read_bytes()), key.encode()
     pattern = re.escape(bytes([len(name)]) + name) + rb"\x82\x01(.)"
     values = []
     for match in re.finditer(pattern, blob, flags=re.DOTALL):
@@ -64,6 +64,21 @@ def test_tensorboard_and_wandb_get_the_metrics_and_the_resolved_config(tmp_path,
     # every logged row is in the file twice: as a history row and as the run summary's update
     assert [float(v) for v in wandb_values(run_dir, "loss")[::2]] == pytest.approx(losses)
     assert float(wandb_values(run_dir, "final_knn_top1")[0]) == pytest.approx(results["trained"]["knn_top1"])
+
+
+def wandb_records(blob: bytes) -> bytes:
+    """The records of a W&B run file with their chunk headers taken out: the file is a LevelDB-style log (a
+    7-byte file header, then 32 KiB blocks of chunks, each a 7-byte header: CRC, little-endian length, type),
+    and a record that crosses a block boundary is split in two chunks."""
+    records, position, block = bytearray(), 7, 32768
+    while position + 7 <= len(blob):
+        if block - position % block < 7:  # too little room for a header: the writer padded to the next block
+            position += block - position % block
+            continue
+        length = int.from_bytes(blob[position + 4 : position + 6], "little")
+        records += blob[position + 7 : position + 7 + length]
+        position += 7 + length
+    return bytes(records)
 
 
 @pytest.mark.slow

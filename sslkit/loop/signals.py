@@ -10,7 +10,8 @@ received, so that all of them stop after the same step even when the signal reac
 The run then saves a checkpoint and raises :class:`sslkit.errors.Preempted`; the command exits with
 :data:`sslkit.errors.REQUEUE_EXIT_STATUS` (75), and ``run.resume=auto`` continues exactly where it stopped.
 
-A second signal while the checkpoint is written changes nothing: the handler only records it,
+A second signal while the checkpoint is written changes nothing: the handler only records it
+(and once the run has stopped, the signals are ignored until the process exits),
 and the checkpoint itself is written into a hidden directory renamed once complete
 (:mod:`sslkit.checkpoint`), so even a SIGKILL mid-save leaves the previous checkpoint whole.
 """
@@ -56,7 +57,9 @@ class StopSignals:
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
+            # Stopped by one: the process is on its way out with a saved checkpoint, and a repeated notice
+            # must not turn its exit status 75 into a death by signal.
+            signal.signal(sig, signal.SIG_IGN if self.received else handler)
         self.previous.clear()
 
     def _record(self, signum: int, frame) -> None:
