@@ -335,32 +335,8 @@ def plan_runs(plan: Plan) -> list[Run]:
     pre = plan.pretrained or runs_dir / "pretrain"
 
     def trained(kind: str, recipe: Path, own: list[str], needs: tuple[str, ...], labels=None, **keys) -> Run:
-        """A ``sslkit.cli.pretrain`` run; ``labels``: (fraction, seed) of its labelled subset and run seed."""
-        fraction, seed = labels if labels is not None else (None, None)
-        name = "pretrain" if labels is None else run_name(kind, fraction, seed)
-        if labels is not None:
-            keys.update({"data.label_fraction": fraction_text(fraction), "data.label_seed": seed, "run.seed": seed})
-        overrides = [
-            *plan.overrides,
-            *own,
-            *(f"{key}={value}" for key, value in keys.items()),
-            f"run.output_dir={runs_dir}",
-            f"run.name={name}",
-            # resume=auto: a run stopped midway (Ctrl-C, a crash) continues from its last checkpoint on the rerun.
-            "run.resume=auto",
-        ]
-        return Run(
-            name=name,
-            kind=kind,
-            fraction=fraction,
-            seed=seed,
-            command=sweep.command(sweep.PRETRAIN, [str(recipe), *overrides], plan.launcher),
-            result=runs_dir / name / "results.json",
-            needs=needs,
-            recipe=recipe,
-            overrides=overrides,
-            run_dir=runs_dir / name,
-        )
+        name = "pretrain" if labels is None else run_name(kind, *labels)
+        return trained_run(name, kind, recipe, [*plan.overrides, *own], runs_dir, plan.launcher, needs, labels, **keys)
 
     runs = []
     needs_pre: tuple[str, ...] = ()
@@ -408,6 +384,47 @@ def plan_runs(plan: Plan) -> list[Run]:
                     trained("scratch-long", plan.finetune_recipe, longer, (), labels, **{"run.init_from": "null"})
                 )
     return runs
+
+
+def trained_run(
+    name: str,
+    kind: str,
+    recipe: Path,
+    overrides: list[str],
+    runs_dir: Path,
+    launcher: str | None,
+    needs: tuple[str, ...] = (),
+    labels: tuple[float, int] | None = None,
+    **keys,
+) -> Run:
+    """A ``sslkit.cli.pretrain`` run named ``name`` in ``runs_dir``: ``recipe`` with ``overrides``, then ``keys``.
+
+    ``labels``: (fraction, seed) of its labelled subset, which is also its run seed; the fine-tune and
+    scratch roads take ``run.init_from`` (the pretrained run, or ``null``) in ``keys``.
+    """
+    fraction, seed = labels if labels is not None else (None, None)
+    if labels is not None:
+        keys.update({"data.label_fraction": fraction_text(fraction), "data.label_seed": seed, "run.seed": seed})
+    overrides = [
+        *overrides,
+        *(f"{key}={value}" for key, value in keys.items()),
+        f"run.output_dir={runs_dir}",
+        f"run.name={name}",
+        # resume=auto: a run stopped midway (Ctrl-C, a crash) continues from its last checkpoint on the rerun.
+        "run.resume=auto",
+    ]
+    return Run(
+        name=name,
+        kind=kind,
+        fraction=fraction,
+        seed=seed,
+        command=sweep.command(sweep.PRETRAIN, [str(recipe), *overrides], launcher),
+        result=runs_dir / name / "results.json",
+        needs=needs,
+        recipe=recipe,
+        overrides=overrides,
+        run_dir=runs_dir / name,
+    )
 
 
 def validation_config(run: Run, plan: Plan) -> Config:
