@@ -12,7 +12,8 @@ method whose step costs twice as much trains half as many steps. For each recipe
 1. **calibration**: the recipe runs ``--calibration-steps`` steps after 10 warm-up steps (oneDNN
    builds its kernels on the first calls; the warm-up is not timed), and its training images/s is
    what the loop logged over the timed steps (``metrics.jsonl``);
-2. **the budget**: ``steps = minutes x 60 x images/s / train.batch_size``, given to the run as
+2. **the budget**: ``steps = minutes x 60 x images/s / images per step`` (``train.batch_size x
+   train.grad_accum_steps``), given to the run as
    ``train.max_steps`` (the learning-rate and momentum schedules span exactly those steps) and
    ``train.epochs`` (the epochs they need);
 3. **pretraining**, one run per seed: its kNN and linear probe with every label, as the run
@@ -86,8 +87,8 @@ class Entry:
 
     recipe: Path
     seeds: tuple[int, ...]
-    batch_size: int
-    steps_per_epoch: int  # training images // train.batch_size
+    images_per_step: int  # train.batch_size x train.grad_accum_steps
+    steps_per_epoch: int  # training images // images_per_step
 
     @property
     def name(self) -> str:
@@ -160,7 +161,7 @@ def build_entries(args: argparse.Namespace, recipes: list[str], overrides: list[
             )
         data = data or (path.name, cfg.data.name)
         seeds = tuple(cfg.run.seed + i for i in range(counts.get(path.stem, args.seeds)))
-        entries.append(Entry(path, seeds, cfg.train.batch_size, steps_per_epoch(cfg)))
+        entries.append(Entry(path, seeds, cfg.train.batch_size * cfg.train.grad_accum_steps, steps_per_epoch(cfg)))
     return entries
 
 
@@ -175,11 +176,11 @@ def calibration_run(entry: Entry, overrides: list[str], runs_dir: Path, args) ->
     )
 
 
-def images_per_s(metrics_path: Path, batch_size: int, after_step: int = 0) -> tuple[float, float] | None:
+def images_per_s(metrics_path: Path, images_per_step: int, after_step: int = 0) -> tuple[float, float] | None:
     """(images/s, seconds) over the log windows of ``metrics.jsonl`` that end after ``after_step``.
 
     A window's record holds its last step and its images/s; its images are the steps since the
-    previous record times the batch (a window covers the steps since the last line).
+    previous record times the images of a step (a window covers the steps since the last line).
     """
     try:
         lines = metrics_path.read_text().splitlines()
@@ -191,16 +192,16 @@ def images_per_s(metrics_path: Path, batch_size: int, after_step: int = 0) -> tu
         record = json.loads(line)
         if "images_per_s" not in record:
             continue  # a kNN monitor line
-        count = (record["step"] - previous) * batch_size
+        count = (record["step"] - previous) * images_per_step
         previous = record["step"]
         if record["step"] > after_step and record["images_per_s"] > 0:
             images, seconds = images + count, seconds + count / record["images_per_s"]
     return (images / seconds, seconds) if seconds else None
 
 
-def budget_steps(minutes: float, speed: float, batch_size: int) -> int:
+def budget_steps(minutes: float, speed: float, images_per_step: int) -> int:
     """Optimizer steps that take ``minutes`` at ``speed`` images/s (at least 1)."""
-    return max(1, math.floor(minutes * 60 * speed / batch_size))
+    return max(1, math.floor(minutes * 60 * speed / images_per_step))
 
 
 def training_runs(entry: Entry, steps: int, overrides: list[str], runs_dir: Path, args, finetune: Path | None):
@@ -304,7 +305,7 @@ def point_row(entry: Entry, seed: int, plan: dict, by_name: dict[str, dict]) -> 
     record = by_name.get(name)
     if record is None:
         return {**row, "status": "not run", "error": plan.get("error")}
-    speed = images_per_s(Path(record["result"]).parent / "metrics.jsonl", entry.batch_size)
+    speed = images_per_s(Path(record["result"]).parent / "metrics.jsonl", entry.images_per_step)
     row.update(
         status=record["status"], error=record["error"], wall_s=record["wall_s"], metrics=dict(record["metrics"])
     )
@@ -554,11 +555,12 @@ def main(argv: list[str] | None = None) -> int:
         if record["status"] != "ok":
             plans[entry.name] = {}
             continue
-        speed = images_per_s(runs_dir / f"calibrate-{entry.name}" / "metrics.jsonl", entry.batch_size, WARMUP_STEPS)
+        metrics = runs_dir / f"calibrate-{entry.name}" / "metrics.jsonl"
+        speed = images_per_s(metrics, entry.images_per_step, WARMUP_STEPS)
         if speed is None:
             plans[entry.name] = {"error": "its calibration logged no timed steps; raise --calibration-steps"}
             continue
-        steps = budget_steps(args.minutes, speed[0], entry.batch_size)
+        steps = budget_steps(args.minutes, speed[0], entry.images_per_step)
         plans[entry.name] = {"images_per_s": speed[0], "steps": steps}
         console.print(
             f"{entry.name}: {speed[0]:.0f} img/s over {args.calibration_steps} calibration steps -> {steps} steps "
