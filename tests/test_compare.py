@@ -213,6 +213,7 @@ def test_images_per_s_counts_only_the_windows_after_the_warm_up(tmp_path):
         (["quickstart", "recipes/quickstart.yaml", "--minutes", "1"], ["same name"]),
         (["quickstart", "fashion_mnist_simclr", "--minutes", "1"], ["data.name=fashion_mnist", "same images"]),
         (["quickstart", "--minutes", "1", "--finetune-override", "model.width=8"], ["model.width=8", "model.width=4"]),
+        (["quickstart", "--minutes", "1", "--scratch-recipe", "fashion_mnist_finetune"], ["--scratch-recipe"]),
         (["--minutes", "1", "train.threads=1"], ["no recipe given"]),
     ],
 )

@@ -1,7 +1,8 @@
 """Compare pretraining recipes at equal training time: kNN, linear probe, fine-tune with few labels, images/s.
 
     sslkit-compare RECIPE [RECIPE ...] --minutes M [--seeds N] [--seeds-for NAME=N ...] [--out DIR]
-                   [--fraction 0.01] [--finetune-recipe R] [--no-finetune] [--calibration-steps 30]
+                   [--fraction 0.01] [--finetune-recipe R] [--scratch-recipe R] [--no-finetune]
+                   [--calibration-steps 30]
                    [--launcher "..."] [--finetune-override K=V ...] [key.sub=value ...]
     sslkit-compare fashion_mnist_simclr fashion_mnist_byol fashion_mnist_dino --minutes 10 \\
         --seeds-for fashion_mnist_simclr=2 train.threads=1
@@ -21,7 +22,7 @@ method whose step costs twice as much trains half as many steps. For each recipe
 4. **fine-tune** with ``--fraction`` of the labels (default 0.01), as ``sslkit-label-efficiency``'s
    fine-tune road builds it (its fine-tune recipe, ``run.init_from`` the pretrained run, the labelled
    subset of the seed), and the same network trained **from scratch** on the same labels, once per
-   seed: the baseline a fine-tune must beat.
+   seed (``--scratch-recipe``, by default the fine-tune recipe): the baseline a fine-tune must beat.
 
 Every run is the user's own command in its own process (``python -m sslkit.cli.pretrain RECIPE
 <overrides> ...``, or ``--launcher`` with ``-m``), in ``OUT/runs``. The comparison is resumable:
@@ -232,14 +233,14 @@ def training_runs(entry: Entry, steps: int, overrides: list[str], runs_dir: Path
     return runs
 
 
-def scratch_runs(seeds: list[int], overrides: list[str], runs_dir: Path, args, finetune: Path):
-    """The fine-tune recipe from random weights on each seed's labelled subset: the fine-tunes' baseline."""
+def scratch_runs(seeds: list[int], overrides: list[str], runs_dir: Path, args, scratch: Path):
+    """The scratch recipe from random weights on each seed's labelled subset: the fine-tunes' baseline."""
     own = [*overrides, *args.finetune_overrides]
     return [
         label_efficiency.trained_run(
             f"scratch-s{seed}",
             "scratch",
-            finetune,
+            scratch,
             own,
             runs_dir,
             args.launcher,
@@ -270,8 +271,8 @@ def check_run(run: label_efficiency.Run, encoder: dict | None = None, saved: boo
             section, name = key.split(".")
             if (mine := own[section][name]) != (theirs := encoder[section][name]):
                 raise UserError(
-                    f"run {run.name}: {key}={mine}, but the recipe it fine-tunes has {key}={theirs}; pass "
-                    f"--finetune-override {key}={theirs} or another --finetune-recipe"
+                    f"run {run.name}: {key}={mine}, but the pretrained encoder has {key}={theirs}; pass "
+                    f"--finetune-override {key}={theirs} or another --{run.kind}-recipe"
                 )
     if not saved:
         return
@@ -442,7 +443,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--finetune-recipe",
         default=None,
-        help="the fine-tune (and scratch) recipe (default: fashion_mnist_finetune or quickstart_finetune)",
+        help="the fine-tune recipe (default: fashion_mnist_finetune or quickstart_finetune)",
+    )
+    parser.add_argument(
+        "--scratch-recipe",
+        default=None,
+        help="the scratch runs' recipe (default: the fine-tune recipe), e.g. fashion_mnist_scratch",
     )
     parser.add_argument("--no-finetune", action="store_true", help="kNN and linear probe only")
     parser.add_argument(
@@ -473,6 +479,7 @@ class Plan:
     overrides: list[str]
     out: Path
     finetune: Path | None  # None: --no-finetune
+    scratch: Path | None  # --scratch-recipe, else the fine-tune recipe
 
 
 def build_plan(args: argparse.Namespace) -> Plan:
@@ -489,12 +496,13 @@ def build_plan(args: argparse.Namespace) -> Plan:
             raise UserError(f"--finetune-override '{text}': compare sets {text.partition('=')[0]} for every run")
     entries = build_entries(args, recipes, overrides)
     base = load_config(entries[0].recipe, overrides)
-    finetune = None
+    finetune = scratch = None
     if not args.no_finetune:
         finetune = find_recipe(args.finetune_recipe) if args.finetune_recipe else None
         finetune = (finetune or label_efficiency.default_recipe("finetune", base.data.name)).resolve()
+        scratch = find_recipe(args.scratch_recipe).resolve() if args.scratch_recipe else finetune
     out = (args.out or Path(base.run.output_dir) / "compare").resolve()
-    return Plan(entries, overrides, out, finetune)
+    return Plan(entries, overrides, out, finetune, scratch)
 
 
 def check_plan(plan: Plan, args) -> list[label_efficiency.Run]:
@@ -508,8 +516,9 @@ def check_plan(plan: Plan, args) -> list[label_efficiency.Run]:
         encoder = to_dict(load_config(entry.recipe, plan.overrides))
         for run in training_runs(entry, 1, plan.overrides, runs_dir, args, plan.finetune):
             check_run(run, encoder if run.kind == "finetune" else None, saved=False)
-    for run in scratch_runs(all_seeds(plan), plan.overrides, runs_dir, args, plan.finetune) if plan.finetune else []:
-        check_run(run)
+    encoder = to_dict(load_config(plan.entries[0].recipe, plan.overrides))
+    for run in scratch_runs(all_seeds(plan), plan.overrides, runs_dir, args, plan.scratch) if plan.scratch else []:
+        check_run(run, encoder)
     return calibrations
 
 
@@ -534,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": {e.name: list(e.seeds) for e in plan.entries},
         "fraction": args.fraction,
         "finetune_recipe": None if plan.finetune is None else str(plan.finetune),
+        "scratch_recipe": None if plan.scratch is None else str(plan.scratch),
         "finetune_overrides": args.finetune_overrides,
         "calibration_steps": args.calibration_steps,
         "launcher": args.launcher,
@@ -571,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         runs += training_runs(entry, steps, plan.overrides, runs_dir, args, plan.finetune)
     if plan.finetune is not None:
-        runs += scratch_runs(all_seeds(plan), plan.overrides, runs_dir, args, plan.finetune)
+        runs += scratch_runs(all_seeds(plan), plan.overrides, runs_dir, args, plan.scratch)
     try:
         for run in runs:
             check_run(run)  # a run directory of this comparison planned with another budget is refused
