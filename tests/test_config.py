@@ -89,6 +89,7 @@ def test_exponent_without_dot_is_a_float(tmp_path):
         ("method: {name: nce}\nloss: {name: nce, bank_size: 9}\n", ["loss.bank_size is set by method 'nce'"]),
         ("method: {name: distill, distill_temperature: 0}\nloss: {name: softmax}\n", ["must be > 0"]),
         ("method: {name: simclr}\nloss: {name: arcface}\n", ["method 'simclr' needs a two-view loss", "supervised"]),
+        ("eval: {recall_ks: [1, 0]}\n", ["'eval.recall_ks' must be a non-empty list of integers >= 1", "[1, 0]"]),
     ],
 )
 def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):

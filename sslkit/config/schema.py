@@ -382,6 +382,9 @@ class EvalConfig:
         label_fraction: The labelled subset the kNN memory and linear probe use, as ``data.label_fraction``;
             ``null``: ``data.label_fraction``. Evaluates one run at several label fractions without retraining.
         labels_per_class: As ``data.labels_per_class``, for evaluation only; ``null``: ``data.labels_per_class``.
+        recall_ks: The K of the retrieval Recall@K (``unseen_recall@K``): 1, 2, 4, 8 for CUB-200 and Cars196,
+            1, 10, 100, 1000 for Stanford Online Products, 1, 10, 20, 30, 40, 50 for In-shop, as their papers
+            report them.
         data: The labelled evaluation set (:class:`EvalDataConfig`): its ``train`` split is the kNN memory and the
             linear probe's training set, its ``test`` split measures them. Unset, the training dataset's own
             splits are used; a training set without labels (an unlabelled image folder, shards) and no
@@ -399,6 +402,7 @@ class EvalConfig:
     batch_size: int = 512
     label_fraction: float | None = None
     labels_per_class: int | None = None
+    recall_ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
