@@ -207,6 +207,23 @@ def test_sampling_keeps_every_positive_is_seeded_and_changes_by_step():
     torch.testing.assert_close(head.partial_fc.sample(labels, 7), head.partial_fc.sample(labels, 7))
 
 
+def test_a_resumed_head_samples_what_the_head_never_stopped_would():
+    """The sampling's seed and step travel in the state_dict; a full head drops them, a fresh Partial FC head
+    (another seed) takes them."""
+    labels = torch.tensor([3, 150, 999])
+    running = ArcFaceHead(4, 1000, partial_fc=True, sample_rate=0.1)
+    for _ in range(3):
+        running(torch.randn(3, 4), labels)
+    saved = running.state_dict()
+    torch.manual_seed(123)
+    resumed = ArcFaceHead(4, 1000, partial_fc=True, sample_rate=0.1)
+    assert resumed.partial_fc.seed != running.partial_fc.seed
+    resumed.load_state_dict(saved)
+    assert (resumed.partial_fc.seed, resumed.partial_fc.steps) == (running.partial_fc.seed, 3)
+    torch.testing.assert_close(resumed.partial_fc.sample(labels, 3), running.partial_fc.sample(labels, 3))
+    ArcFaceHead(4, 1000).load_state_dict(saved)  # strict: the key is no surprise to a full head
+
+
 def _optimizer_worker(rank, world, state, x, labels):
     head = ArcFaceHead(D, C, partial_fc=True).double()
     head.load_state_dict(state)
