@@ -101,6 +101,12 @@ def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
         assert word in message
 
 
+def test_mixed_precision_no_unquoted_is_the_choice_no(tmp_path):
+    """YAML 1.1 reads `no` as false; for train.mixed_precision it can only mean the choice "no"."""
+    assert load_config(write(tmp_path, "train: {mixed_precision: no}\n")).train.mixed_precision == "no"
+    assert load_config(write(tmp_path, "train: {}\n"), ["train.mixed_precision=no"]).train.mixed_precision == "no"
+
+
 @pytest.mark.parametrize(
     "method, loss",
     [("simclr", "ntxent"), ("mocov3", "ntxent"), ("supcon", "supcon"), ("byol", "byol"), ("simsiam", "simsiam")]

@@ -482,6 +482,9 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+_NO_IS_A_CHOICE = {"train.mixed_precision"}  # string keys with a choice spelled "no"
+
+
 def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     """Check ``value`` against the annotation ``tp``; int is accepted for float, lists for tuples."""
     origin = typing.get_origin(tp)
@@ -523,6 +526,8 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         return value
     if tp in (int, str) and isinstance(value, tp) and not isinstance(value, bool):
         return value
+    if tp is str and value is False and key in _NO_IS_A_CHOICE:
+        return "no"  # YAML 1.1 reads an unquoted no as false: `mixed_precision: no` means the choice "no"
     raise UserError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
 
 
