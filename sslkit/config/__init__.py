@@ -205,9 +205,14 @@ def _check_compile(backend: str, source: str) -> None:
 
 
 def _check_image_files(cfg: Config, source: str, datasets: typing.Iterable[str]) -> None:
-    """``data.max_size``, ``data.on_corrupt``, ``data.decode`` and ``eval.data``."""
+    """``data.max_size``, ``data.on_corrupt``, ``data.decode``, ``data.augment_in_workers`` and ``eval.data``."""
     _check_choice(cfg.data.on_corrupt, ("skip", "error"), "data.on_corrupt", source)
     _check_choice(cfg.data.decode, ("auto", "cpu"), "data.decode", source)
+    if isinstance(cfg.data.augment_in_workers, str) and cfg.data.augment_in_workers != "auto":
+        raise UserError(
+            f"{source}: unknown data.augment_in_workers '{cfg.data.augment_in_workers}'; "
+            f"choose one of: auto, true, false"
+        )
     if cfg.data.max_size is not None:
         _check_range(cfg.data.max_size, "data.max_size", source, 1)
     if cfg.eval.data.name is not None:

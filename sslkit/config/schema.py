@@ -95,6 +95,11 @@ class DataConfig:
         decode: ``imagefolder`` and ``webdataset``: where JPEGs are decoded. ``auto``: on the accelerator when it
             is a CUDA device (nvJPEG, in batches; other formats fall back to the CPU), otherwise in the loader
             workers; ``cpu``: always in the loader workers.
+        augment_in_workers: Where the training views are made. ``false``: the training process augments each
+            uint8 batch on the accelerator. ``true``: each loader worker augments the batches it loads, on the
+            CPU, with the randomness seeded by (``run.seed``, epoch, batch), so the views do not depend on
+            ``data.num_workers`` and a resumed run sees the same ones (JPEGs are then decoded in the workers).
+            ``auto``: ``true`` when the accelerator is the CPU and ``data.num_workers`` > 0, else ``false``.
         sampler: The training order. ``random``: a shuffle of every image each epoch. ``m_per_class``: class-balanced
             P x K batches for metric learning, ``train.batch_size / data.m_per_class`` distinct classes of
             ``data.m_per_class`` images each, every image about once an epoch (a class with fewer images than that
@@ -120,6 +125,7 @@ class DataConfig:
     max_size: int | None = None
     on_corrupt: str = "skip"
     decode: str = "auto"
+    augment_in_workers: bool | str = "auto"
     sampler: str = "random"
     m_per_class: int = 4
     class_split: float | None = None

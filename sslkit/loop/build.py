@@ -18,6 +18,7 @@ from sslkit import checkpoint, distributed, methods, models, optim
 from sslkit.config import Config
 from sslkit.console import console
 from sslkit.datasets import Splits, WithIndices, collate_batch, shards, training_sampler
+from sslkit.datasets.augmented import Augment, AugmentInWorkers, KeyedSampler
 from sslkit.errors import UserError
 from sslkit.loop.signals import signal_of
 from sslkit.losses.partial_fc import keep_optimizer_state_in_class_order
@@ -65,19 +66,29 @@ def check_training_set(cfg: Config, splits: Splits, world: int) -> int:
     return batch // world
 
 
-def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoader, Sampler]:
-    """The training loader (uint8 batches, ``local_batch`` per process) and the sampler that orders its epochs."""
+def make_train_loader(
+    cfg: Config, train_set, local_batch: int, augment: Augment | None = None
+) -> tuple[DataLoader, Sampler]:
+    """The training loader (``local_batch`` per process) and the sampler that orders its epochs.
+
+    Batches are uint8 images, or with ``augment`` (``data.augment_in_workers``) their views, made
+    where the batch is loaded (:mod:`sslkit.datasets.augmented`).
+    """
     if isinstance(train_set, shards.ShardStream):  # tar shards: the stream splits and orders its own epochs
         if methods.METHODS[cfg.method.name].needs_indices:
             raise UserError(f"method '{cfg.method.name}' keeps per-sample state, which streamed shards cannot index")
-        loader = shards.stream_loader(train_set, local_batch, cfg.data.num_workers, cfg.run.seed)
+        loader = shards.stream_loader(train_set, local_batch, cfg.data.num_workers, cfg.run.seed, augment)
         return loader, loader
     d, batch = cfg.data, cfg.train.batch_size
     sampler = training_sampler(d.sampler, train_set.labels, d.m_per_class, batch, local_batch, cfg.run.seed)
     # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
     needs_indices = methods.METHODS[cfg.method.name].needs_indices
+    dataset = WithIndices(train_set) if needs_indices else train_set
+    if augment is not None:
+        sampler = KeyedSampler(sampler)
+        dataset = AugmentInWorkers(dataset, augment, cfg.run.seed)
     loader = DataLoader(
-        WithIndices(train_set) if needs_indices else train_set,
+        dataset,
         batch_size=local_batch,
         sampler=sampler,
         drop_last=True,
