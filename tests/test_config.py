@@ -89,6 +89,7 @@ def test_exponent_without_dot_is_a_float(tmp_path):
         ("method: {name: nce}\nloss: {name: nce, bank_size: 9}\n", ["loss.bank_size is set by method 'nce'"]),
         ("method: {name: distill, distill_temperature: 0}\nloss: {name: softmax}\n", ["must be > 0"]),
         ("method: {name: simclr}\nloss: {name: arcface}\n", ["method 'simclr' needs a two-view loss", "supervised"]),
+        ("eval: {recall_ks: [1, 0]}\n", ["'eval.recall_ks' must be a non-empty list of integers >= 1", "[1, 0]"]),
     ],
 )
 def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
@@ -98,6 +99,12 @@ def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
     assert "\n" not in message
     for word in words:
         assert word in message
+
+
+def test_mixed_precision_no_unquoted_is_the_choice_no(tmp_path):
+    """YAML 1.1 reads `no` as false; for train.mixed_precision it can only mean the choice "no"."""
+    assert load_config(write(tmp_path, "train: {mixed_precision: no}\n")).train.mixed_precision == "no"
+    assert load_config(write(tmp_path, "train: {}\n"), ["train.mixed_precision=no"]).train.mixed_precision == "no"
 
 
 @pytest.mark.parametrize(
