@@ -1,6 +1,6 @@
 """Augmentation in the loader workers (``data.augment_in_workers``): each batch leaves a worker as its views.
 
-By default a batch reaches the accelerator as uint8 and the training process augments it there
+Otherwise a batch reaches the accelerator as uint8 and the training process augments it there
 (:mod:`sslkit.augment`), which is right for a GPU. When the device is the CPU, that puts the crops
 and the colour steps on the training process's threads while the loader workers only decode;
 with the workers augmenting too, the decode and the augmentation of every batch run in parallel
@@ -41,8 +41,8 @@ def in_workers(setting: bool | str, device: torch.device, num_workers: int) -> b
     """Whether the loader augments: ``data.augment_in_workers``, with ``auto`` resolved for ``device``.
 
     ``auto`` augments in the workers on a CPU device when there are workers (``data.num_workers``
-    > 0): with none, the training process would augment either way, and augmenting in its own
-    step keeps the views of the earlier releases.
+    > 0). With none, the training process augments either way, so ``auto`` leaves it drawing from
+    its own RNG, as ``false`` does.
     """
     if setting == "auto":
         return device.type == "cpu" and num_workers > 0
