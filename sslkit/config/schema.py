@@ -155,6 +155,13 @@ class AugmentConfig:
         solarize_p: Probability of solarizing (inverting pixels above 0.5; BYOL).
         solarize_p_view2: The second view's solarize probability; ``null``: ``solarize_p``.
         normalize: Subtract the dataset's mean and divide by its standard deviation after augmenting.
+        local_views: Multi-crop (SwAV, DINO): smaller views of each image after the two global views, for the
+            methods that take them (``simclr``, ``supcon``, ``dino``); 0: the two global views only.
+        local_size: The local views' side in pixels, at most ``image_size`` (DINO: 96 for 224 px globals).
+        local_crop_scale: ``[low, high]``: the local crops' area as a fraction of the image (DINO: 0.05-0.4, with
+            ``crop_scale`` 0.4-1 for the global views).
+        local_blur_p: The local views' blur probability; ``null``: ``blur_p`` (DINO: 0.5).
+        local_solarize_p: The local views' solarize probability; ``null``: ``solarize_p`` (DINO: 0).
     """
 
     image_size: int = 32
@@ -176,6 +183,11 @@ class AugmentConfig:
     solarize_p: float = 0.0
     solarize_p_view2: float | None = None
     normalize: bool = True
+    local_views: int = 0
+    local_size: int = 0
+    local_crop_scale: tuple[float, float] = (0.05, 0.4)
+    local_blur_p: float | None = None
+    local_solarize_p: float | None = None
 
 
 @dataclass
