@@ -114,6 +114,46 @@ def test_a_vit_trains_under_dino():
     assert all(p.grad is not None for p in method.backbone.parameters() if p.requires_grad)
 
 
+def test_multi_crop_compares_every_student_view_with_the_teachers_other_global_views():
+    """2 global views and 2 local ones (4x4): the teacher sees the global views only, each student view is
+    compared with every global teacher view but itself; the local views go through the backbone together."""
+    method = build().double()
+    method.epoch = 1
+    view1, view2 = (v.double() for v in fixed_views())
+    local = [F.interpolate(v, size=4, mode="bilinear", antialias=True) for v in (view1, view2.flip(2))]
+    loss = method(view1, view2, *local)
+    with torch.no_grad():
+        features = torch.cat([method.backbone(torch.cat([view1, view2])), method.backbone(torch.cat(local))])
+        student = method.projector(features).chunk(4)
+        teacher = method.momentum_projector(method.momentum_backbone(torch.cat([view1, view2]))).chunk(2)
+    tau_t = dino_teacher_temperature(1, 0.07, 0.04, 4)
+    terms = [
+        -(F.softmax(teacher[t][i] / tau_t, dim=0) * F.log_softmax(student[s][i] / 0.1, dim=0)).sum()
+        for t in range(2)
+        for s in range(4)
+        if s != t
+        for i in range(BATCH)
+    ]
+    assert len(terms) == 6 * BATCH
+    torch.testing.assert_close(loss, torch.stack(terms).mean())
+    torch.testing.assert_close(method.loss.center, 0.1 * torch.cat(teacher).mean(0))  # from the global views
+
+
+def test_a_vit_takes_local_views_at_their_own_size():
+    model = {"backbone": "timm/vit_tiny_patch16_224", "projector_hidden": 16, "projector_out": 8}
+    model["kwargs"] = {"img_size": 8, "patch_size": 2, "depth": 1, "embed_dim": 16, "num_heads": 2}
+    model["kwargs"]["dynamic_img_size"] = True  # interpolated position embeddings for the 4x4 local views
+    augment = {"image_size": 8, "local_views": 2, "local_size": 4}
+    torch.manual_seed(0)
+    cfg = config_from_dict({"method": {"name": "dino"}, "model": model, "loss": LOSS, "augment": augment})
+    from sslkit.models import backbone_from_config
+
+    method = methods.build_method(cfg, backbone_from_config(cfg.model, 1), 10)
+    view1, view2 = fixed_views()
+    method(view1, view2, view1[..., :4, :4], view2[..., 4:, 4:]).backward()
+    assert all(p.grad is not None for p in method.backbone.parameters() if p.requires_grad)
+
+
 @pytest.mark.parametrize(
     "method, loss, words",
     [
