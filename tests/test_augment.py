@@ -483,3 +483,13 @@ def test_local_views_take_view_1s_settings_unless_their_own_keys_say_otherwise()
     local = TwoViewAugment(dino_like, 3, *RGB_STATS).groups[1]
     assert local.step_names == ["jitter", "grayscale", "blur"] and local.step_probabilities[2] == (1.0, 1.0)
     assert local.crop_scales == [(0.05, 0.4)] and local.size == 8
+
+
+def test_show_augmentations_draws_the_local_views_after_the_global_ones(tmp_path):
+    out = tmp_path / "grid.png"
+    overrides = ["augment.local_views=2", "augment.local_size=8", "augment.hflip_p=0"]
+    args = ["quickstart", *overrides, "--out", str(out), "--images", "2", "--views", "2"]
+    assert show_augmentations.main(args) == 0
+    with Image.open(out) as grid:
+        # 16x16 views drawn 4x larger, the 8x8 local views enlarged to 16 first: 2 x (1 + 2 + 2) cells.
+        assert grid.size == (5 * 66 + 2, 2 * 66 + 2)
