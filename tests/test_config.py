@@ -112,6 +112,7 @@ VIT_FIXED = VIT_LOCAL.replace(", dynamic_img_size: true", "")
             VIT_FIXED + "augment: {image_size: 16, local_views: 1, local_size: 8}\n",
             ["built for 16x16 images", "set model.kwargs.dynamic_img_size=true"],
         ),
+        ("eval: {recall_ks: [1, 0]}\n", ["'eval.recall_ks' must be a non-empty list of integers >= 1", "[1, 0]"]),
     ],
 )
 def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
@@ -121,6 +122,12 @@ def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
     assert "\n" not in message
     for word in words:
         assert word in message
+
+
+def test_mixed_precision_no_unquoted_is_the_choice_no(tmp_path):
+    """YAML 1.1 reads `no` as false; for train.mixed_precision it can only mean the choice "no"."""
+    assert load_config(write(tmp_path, "train: {mixed_precision: no}\n")).train.mixed_precision == "no"
+    assert load_config(write(tmp_path, "train: {}\n"), ["train.mixed_precision=no"]).train.mixed_precision == "no"
 
 
 @pytest.mark.parametrize(

@@ -313,6 +313,11 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     # its loss and its batch, checked by the method itself.
     methods.check_config(cfg, source)
     _check_range(cfg.eval.linear_epochs, "eval.linear_epochs", source, 0)
+    ks = cfg.eval.recall_ks
+    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+        raise UserError(
+            f"{source}: 'eval.recall_ks' must be a non-empty list of integers >= 1 such as [1, 2, 4, 8], got {ks}"
+        )
     if cfg.train.threads is not None:  # null: automatic (see sslkit/launch.py)
         _check_range(cfg.train.threads, "train.threads", source, 1)
     if cfg.train.max_steps is not None:  # null: no limit (0 would train nothing and report it as trained)

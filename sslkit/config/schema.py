@@ -399,6 +399,9 @@ class EvalConfig:
         label_fraction: The labelled subset the kNN memory and linear probe use, as ``data.label_fraction``;
             ``null``: ``data.label_fraction``. Evaluates one run at several label fractions without retraining.
         labels_per_class: As ``data.labels_per_class``, for evaluation only; ``null``: ``data.labels_per_class``.
+        recall_ks: The K of the retrieval Recall@K (``unseen_recall@K``): 1, 2, 4, 8 for CUB-200 and Cars196,
+            1, 10, 100, 1000 for Stanford Online Products, 1, 10, 20, 30, 40, 50 for In-shop, as their papers
+            report them.
         data: The labelled evaluation set (:class:`EvalDataConfig`): its ``train`` split is the kNN memory and the
             linear probe's training set, its ``test`` split measures them. Unset, the training dataset's own
             splits are used; a training set without labels (an unlabelled image folder, shards) and no
@@ -416,6 +419,7 @@ class EvalConfig:
     batch_size: int = 512
     label_fraction: float | None = None
     labels_per_class: int | None = None
+    recall_ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
@@ -495,6 +499,9 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+_NO_IS_A_CHOICE = {"train.mixed_precision"}  # string keys with a choice spelled "no"
+
+
 def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     """Check ``value`` against the annotation ``tp``; int is accepted for float, lists for tuples."""
     origin = typing.get_origin(tp)
@@ -536,6 +543,8 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         return value
     if tp in (int, str) and isinstance(value, tp) and not isinstance(value, bool):
         return value
+    if tp is str and value is False and key in _NO_IS_A_CHOICE:
+        return "no"  # YAML 1.1 reads an unquoted no as false: `mixed_precision: no` means the choice "no"
     raise UserError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
 
 
