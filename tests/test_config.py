@@ -90,6 +90,10 @@ def test_exponent_without_dot_is_a_float(tmp_path):
         ("method: {name: distill, distill_temperature: 0}\nloss: {name: softmax}\n", ["must be > 0"]),
         ("method: {name: simclr}\nloss: {name: arcface}\n", ["method 'simclr' needs a two-view loss", "supervised"]),
         ("eval: {recall_ks: [1, 0]}\n", ["'eval.recall_ks' must be a non-empty list of integers >= 1", "[1, 0]"]),
+        ("loss: {name: ntxent, miner: batch_hard}\n", ["loss 'ntxent' takes no miner", "multi_similarity"]),
+        ("method: {name: supervised}\nloss: {name: arcface, memory_size: 8}\n", ["takes no cross-batch memory"]),
+        ("method: {name: supervised}\nloss: {name: sphereface, partial_fc: true}\n", ["has no Partial FC", "cosface"]),
+        ("data: {sampler: m_per_class, m_per_class: 1}\n", ["data.m_per_class=1 puts one image", "2 or more"]),
     ],
 )
 def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
