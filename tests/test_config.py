@@ -113,6 +113,10 @@ VIT_FIXED = VIT_LOCAL.replace(", dynamic_img_size: true", "")
             ["built for 16x16 images", "set model.kwargs.dynamic_img_size=true"],
         ),
         ("eval: {recall_ks: [1, 0]}\n", ["'eval.recall_ks' must be a non-empty list of integers >= 1", "[1, 0]"]),
+        ("loss: {name: ntxent, miner: batch_hard}\n", ["loss 'ntxent' takes no miner", "multi_similarity"]),
+        ("method: {name: supervised}\nloss: {name: arcface, memory_size: 8}\n", ["takes no cross-batch memory"]),
+        ("method: {name: supervised}\nloss: {name: sphereface, partial_fc: true}\n", ["has no Partial FC", "cosface"]),
+        ("data: {sampler: m_per_class, m_per_class: 1}\n", ["data.m_per_class=1 puts one image", "2 or more"]),
     ],
 )
 def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):

@@ -242,6 +242,11 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     _check_choice(cfg.data.name, datasets.DATASETS, "data.name", source)
     _check_choice(cfg.data.sampler, datasets.SAMPLERS, "data.sampler", source)
     _check_range(cfg.data.m_per_class, "data.m_per_class", source, 1)
+    if cfg.data.sampler == "m_per_class" and cfg.data.m_per_class < 2:
+        raise UserError(
+            f"{source}: data.m_per_class={cfg.data.m_per_class} puts one image of each class in a batch, so no "
+            f"image has a positive; use 2 or more (4 in 'A Metric Learning Reality Check')"
+        )
     if cfg.data.class_split is not None:
         _check_range(cfg.data.class_split, "data.class_split", source, 0, 1)
         if cfg.data.class_split in (0, 1) or cfg.data.name != "imagefolder" or cfg.data.image_size is not None:
