@@ -5,14 +5,17 @@ Also used by ``tools/bench/``, so that the benchmarks time the loop users run, n
 
 from __future__ import annotations
 
+import atexit
 import functools
 import signal
+import weakref
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
 from torch.utils.data import DataLoader, Sampler
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from sslkit import checkpoint, distributed, methods, models, optim
 from sslkit.config import Config
@@ -96,7 +99,7 @@ def make_train_loader(
         num_workers=cfg.data.num_workers,
         persistent_workers=cfg.data.num_workers > 0,
         # A preemption signal sent to every process must not kill a worker mid-epoch: the run stops at a step
-        # boundary and shuts the workers down itself (sslkit.loop.signals).
+        # boundary (sslkit.loop.signals) and shuts the workers down itself (stop_workers_before_exit).
         worker_init_fn=functools.partial(ignore_signals, tuple(cfg.train.stop_signals)),
         # Its own generator: otherwise starting an epoch's iterator draws from the global
         # RNG (worker base seed), and a resumed run would augment with shifted random numbers.
@@ -109,6 +112,22 @@ def ignore_signals(names: tuple[str, ...], worker_id: int = 0) -> None:
     """A loader worker's start: ``names`` (``train.stop_signals``) are the main process's to act on."""
     for name in names:
         signal.signal(signal_of(name), signal.SIG_IGN)
+
+
+def stop_workers_before_exit(loader: DataLoader) -> None:
+    """Shut ``loader``'s persistent workers down when the interpreter exits, before multiprocessing's own exit
+    handler would: that one stops daemonic children with SIGTERM, which the workers ignore (:func:`ignore_signals`),
+    and would then wait for them forever. atexit runs last-registered first, and multiprocessing registered its
+    handler when it was imported. The shutdown is the DataLoader's own (its iterator's ``_shutdown_workers``:
+    torch has no public call that stops persistent workers)."""
+    reference = weakref.ref(loader)
+
+    def shut_down() -> None:
+        iterator = loader._iterator if (loader := reference()) is not None else None
+        if isinstance(iterator, _MultiProcessingDataLoaderIter):
+            iterator._shutdown_workers()
+
+    atexit.register(shut_down)
 
 
 def make_backbone(cfg: Config, in_channels: int, main: bool) -> torch.nn.Module:

@@ -46,6 +46,7 @@ from sslkit.loop.build import (
     make_run_dir,
     make_train_loader,
     prepare_for_training,
+    stop_workers_before_exit,
 )
 from sslkit.loop.checkpointer import Checkpointer
 from sslkit.loop.logs import LogWindow, MetricsLog, ProgressBar
@@ -322,6 +323,7 @@ def prepare_run(cfg: Config) -> tuple[Run, dict | None]:
 
     # ------------------------------------------------------------------ prepare
     method, optimizer, train_loader = prepare_for_training(cfg, accelerator, method, optimizer, train_loader)
+    stop_workers_before_exit(train_loader)
     # The starting weights as every process now has them: DDP has just given all of them process 0's
     # (a copy taken before prepare would score a different network on each process's share of the data).
     start_state = None
