@@ -184,6 +184,10 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> dict:
     kwargs = dict(kwargs)
     valid = loss_arguments(name)
     for key, value in kwargs.items():
+        if key in ("miner", "memory_size") and key not in valid:
+            takers = ", ".join(n for n in BY_KIND["label"] if key in loss_arguments(n))
+            what = "miner (loss.miner selects pairs)" if key == "miner" else "cross-batch memory (loss.memory_size)"
+            raise UserError(f"{source}: loss '{name}' takes no {what}; the pair losses that take one: {takers}")
         if key in ("partial_fc", "sample_rate") and key not in valid:
             raise UserError(f"{source}: loss '{name}' {_no_partial_fc(name)}")
         if key not in valid:
