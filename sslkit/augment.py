@@ -1,4 +1,4 @@
-"""Two-view SimCLR augmentation of whole uint8 batches, on the device the batch is on.
+"""SimCLR's two views, and multi-crop's local views, of whole uint8 batches, on the device the batch is on.
 
 Images reach the accelerator as uint8 and are augmented there with per-sample random
 parameters, so data-loader workers only decode and collate. Per view, in order (SimCLR [0]
@@ -26,13 +26,18 @@ against a reference: the crop (:func:`resized_crop`, one ``F.grid_sample`` or an
 ``torchvision.ops.roi_align`` call), the colour jitter (:class:`ColorJitter`, torchvision's formulas) and
 :class:`Normalize`.
 
+Views come in groups (:class:`ViewGroup`), each one pipeline over its (count B, ...) batch: the two
+global views at ``image_size``, then, with ``local_views`` (multi-crop, SwAV [2] and DINO [3]), the
+local views at ``local_size`` with their own crop scale, drawn after the global views so that these
+do not change.
+
 Why it is fast (``tools/bench/augment.py`` measures it against per-image torchvision and a
 plain ``nn.Sequential`` of kornia modules):
 
-- Both views are one pipeline over the (2B, ...) batch: a probability that differs between the
-  views (``*_view2``) is a per-sample probability, so no op runs twice for the two views, and
-  both views crop from the one float copy of the batch.
-- The horizontal flip is folded into the crop (see ``TwoViewAugment._crop_and_flip``).
+- The V views of a group are one pipeline over the (VB, ...) batch: a probability that differs
+  between the views (``*_view2``) is a per-sample probability, so no op runs twice for the two
+  views, and every view of every group crops from the one float copy of the batch.
+- The horizontal flip is folded into the crop (see ``ViewGroup._crop_and_flip``).
 - Each other random op runs only on the samples its coin selects (gather, op, scatter). kornia
   computes a gated op on the whole batch and blends with ``torch.where``: at
   ``grayscale_p=0.2`` five times the work. The coins are drawn on the CPU, so selecting samples
@@ -55,6 +60,8 @@ Differences from torchvision's per-image pipeline, on purpose:
 References:
     [0] SimCLR, Chen et al. 2020, https://arxiv.org/abs/2002.05709 (appendix A)
     [1] BYOL, Grill et al. 2020, https://arxiv.org/abs/2006.07733 (table 6)
+    [2] SwAV, Caron et al. 2020, https://arxiv.org/abs/2006.09882 (section 3.2, multi-crop)
+    [3] DINO, Caron et al. 2021, https://arxiv.org/abs/2104.14294 (section 3.1, appendix: 96 px local views)
 
 >>> augment = TwoViewAugment(AugmentConfig(image_size=16), channels=1, mean=(0.3,), std=(0.3,))
 >>> view1, view2 = augment(torch.zeros(4, 1, 8, 8, dtype=torch.uint8))
@@ -361,22 +368,166 @@ class Normalize(nn.Module):
         return f"mean={self.mean.flatten().tolist()}, std={self.std.flatten().tolist()}"
 
 
+class ViewGroup(nn.Module):
+    """``count`` views of every image at ``size`` x ``size``: one pipeline over the (count B, ...) batch.
+
+    The views of a group share every op; a probability may differ between them (per-sample coins),
+    as may the crop scale (one box generator per scale, each drawing an equal share of the views).
+
+    Args:
+        cfg: the recipe's augmentation section (jitter strengths, blur kernel and sigma, crop ratio, flip).
+        channels: input channels, 1 (grey) or 3 (RGB).
+        count: views of each image in this group.
+        size: the views' side in pixels.
+        crop_scales: one ``(low, high)`` for every view, or one per view.
+        probabilities: ``{step: per-view probabilities}`` for ``jitter``, ``grayscale``, ``blur`` and
+            ``solarize``. A step is built when any probability given is above 0, and view v uses
+            entry v: a group of fewer views than entries draws the same coins as the full group would
+            for its first views (one view of the two-view set, for fine-tuning).
+
+    Shape:
+        images: (B, C, H, W) float in [0, 1], or a padded :class:`ImageBatch` of B uint8 images;
+        returns (count B, C, size, size) float32, view 1 of every image first.
+    """
+
+    def __init__(
+        self,
+        cfg: AugmentConfig,
+        channels: int,
+        count: int,
+        size: int,
+        crop_scales: Sequence[tuple[float, float]],
+        probabilities: dict[str, Sequence[float]],
+    ) -> None:
+        super().__init__()
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        if count % len(crop_scales):
+            raise ValueError(f"crop_scales must give one scale or one per view ({count}), got {len(crop_scales)}")
+        self.cfg, self.count, self.size = cfg, count, size
+        self.crop_scales = [tuple(scale) for scale in crop_scales]
+        self.crop_boxes = nn.ModuleList(
+            ResizedCropGenerator((size, size), scale=scale, ratio=tuple(cfg.crop_ratio)) for scale in self.crop_scales
+        )
+        for generator in self.crop_boxes:
+            generator.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
+
+        rgb = channels == 3
+        # Each step: (name, op applied to every sample it gets, per-view probabilities).
+        steps: list[tuple[str, nn.Module, tuple[float, ...]]] = []
+
+        def add(name: str, op: nn.Module) -> None:
+            if any(p > 0 for p in probabilities[name]):
+                steps.append((name, op, tuple(probabilities[name])))
+
+        saturation, hue = (cfg.saturation, cfg.hue) if rgb else (0.0, 0.0)
+        if any(f > 0 for f in (cfg.brightness, cfg.contrast, saturation, hue)):
+            add("jitter", ColorJitter(cfg.brightness, cfg.contrast, saturation, hue))
+        if rgb:
+            add("grayscale", K.RandomGrayscale(p=1.0))
+        if cfg.blur_kernel and (cfg.blur_kernel < 3 or cfg.blur_kernel % 2 == 0):
+            raise ValueError(
+                f"blur_kernel must be 0 (10% of image_size) or an odd integer >= 3, got {cfg.blur_kernel}"
+            )
+        kernel = cfg.blur_kernel or kernel_size_for(size)
+        add("blur", K.RandomGaussianBlur(kernel, tuple(cfg.blur_sigma), p=1.0))
+        # thresholds=0, additions=0: a fixed threshold at 0.5 and nothing added, as in BYOL.
+        add("solarize", K.RandomSolarize(thresholds=0.0, additions=0.0, p=1.0))
+
+        self.step_names = [name for name, *_ in steps]
+        self.steps = nn.ModuleList(op for _, op, _ in steps)
+        self.step_probabilities = [p for *_, p in steps]
+
+    def _crop_and_flip(self, x: torch.Tensor) -> torch.Tensor:
+        """The group's random resized crops, horizontally flipped where the flip coin says so.
+
+        Every view crops from the one float copy of the batch. The flip is folded into the crop:
+        the crop of the mirrored box in the mirrored image is the mirrored crop, so flipping
+        costs one flip of the source batch instead of a gather, flip and scatter of the views.
+
+        Shape:
+            x: (B, C, H, W) float; returns (VB, C, S, S) for V views.
+        """
+        batch, width, views = x.shape[0], x.shape[-1], self.count
+        per_call = views * batch // len(self.crop_boxes)  # every view in one draw unless views have their own scale
+        corners = torch.cat([boxes((per_call, *x.shape[1:]))["src"] for boxes in self.crop_boxes])  # (VB, 4, 2)
+        boxes = torch.cat([corners[:, 0], corners[:, 2]], dim=1)  # (VB, 4): x0, y0, x1, y1
+        image_index = torch.arange(batch).repeat(views)  # (VB,): view 1 of every image, then view 2, ...
+        flip = torch.rand(views * batch) < self.cfg.hflip_p  # (VB,)
+        if flip.any():
+            x = torch.cat([x, x.flip(-1)])  # (2B, C, H, W): image i mirrored at i + B
+            image_index = torch.where(flip, image_index + batch, image_index)
+            mirrored = torch.stack([width - 1 - boxes[:, 2], boxes[:, 1], width - 1 - boxes[:, 0], boxes[:, 3]], dim=1)
+            boxes = torch.where(flip[:, None], mirrored, boxes)
+        return resized_crop(x, boxes, image_index, self.size)
+
+    def _crop_and_flip_sized(self, images: ImageBatch) -> torch.Tensor:
+        """:meth:`_crop_and_flip` for images of different sizes: each box drawn on its image's own size.
+
+        The boxes follow torchvision's ``RandomResizedCrop`` on each original image
+        (:func:`sslkit.crops.random_resized_boxes`) and are cut from its original pixels; the
+        flip then mirrors the chosen views (the folded flip needs one image width).
+
+        Shape:
+            images: B padded images; returns (VB, 3, S, S) float for V views.
+        """
+        views, count = self.count, len(images)
+        sizes = images.sizes.repeat(views // len(self.crop_scales), 1)  # (VB, 2), or one share per scale
+        ratio = tuple(self.cfg.crop_ratio)
+        boxes = torch.cat([crops.random_resized_boxes(sizes, scale, ratio) for scale in self.crop_scales])
+        image_index = torch.arange(count).repeat(views)  # (VB,): view 1 of every image, then view 2, ...
+        x = crop_padded(images, boxes, image_index, self.size)
+        flip = (torch.rand(views * count) < self.cfg.hflip_p).nonzero().squeeze(1)  # (n,)
+        if flip.numel():
+            index = flip.to(x.device, non_blocking=True)
+            x.index_copy_(0, index, x.index_select(0, index).flip(-1))
+        return x
+
+    def forward(self, images: torch.Tensor | ImageBatch) -> torch.Tensor:
+        if isinstance(images, ImageBatch):
+            batch, x = len(images), self._crop_and_flip_sized(images)  # (VB, C, S, S), view 1 first
+        else:
+            batch, x = images.shape[0], self._crop_and_flip(images)
+        for op, probabilities in zip(self.steps, self.step_probabilities):
+            probability = torch.cat([torch.full((batch,), p) for p in probabilities[: self.count]])  # (VB,)
+            x = _apply_to_some(op, x, probability)
+        return x
+
+    def extra_repr(self) -> str:
+        probabilities = ", ".join(
+            f"{name} {'/'.join(map(str, dict.fromkeys(p[: self.count])))}"
+            for name, p in zip(self.step_names, self.step_probabilities)
+        )
+        return f"count={self.count}, size={self.size}, crop_scales={self.crop_scales}, p: {probabilities or 'none'}"
+
+
 class TwoViewAugment(nn.Module):
-    """Two independently augmented views of a uint8 batch (the SimCLR set, see the module doc).
+    """Two independently augmented global views of a uint8 batch (the SimCLR set, see the module doc),
+    then ``cfg.local_views`` smaller local views (multi-crop).
+
+    Two :class:`ViewGroup` pipelines, each one batched call: the global views at ``cfg.image_size``
+    (view 2 with its ``*_view2`` settings) and, with ``cfg.local_views``, the local views at
+    ``cfg.local_size`` with ``cfg.local_crop_scale`` and view 1's photometric settings (blur and
+    solarize: ``cfg.local_blur_p``, ``cfg.local_solarize_p`` where set). The local group draws its
+    random numbers after the global group, so the global views are the same tensors with and
+    without local views, and a two-view recipe trains step for step as before multi-crop existed.
 
     Args:
         cfg: the recipe's augmentation section.
         channels: input channels, 1 (grey) or 3 (RGB).
         mean, std: the dataset's per-channel statistics in [0, 1] units (used if
             ``cfg.normalize``).
-        num_views: 2, or 1 for methods that train on one view (fine-tuning: view 1's probabilities).
+        num_views: global views, 2, or 1 for methods that train on one view (fine-tuning: view 1's
+            probabilities, and no local views).
 
     Attributes:
         out_channels: channels of each view, equal to ``channels`` (see the module doc).
+        groups: the global group, then the local group where ``cfg.local_views`` > 0.
 
     Shape:
         images: (B, C, H, W) uint8 on any device.
-        returns: ``num_views`` (B, C, S, S) float32 tensors on the same device, S = ``cfg.image_size``.
+        returns: ``num_views`` (B, C, S, S) float32 tensors on the same device, S = ``cfg.image_size``, then
+        ``cfg.local_views`` (B, C, L, L) ones, L = ``cfg.local_size``.
     """
 
     def __init__(
@@ -386,46 +537,34 @@ class TwoViewAugment(nn.Module):
         _check_channels(channels, mean, std, cfg.normalize)
         if num_views not in (1, 2):
             raise ValueError(f"num_views must be 1 or 2, got {num_views}")
+        if cfg.local_views < 0 or (cfg.local_views and num_views != 2):
+            raise ValueError(f"local_views must be >= 0, and 0 with one global view, got {cfg.local_views}")
+        if cfg.local_views and not 0 < cfg.local_size <= cfg.image_size:
+            raise ValueError(f"local_size must be in [1, image_size={cfg.image_size}], got {cfg.local_size}")
         self.cfg, self.num_views = cfg, num_views
         self.channels = channels
         self.out_channels = channels
-        size = cfg.image_size
-        # One box generator per distinct crop scale: view 2 has its own only with crop_scale_view2.
-        self.crop_scales = [tuple(cfg.crop_scale)]
-        if num_views == 2 and cfg.crop_scale_view2 is not None:
-            self.crop_scales.append(tuple(cfg.crop_scale_view2))
-        self.crop_boxes = nn.ModuleList(
-            ResizedCropGenerator((size, size), scale=scale, ratio=tuple(cfg.crop_ratio)) for scale in self.crop_scales
-        )
-        for generator in self.crop_boxes:
-            generator.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
-
-        rgb = channels == 3
-        # Each step: (name, op applied to every sample it gets, probability for view 1, for view 2).
-        steps: list[tuple[str, nn.Module, float, float]] = []
-
-        def add(name: str, op: nn.Module, p1: float, p2: float | None = None) -> None:
-            p2 = p1 if p2 is None else p2
-            if p1 > 0 or p2 > 0:
-                steps.append((name, op, p1, p2))
-
-        saturation, hue = (cfg.saturation, cfg.hue) if rgb else (0.0, 0.0)
-        if any(f > 0 for f in (cfg.brightness, cfg.contrast, saturation, hue)):
-            add("jitter", ColorJitter(cfg.brightness, cfg.contrast, saturation, hue), cfg.jitter_p, cfg.jitter_p_view2)
-        if rgb:
-            add("grayscale", K.RandomGrayscale(p=1.0), cfg.grayscale_p)
-        if cfg.blur_kernel and (cfg.blur_kernel < 3 or cfg.blur_kernel % 2 == 0):
-            raise ValueError(
-                f"blur_kernel must be 0 (10% of image_size) or an odd integer >= 3, got {cfg.blur_kernel}"
-            )
-        kernel = cfg.blur_kernel or kernel_size_for(size)
-        add("blur", K.RandomGaussianBlur(kernel, tuple(cfg.blur_sigma), p=1.0), cfg.blur_p, cfg.blur_p_view2)
-        # thresholds=0, additions=0: a fixed threshold at 0.5 and nothing added, as in BYOL.
-        add("solarize", K.RandomSolarize(thresholds=0.0, additions=0.0, p=1.0), cfg.solarize_p, cfg.solarize_p_view2)
-
-        self.step_names = [name for name, *_ in steps]
-        self.steps = nn.ModuleList(op for _, op, _, _ in steps)
-        self.step_probabilities = [(p1, p2) for *_, p1, p2 in steps]
+        # View 2 has a box generator of its own only with crop_scale_view2.
+        scales = [cfg.crop_scale] + ([cfg.crop_scale_view2] if num_views == 2 and cfg.crop_scale_view2 else [])
+        second = lambda p1, p2: (p1, p1 if p2 is None else p2)  # noqa: E731
+        global_p = {
+            "jitter": second(cfg.jitter_p, cfg.jitter_p_view2),
+            "grayscale": (cfg.grayscale_p,) * 2,
+            "blur": second(cfg.blur_p, cfg.blur_p_view2),
+            "solarize": second(cfg.solarize_p, cfg.solarize_p_view2),
+        }
+        self.groups = nn.ModuleList([ViewGroup(cfg, channels, num_views, cfg.image_size, scales, global_p)])
+        if cfg.local_views:
+            either = lambda p, default: default if p is None else p  # noqa: E731
+            local_p = {
+                "jitter": (cfg.jitter_p,),
+                "grayscale": (cfg.grayscale_p,),
+                "blur": (either(cfg.local_blur_p, cfg.blur_p),),
+                "solarize": (either(cfg.local_solarize_p, cfg.solarize_p),),
+            }
+            local_p = {name: p * cfg.local_views for name, p in local_p.items()}
+            local = ViewGroup(cfg, channels, cfg.local_views, cfg.local_size, [cfg.local_crop_scale], local_p)
+            self.groups.append(local)
         self.normalize = Normalize(mean, std) if cfg.normalize else None
 
     def _apply(self, fn, *args, **kwargs):
@@ -440,76 +579,24 @@ class TwoViewAugment(nn.Module):
                 child.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
         return module
 
-    def _crop_and_flip(self, x: torch.Tensor) -> torch.Tensor:
-        """Both views' random resized crops, horizontally flipped where the flip coin says so.
-
-        Both views crop from the one float copy of the batch. The flip is folded into the crop:
-        the crop of the mirrored box in the mirrored image is the mirrored crop, so flipping
-        costs one flip of the source batch instead of a gather, flip and scatter of the views.
-
-        Shape:
-            x: (B, C, H, W) float; returns (VB, C, S, S) for V views.
-        """
-        batch, width, views = x.shape[0], x.shape[-1], self.num_views
-        per_call = views * batch // len(self.crop_boxes)  # both views in one draw unless view 2 has its own scale
-        corners = torch.cat([boxes((per_call, *x.shape[1:]))["src"] for boxes in self.crop_boxes])  # (VB, 4, 2)
-        boxes = torch.cat([corners[:, 0], corners[:, 2]], dim=1)  # (VB, 4): x0, y0, x1, y1
-        image_index = torch.arange(batch).repeat(views)  # (VB,): view 1 of every image, then view 2
-        flip = torch.rand(views * batch) < self.cfg.hflip_p  # (VB,)
-        if flip.any():
-            x = torch.cat([x, x.flip(-1)])  # (2B, C, H, W): image i mirrored at i + B
-            image_index = torch.where(flip, image_index + batch, image_index)
-            mirrored = torch.stack([width - 1 - boxes[:, 2], boxes[:, 1], width - 1 - boxes[:, 0], boxes[:, 3]], dim=1)
-            boxes = torch.where(flip[:, None], mirrored, boxes)
-        return resized_crop(x, boxes, image_index, self.cfg.image_size)
-
-    def _crop_and_flip_sized(self, images: ImageBatch) -> torch.Tensor:
-        """:meth:`_crop_and_flip` for images of different sizes: each box drawn on its image's own size.
-
-        The boxes follow torchvision's ``RandomResizedCrop`` on each original image
-        (:func:`sslkit.crops.random_resized_boxes`) and are cut from its original pixels; the
-        flip then mirrors the chosen views (the folded flip needs one image width).
-
-        Shape:
-            images: B padded images; returns (VB, 3, S, S) float for V views.
-        """
-        views, count = self.num_views, len(images)
-        sizes = images.sizes.repeat(views // len(self.crop_scales), 1)  # (VB, 2), or (B, 2) per scale
-        ratio = tuple(self.cfg.crop_ratio)
-        boxes = torch.cat([crops.random_resized_boxes(sizes, scale, ratio) for scale in self.crop_scales])
-        image_index = torch.arange(count).repeat(views)  # (VB,): view 1 of every image, then view 2
-        x = crop_padded(images, boxes, image_index, self.cfg.image_size)
-        flip = (torch.rand(views * count) < self.cfg.hflip_p).nonzero().squeeze(1)  # (n,)
-        if flip.numel():
-            index = flip.to(x.device, non_blocking=True)
-            x.index_copy_(0, index, x.index_select(0, index).flip(-1))
-        return x
-
     @torch.no_grad()
     def forward(self, images: torch.Tensor | ImageBatch | EncodedBatch) -> tuple[torch.Tensor, ...]:
         if isinstance(images, (ImageBatch, EncodedBatch)):
             images = as_image_batch(images)
             _check_images(images.pixels, self.channels)
-            batch = len(images)
-            x = self._crop_and_flip_sized(images)  # (VB, C, S, S), view 1 first
         else:
             _check_images(images, self.channels)
-            batch = images.shape[0]
-            x = self._crop_and_flip(_to_unit_float(images))  # (VB, C, S, S), view 1 first
-        for op, probabilities in zip(self.steps, self.step_probabilities):
-            probability = torch.cat([torch.full((batch,), p) for p in probabilities[: self.num_views]])  # (VB,)
-            x = _apply_to_some(op, x, probability)
-        if self.normalize is not None:
-            x = self.normalize(x)
-        return tuple(x.chunk(self.num_views))
+            images = _to_unit_float(images)  # one float copy that every group crops from
+        views: list[torch.Tensor] = []
+        for group in self.groups:
+            x = group(images)  # (VB, C, S, S), view 1 first
+            if self.normalize is not None:
+                x = self.normalize(x)
+            views += x.chunk(group.count)
+        return tuple(views)
 
     def extra_repr(self) -> str:
-        probabilities = ", ".join(
-            f"{name} {p1}/{p2}" for name, (p1, p2) in zip(self.step_names, self.step_probabilities)
-        )
-        return (
-            f"out_channels={self.out_channels}, hflip p={self.cfg.hflip_p}, p view 1/view 2: {probabilities or 'none'}"
-        )
+        return f"out_channels={self.out_channels}, hflip p={self.cfg.hflip_p}"
 
 
 class EvalTransform(nn.Module):

@@ -171,12 +171,14 @@ def notes(model_cfg) -> list[str]:
     ]
 
 
-def check_backbone(model_cfg, image_size: int, source: str = "recipe") -> None:
-    """One line for a ``model`` section that cannot build a backbone for ``image_size`` x ``image_size`` images.
+def check_backbone(model_cfg, image_size: int, source: str = "recipe", local_size: int | None = None) -> None:
+    """One line for a ``model`` section that cannot build a backbone for ``image_size`` x ``image_size`` images
+    (and ``local_size`` ones: multi-crop's local views).
 
     For sslkit's ResNets: no ``model.kwargs``. For a timm model: a known name (else the close
     matches), arguments the model takes, and an input it runs on: a ViT's patch size divides the
-    image size, and a model built for a fixed size is built for this one. The model is built and
+    image size, and a model built for a fixed size is built for this one; local views of another size
+    need ``dynamic_img_size`` (timm interpolates the position embeddings). The model is built and
     run on the meta device (shapes only: no memory, no weights, no random numbers drawn), so a
     ViT-L is checked as fast as a ResNet-18.
     """
@@ -215,6 +217,8 @@ def check_backbone(model_cfg, image_size: int, source: str = "recipe") -> None:
         except _MetaUnsupported:
             return  # checked when training builds it
         _check_image_size(model, model_cfg, image_size, source)
+        if local_size is not None and local_size != image_size:
+            _check_image_size(model, model_cfg, local_size, source, "augment.local_size")
         if model_cfg.freeze_patch_embed and not hasattr(getattr(model, "patch_embed", None), "proj"):
             raise UserError(
                 f"{source}: model.freeze_patch_embed=true needs a model with a patch projection "
@@ -238,8 +242,11 @@ def check_backbone(model_cfg, image_size: int, source: str = "recipe") -> None:
         )
 
 
-def _check_image_size(model: nn.Module, model_cfg, image_size: int, source: str) -> None:
-    """A patch-embedding model (ViT, Swin, ...): its patches tile the image, and a fixed input size is this one."""
+def _check_image_size(
+    model: nn.Module, model_cfg, image_size: int, source: str, key: str = "augment.image_size"
+) -> None:
+    """A patch-embedding model (ViT, Swin, ...): its patches tile the image, and a fixed input size is this one;
+    ``key`` names the setting that gives ``image_size``."""
     embed = getattr(model, "patch_embed", None)
     patch = getattr(embed, "patch_size", None)
     if patch is None:
@@ -250,12 +257,18 @@ def _check_image_size(model: nn.Module, model_cfg, image_size: int, source: str)
         size = "x".join(str(side) for side in dict.fromkeys(patch))
         divisors = [d for d in range(2, min(image_size, 32) + 1) if image_size % d == 0]
         raise UserError(
-            f"{source}: the patch size {size} (from {given}) does not divide augment.image_size={image_size}: "
+            f"{source}: the patch size {size} (from {given}) does not divide {key}={image_size}: "
             f"the patches would not tile the image; set model.kwargs.patch_size to one of "
-            f"{', '.join(map(str, divisors)) or image_size} or change augment.image_size"
+            f"{', '.join(map(str, divisors)) or image_size} or change {key}"
         )
     fixed = getattr(embed, "img_size", None)
     if fixed is not None and getattr(embed, "strict_img_size", False) and tuple(fixed) != (image_size, image_size):
+        if key != "augment.image_size":
+            raise UserError(
+                f"{source}: model.backbone {model_cfg.backbone} is built for {'x'.join(map(str, fixed))} images, "
+                f"and the local views ({key}={image_size}) are smaller: set model.kwargs.dynamic_img_size=true "
+                f"(timm interpolates the position embeddings)"
+            )
         given = "model.kwargs.img_size" if "img_size" in model_cfg.kwargs else "its default"
         size = "x".join(str(side) for side in fixed)
         raise UserError(

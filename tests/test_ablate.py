@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from sslkit.cli import ablate
+from sslkit.config import load_config
 from sslkit.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,6 +271,61 @@ def test_grid_is_the_product_with_seeds_innermost_and_paths_made_safe():
     assert points[1].overrides() == ["loss.temperature=0.1", "data.root=/a/b", "run.seed=4"]
     with pytest.raises(UserError, match="same run directory name"):
         ablate.build_grid([("data.root", ["/a", "-a"])], seeds=[0])
+
+
+def test_variants_are_named_settings_crossed_with_the_sweeps(tmp_path):
+    path = tmp_path / "variants.yaml"
+    path.write_text(
+        "triplet-hard: {loss.name: triplet, loss.mining: hard}\n"
+        "crops: {augment.crop_scale: [0.2, 1.0], method.name: supcon}\n"
+    )
+    variants = ablate.read_variants(path, swept=["optim.lr"])
+    assert variants == [
+        ("triplet-hard", ("loss.name=triplet", "loss.mining=hard")),
+        ("crops", ("augment.crop_scale=[0.2, 1.0]", "method.name=supcon")),
+    ]
+    points = ablate.build_grid([("optim.lr", ["0.1", "0.2"])], seeds=[0], variants=variants)
+    assert [p.name for p in points] == [
+        "variant=triplet-hard_optim.lr=0.1_seed=0",
+        "variant=triplet-hard_optim.lr=0.2_seed=0",
+        "variant=crops_optim.lr=0.1_seed=0",
+        "variant=crops_optim.lr=0.2_seed=0",
+    ]
+    assert points[2].overrides() == [
+        "augment.crop_scale=[0.2, 1.0]",
+        "method.name=supcon",
+        "optim.lr=0.1",
+        "run.seed=0",
+    ]
+    assert dict(points[2].values) == {"variant": "crops", "optim.lr": "0.1"}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("- a\n- b\n", "must map variant names to their settings"),
+        ("a: 3\n", "variant 'a' must map dotted keys to values"),
+        ("a: {temperature: 0.1}\n", "section.key=V1,V2"),
+        ("a: {run.name: x}\n", "ablate sets run.name"),
+        ("a: {optim.lr: 0.1}\n", "variant 'a' sets optim.lr, which --sweep optim.lr also changes"),
+        ("a: [\n", "not valid YAML"),
+    ],
+)
+def test_variants_file_mistakes_are_one_line(tmp_path, text, message):
+    path = tmp_path / "variants.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=message) as info:
+        ablate.read_variants(path, swept=["optim.lr"])
+    assert "\n" not in str(info.value)
+    with pytest.raises(UserError, match="cannot read it"):
+        ablate.read_variants(tmp_path / "missing.yaml", swept=[])
+
+
+def test_the_bundled_variants_all_load_on_their_recipe():
+    """Each variant of the metric-learning comparison is a valid config of the recipe it names."""
+    path = Path(__file__).parents[1] / "recipes" / "variants" / "fashion_mnist_metric_losses.yaml"
+    for name, settings in ablate.read_variants(path, swept=[]):
+        load_config(Path(__file__).parents[1] / "recipes" / "fashion_mnist_supcon.yaml", list(settings))
 
 
 def test_a_point_is_the_users_command_behind_the_launcher(tmp_path):

@@ -2,6 +2,7 @@
 probability is 0, the hand-written pieces (crop, colour jitter) against torchvision, asymmetric
 views, devices, and the show_augmentations tool on a real recipe."""
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -142,7 +143,7 @@ def test_flip_folded_into_the_crop_is_the_flipped_crop():
     view1, view2 = augment(images)
     # The same draws in the same order: the crop boxes, then the flip coins.
     torch.manual_seed(3)
-    corners = augment.crop_boxes[0]((12, 3, 24, 24))["src"]
+    corners = augment.groups[0].crop_boxes[0]((12, 3, 24, 24))["src"]
     flip = torch.rand(12) < 0.5
     crops = resized_crop(
         images.float() / 255, torch.cat([corners[:, 0], corners[:, 2]], dim=1), torch.arange(6).repeat(2), 16
@@ -244,14 +245,14 @@ def test_crop_scale_per_view_for_whole_batches_and_images_of_different_sizes():
         # A crop of at most a fifth of the area, upsampled: smoother than the image it came from.
         assert (view2 - images.float() / 255).abs().amax(dim=(1, 2, 3)).min() > 0.05
         assert view2.diff(dim=-1).abs().mean() < 0.6 * (images.float() / 255).diff(dim=-1).abs().mean()
-    assert len(TwoViewAugment(cfg, 3, *RGB_STATS, num_views=1).crop_boxes) == 1, "one view: one scale"
+    assert len(TwoViewAugment(cfg, 3, *RGB_STATS, num_views=1).groups[0].crop_boxes) == 1, "one view: one scale"
 
 
 def test_zero_probability_ops_are_not_built():
     cfg = AugmentConfig(hflip_p=0.0, grayscale_p=0.0, blur_p=0.0, blur_p_view2=0.4, solarize_p=0.0)
     augment = TwoViewAugment(cfg, 1, *GREY_STATS)
-    assert augment.step_names == ["jitter", "blur"]  # the flip is part of the crop
-    assert augment.step_probabilities[1] == (0.0, 0.4)
+    assert augment.groups[0].step_names == ["jitter", "blur"]  # the flip is part of the crop
+    assert augment.groups[0].step_probabilities[1] == (0.0, 0.4)
 
 
 # --------------------------------------------------------------------------- hand-written pieces against torchvision
@@ -437,3 +438,58 @@ def test_show_augmentations_reports_a_bad_recipe_in_one_line(tmp_path, capsys):
     assert "unknown key 'augment.flip_p'" in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "never.png").exists()
+
+
+# --------------------------------------------------------------------------- view groups and multi-crop
+
+
+def test_two_views_are_the_tensors_they_were_before_view_groups():
+    """Sums of the views of a fixed seed, as the single two-view pipeline made them before view groups
+    and local views existed: a two-view recipe trains step for step as it did."""
+    images = random_images(6, 3, 20)
+    cfg = AugmentConfig(image_size=16, crop_scale_view2=(0.3, 1.0), blur_p_view2=0.1, solarize_p_view2=0.2)
+    for num_views, sums in ((2, [115.562113, -1339.185101]), (1, [1068.848427])):
+        torch.manual_seed(1)
+        views = TwoViewAugment(cfg, 3, (0.5,) * 3, (0.25,) * 3, num_views=num_views)(images)
+        assert [round(view.double().sum().item(), 4) for view in views] == pytest.approx(sums, abs=1e-3)
+
+
+def test_local_views_come_after_the_unchanged_global_views():
+    images = random_images(5, 3, 20)
+    whole = ImageBatch(images, torch.tensor([[20, 20]] * 5))
+    two = TwoViewAugment(AugmentConfig(image_size=16), 3, *RGB_STATS)
+    multi = TwoViewAugment(AugmentConfig(image_size=16, local_views=3, local_size=8), 3, *RGB_STATS)
+    for batch in (images, whole):
+        torch.manual_seed(2)
+        expected = two(batch)
+        torch.manual_seed(2)
+        views = multi(batch)
+        assert [tuple(view.shape) for view in views] == [(5, 3, 16, 16)] * 2 + [(5, 3, 8, 8)] * 3
+        for view, reference in zip(views, expected):
+            torch.testing.assert_close(view, reference, rtol=0, atol=0)
+        assert not torch.equal(views[2], views[3]), "each local view draws its own crop"
+
+
+def test_local_views_take_view_1s_settings_unless_their_own_keys_say_otherwise():
+    cfg = AugmentConfig(image_size=16, local_views=2, local_size=8, blur_p_view2=0.1, solarize_p=0.2)
+    local = TwoViewAugment(cfg, 3, *RGB_STATS).groups[1]
+    assert dict(zip(local.step_names, local.step_probabilities)) == {
+        "jitter": (0.8, 0.8),
+        "grayscale": (0.2, 0.2),
+        "blur": (0.5, 0.5),
+        "solarize": (0.2, 0.2),
+    }
+    dino_like = dataclasses.replace(cfg, local_blur_p=1.0, local_solarize_p=0.0)
+    local = TwoViewAugment(dino_like, 3, *RGB_STATS).groups[1]
+    assert local.step_names == ["jitter", "grayscale", "blur"] and local.step_probabilities[2] == (1.0, 1.0)
+    assert local.crop_scales == [(0.05, 0.4)] and local.size == 8
+
+
+def test_show_augmentations_draws_the_local_views_after_the_global_ones(tmp_path):
+    out = tmp_path / "grid.png"
+    overrides = ["augment.local_views=2", "augment.local_size=8", "augment.hflip_p=0"]
+    args = ["quickstart", *overrides, "--out", str(out), "--images", "2", "--views", "2"]
+    assert show_augmentations.main(args) == 0
+    with Image.open(out) as grid:
+        # 16x16 views drawn 4x larger, the 8x8 local views enlarged to 16 first: 2 x (1 + 2 + 2) cells.
+        assert grid.size == (5 * 66 + 2, 2 * 66 + 2)

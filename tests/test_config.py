@@ -55,6 +55,10 @@ def test_exponent_without_dot_is_a_float(tmp_path):
     assert cfg.loss.kwargs["temperature"] == 0.05
 
 
+VIT_LOCAL = "model: {backbone: vit_tiny_patch16_224, kwargs: {img_size: 16, patch_size: 4, dynamic_img_size: true}}\n"
+VIT_FIXED = VIT_LOCAL.replace(", dynamic_img_size: true", "")
+
+
 @pytest.mark.parametrize(
     "text, words",
     [
@@ -89,6 +93,30 @@ def test_exponent_without_dot_is_a_float(tmp_path):
         ("method: {name: nce}\nloss: {name: nce, bank_size: 9}\n", ["loss.bank_size is set by method 'nce'"]),
         ("method: {name: distill, distill_temperature: 0}\nloss: {name: softmax}\n", ["must be > 0"]),
         ("method: {name: simclr}\nloss: {name: arcface}\n", ["method 'simclr' needs a two-view loss", "supervised"]),
+        # multi-crop
+        ("augment: {local_views: -1}\n", ["'augment.local_views' must be >= 0"]),
+        ("augment: {local_views: 4}\n", ["'augment.local_size' must be set with augment.local_views=4"]),
+        ("augment: {local_views: 4, local_size: 40}\n", ["must not be larger than the global views", "got 40"]),
+        ("augment: {local_crop_scale: [0, 0.4]}\n", ["'augment.local_crop_scale' must be [low, high]"]),
+        (
+            "augment: {local_views: 2, local_size: 16}\nmethod: {name: byol}\nloss: {name: byol}\n",
+            ["method 'byol' trains on its global views only", "simclr, supcon, dino"],
+        ),
+        ("augment: {local_views: 2, local_size: 16}\nloss: {name: dcl}\n", ["set loss.name=ntxent, got 'dcl'"]),
+        ("method: {name: dino}\nloss: {name: dino, num_global_views: 1}\n", ["loss.num_global_views must be 2"]),
+        (
+            VIT_LOCAL + "augment: {image_size: 16, local_views: 2, local_size: 6}\n",
+            ["patch size 4", "does not divide augment.local_size=6"],
+        ),
+        (
+            VIT_FIXED + "augment: {image_size: 16, local_views: 1, local_size: 8}\n",
+            ["built for 16x16 images", "set model.kwargs.dynamic_img_size=true"],
+        ),
+        ("eval: {recall_ks: [1, 0]}\n", ["'eval.recall_ks' must be a non-empty list of integers >= 1", "[1, 0]"]),
+        ("loss: {name: ntxent, miner: batch_hard}\n", ["loss 'ntxent' takes no miner", "multi_similarity"]),
+        ("method: {name: supervised}\nloss: {name: arcface, memory_size: 8}\n", ["takes no cross-batch memory"]),
+        ("method: {name: supervised}\nloss: {name: sphereface, partial_fc: true}\n", ["has no Partial FC", "cosface"]),
+        ("data: {sampler: m_per_class, m_per_class: 1}\n", ["data.m_per_class=1 puts one image", "2 or more"]),
     ],
 )
 def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
@@ -98,6 +126,12 @@ def test_mistakes_name_the_key_and_the_choices(tmp_path, text, words):
     assert "\n" not in message
     for word in words:
         assert word in message
+
+
+def test_mixed_precision_no_unquoted_is_the_choice_no(tmp_path):
+    """YAML 1.1 reads `no` as false; for train.mixed_precision it can only mean the choice "no"."""
+    assert load_config(write(tmp_path, "train: {mixed_precision: no}\n")).train.mixed_precision == "no"
+    assert load_config(write(tmp_path, "train: {}\n"), ["train.mixed_precision=no"]).train.mixed_precision == "no"
 
 
 @pytest.mark.parametrize(

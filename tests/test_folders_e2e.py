@@ -1,7 +1,7 @@
 """A folder of unlabelled images of mixed sizes and modes, pretrained as a new user would: one process
 (``sslkit-pretrain``'s ``main()`` in this process) and two (``accelerate launch --cpu --num_processes 2``),
-a labelled evaluation set or none, an exact two-process resume from a mid-epoch checkpoint, and bad folders
-that give one line and write nothing."""
+a labelled evaluation set or none, an exact two-process resume from a mid-epoch checkpoint (the loader
+workers augmenting), and bad folders that give one line and write nothing."""
 
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ def _two_processes() -> list[str]:
 @pytest.mark.slow
 def test_an_unlabelled_folder_in_two_processes_resumes_exactly(tmp_path, folders):
     common = [*FOLDER, f"data.root={folders / 'photos'}", f"eval.data.root={folders / 'labelled'}"]
-    common += ["data.num_workers=1", "train.checkpoint_every_steps=4", "train.keep_checkpoints=10"]
+    common += ["data.num_workers=1", "data.augment_in_workers=true"]
+    common += ["train.checkpoint_every_steps=4", "train.keep_checkpoints=10"]
     result = pretrain(tmp_path, "run.name=two", *common, launcher=_two_processes())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 processes" in result.stdout

@@ -328,6 +328,8 @@ def make_plan(tmp_path: Path, **changes) -> le.Plan:
         pretrained=None,
         scratch_factor=3,
         finetune_epochs=5,
+        scratch_recipe=Path("/r/ft.yaml"),
+        scratch_epochs=5,
         epochs={},
         launcher=None,
     )
@@ -428,6 +430,15 @@ def test_epochs_at_a_fraction_go_to_its_fine_tune_and_scratch_runs_only(tmp_path
         assert "train.epochs=2" not in runs[name].command
     assert "train.epochs=15" in runs["scratch-long-f0.01-s3"].command
     assert le.parse_epochs("0.01=60,1.0=3", [0.01, 1.0]) == {"0.01": 60, "1": 3}
+
+
+def test_a_scratch_recipe_of_its_own_sets_the_scratch_runs_and_their_longer_epochs(tmp_path):
+    plan = make_plan(tmp_path, scratch_recipe=Path("/r/scratch.yaml"), scratch_epochs=100, finetune_overrides=[])
+    runs = {r.name: r for r in le.plan_runs(plan)}
+    for name in ("scratch-f0.01-s3", "scratch-long-f0.01-s3"):
+        assert runs[name].command[3] == "/r/scratch.yaml"
+    assert runs["finetune-f0.01-s3"].command[3] == "/r/ft.yaml"
+    assert "train.epochs=300" in runs["scratch-long-f0.01-s3"].command  # --scratch-factor times its own epochs
 
 
 def test_a_pretraining_with_labels_gets_a_note(tmp_path):

@@ -147,7 +147,7 @@ def test_memory_size_is_a_recipe_key():
     for bad in (-1, 2.5, "big"):
         with pytest.raises(Exception, match="memory_size"):
             check_loss_kwargs("supcon", {"memory_size": bad})
-    with pytest.raises(Exception, match="unknown key 'loss.memory_size' for loss 'npair'"):
+    with pytest.raises(Exception, match="loss 'npair' takes no cross-batch memory"):
         check_loss_kwargs("npair", {"memory_size": 16})
 
 

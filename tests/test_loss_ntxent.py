@@ -10,12 +10,13 @@ from dist_utils import run_in_processes
 from loss_utils import (
     assert_processes_match_one_process,
     emulated_processes,
+    rank_slice,
     two_view_worker,
     two_views_under_autocast,
     value_and_grads,
 )
 
-from sslkit.losses.ntxent import NTXentLoss, ntxent_loss
+from sslkit.losses.ntxent import NTXentLoss, multi_view_ntxent_loss, ntxent_loss
 
 
 def ntxent_reference(z1, z2, temperature, negatives=None):
@@ -49,6 +50,37 @@ def test_matches_reference_value_and_gradient(n, d, temperature):
     ours = value_and_grads(ntxent_loss, z1, z2, temperature=temperature)
     ref = value_and_grads(ntxent_reference, z1, z2, temperature=temperature)
     for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def multi_view_reference(views, temperature):
+    """NT-Xent over V views as loops, float64: anchor (v, i) against the other V - 1 views of image i
+    (positives, each in its own term), every other row of the batch in the denominator."""
+    z = [F.normalize(view.double(), dim=1) for view in views]
+    rows = [(v, i) for v in range(len(z)) for i in range(len(z[0]))]
+    losses = []
+    for v, i in rows:
+        denominator = sum(torch.exp(z[v][i] @ z[w][k] / temperature) for w, k in rows if (w, k) != (v, i))
+        positives = [
+            torch.log(torch.exp(z[v][i] @ z[w][i] / temperature) / denominator) for w in range(len(z)) if w != v
+        ]
+        losses.append(-torch.stack(positives).mean())
+    return torch.stack(losses).mean()
+
+
+@pytest.mark.parametrize("views,n", [(3, 1), (4, 5), (8, 3)])  # 8: 2 global and 6 local views
+def test_multi_view_matches_reference_value_and_gradient(views, n):
+    g = torch.Generator().manual_seed(views * 10 + n)
+    z = list(torch.randn(views, n, 6, generator=g, dtype=torch.float64))
+    ours = value_and_grads(lambda *z: multi_view_ntxent_loss(z, 0.2), *z)
+    ref = value_and_grads(lambda *z: multi_view_reference(z, 0.2), *z)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_multi_view_of_two_views_is_ntxent():
+    z1, z2 = torch.randn(2, 6, 8, dtype=torch.float64)
+    for a, b in zip(value_and_grads(ntxent_loss, z1, z2, 0.3), value_and_grads(NTXentLoss(0.3).multi_view, z1, z2)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
@@ -119,11 +151,24 @@ def test_rejects_mismatched_views():
         ntxent_loss(torch.randn(4, 8), torch.randn(4, 8), negatives=torch.randn(3, 7))
 
 
+def two_and_multi_view_worker(rank, world, z1, z2, views):
+    """The two-view loss, then the multi-view one, in the same processes (one spawn for both)."""
+    local = [rank_slice(view, rank, world).clone().requires_grad_(True) for view in views]
+    loss = multi_view_ntxent_loss(local, 0.3)
+    loss.backward()
+    two_view = two_view_worker(rank, world, NTXentLoss, [(z1, z2, None, dict(temperature=0.3))])[0]
+    return two_view, (loss.detach(), *(view.grad for view in local))
+
+
 def test_two_processes_match_one_process_on_whole_batch():
+    """Two views, and three (multi-view): there image i of one process and image i of the other are
+    different images, negatives of each other."""
     z1, z2 = torch.randn(2, 8, 16, dtype=torch.float64)
-    expected = value_and_grads(ntxent_loss, z1, z2, temperature=0.3)
-    results = run_in_processes(two_view_worker, NTXentLoss, [(z1, z2, None, dict(temperature=0.3))])
-    assert_processes_match_one_process([r[0] for r in results], expected)
+    views = list(torch.randn(3, 8, 16, dtype=torch.float64))
+    results = run_in_processes(two_and_multi_view_worker, z1, z2, views)
+    assert_processes_match_one_process([r[0] for r in results], value_and_grads(ntxent_loss, z1, z2, temperature=0.3))
+    expected = value_and_grads(lambda *z: multi_view_ntxent_loss(z, 0.3), *views)
+    assert_processes_match_one_process([r[1] for r in results], expected)
 
 
 # --- the fused forward/backward (sslkit/losses/_fused.py) -----------------------------------

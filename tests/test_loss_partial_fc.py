@@ -17,7 +17,7 @@ from torch import nn
 
 from sslkit import distributed
 from sslkit.errors import UserError
-from sslkit.losses import ArcFaceHead, CosFaceHead, ProxyNCAHead, build, check_loss_kwargs
+from sslkit.losses import AdaCosHead, ArcFaceHead, CosFaceHead, NormSoftmaxHead, ProxyNCAHead, build, check_loss_kwargs
 from sslkit.losses.partial_fc import keep_optimizer_state_in_class_order, sample_centres, shard_bounds
 
 D, C, n = 6, 7, 5  # 7 classes over 2 processes: blocks of 4 and 3
@@ -25,6 +25,8 @@ CASES = [
     (ArcFaceHead, dict(scale=64.0, margin=0.5)),
     (ArcFaceHead, dict(scale=10.0, margin=1.3)),  # theta + m > pi for some samples: the fallback
     (CosFaceHead, dict(scale=30.0, margin=0.35)),
+    (NormSoftmaxHead, dict(temperature=0.1)),
+    (AdaCosHead, dict()),
     (ProxyNCAHead, dict(scale=9.0)),
     (ProxyNCAHead, dict(scale=3.0, include_positive_in_denominator=True)),
 ]
@@ -111,7 +113,12 @@ def test_a_zero_class_row_gets_the_full_heads_gradient():
 def restricted_reference(x, weight, labels, classes, cls, kwargs):
     """The head's loss with only ``classes`` in the softmax, as loops from the papers' formulas:
     ArcFace ``s cos(theta_y + m)`` (``cos - m sin m`` past pi - m), CosFace ``s (cos - m)``,
-    Proxy-NCA ``-s ||x - p||^2`` on unit vectors, positive in the denominator or not."""
+    Proxy-NCA ``-s ||x - p||^2`` on unit vectors, positive in the denominator or not; NormSoftmax
+    ``cos / T`` and AdaCos ``sqrt(2) log(C - 1) cos``, no margin."""
+    plain_scale = {
+        NormSoftmaxHead: 1 / kwargs.get("temperature", 0.05),
+        AdaCosHead: math.sqrt(2) * math.log(len(weight) - 1),
+    }
     losses = []
     for i in range(len(x)):
         unit = x[i] / torch.sqrt(x[i] @ x[i])
@@ -120,6 +127,8 @@ def restricted_reference(x, weight, labels, classes, cls, kwargs):
             cos = unit @ weight[j] / torch.sqrt(weight[j] @ weight[j])
             if cls is ProxyNCAHead:
                 logits[j] = -kwargs["scale"] * (2 - 2 * cos)
+            elif cls in plain_scale:
+                logits[j] = plain_scale[cls] * cos
             elif j != labels[i]:
                 logits[j] = kwargs["scale"] * cos
             elif cls is CosFaceHead:
@@ -205,6 +214,23 @@ def test_sampling_keeps_every_positive_is_seeded_and_changes_by_step():
     head = ArcFaceHead(4, 1000, partial_fc=True, sample_rate=0.1)
     assert not torch.equal(head.partial_fc.sample(labels, 0), head.partial_fc.sample(labels, 1))
     torch.testing.assert_close(head.partial_fc.sample(labels, 7), head.partial_fc.sample(labels, 7))
+
+
+def test_a_resumed_head_samples_what_the_head_never_stopped_would():
+    """The sampling's seed and step travel in the state_dict; a full head drops them, a fresh Partial FC head
+    (another seed) takes them."""
+    labels = torch.tensor([3, 150, 999])
+    running = ArcFaceHead(4, 1000, partial_fc=True, sample_rate=0.1)
+    for _ in range(3):
+        running(torch.randn(3, 4), labels)
+    saved = running.state_dict()
+    torch.manual_seed(123)
+    resumed = ArcFaceHead(4, 1000, partial_fc=True, sample_rate=0.1)
+    assert resumed.partial_fc.seed != running.partial_fc.seed
+    resumed.load_state_dict(saved)
+    assert (resumed.partial_fc.seed, resumed.partial_fc.steps) == (running.partial_fc.seed, 3)
+    torch.testing.assert_close(resumed.partial_fc.sample(labels, 3), running.partial_fc.sample(labels, 3))
+    ArcFaceHead(4, 1000).load_state_dict(saved)  # strict: the key is no surprise to a full head
 
 
 def _optimizer_worker(rank, world, state, x, labels):

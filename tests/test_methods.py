@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sslkit import datasets, methods, models, optim
+from sslkit import datasets, losses, methods, models, optim
 from sslkit.augment import TwoViewAugment
 from sslkit.config import config_from_dict
 
@@ -47,7 +47,7 @@ def test_a_few_steps_lower_the_loss(case):
     method.train()
     losses = []
     for _ in range(8):
-        loss = method(view1, view2, labels)
+        loss = method(view1, view2, labels=labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -67,7 +67,28 @@ def test_state_dict_round_trips(case, tmp_path):
     images, labels = ds.__getitems__(list(range(16)))
     view1, view2 = augment(images)
     method.eval(), fresh.eval()
-    torch.testing.assert_close(method(view1, view2, labels), fresh(view1, view2, labels))
+    torch.testing.assert_close(method(view1, view2, labels=labels), fresh(view1, view2, labels=labels))
+
+
+@pytest.mark.parametrize("case", ["simclr", "supcon"])
+def test_multi_crop_contrasts_every_view_with_every_other(case):
+    """2 global views of 8x8 and 3 local ones of 4x4: the local views go through the backbone in a batch of
+    their own, the projector sees every view, and the loss treats the 5 views as SupCon's n views."""
+    cfg = config_from_dict(
+        {**CASES[case], "model": TINY_MODEL, "augment": {"image_size": 8, "local_views": 3, "local_size": 4}}
+    )
+    ds = datasets.build_dataset("digits")
+    augment = TwoViewAugment(cfg.augment, ds.info.channels, ds.info.mean, ds.info.std)
+    torch.manual_seed(0)
+    method = methods.build_method(cfg, models.build_backbone("resnet18", 4, True, 1), 10).double()
+    images, labels = ds.__getitems__(list(range(12)))
+    views = [view.double() for view in augment(images)]
+    assert [view.shape[-1] for view in views] == [8, 8, 4, 4, 4]
+    loss = method(*views, labels=labels)
+    features = torch.cat([method.backbone(torch.cat(views[:2])), method.backbone(torch.cat(views[2:]))])
+    z = method.projector(features)  # (5 x 12, D), view by view
+    same = labels if case == "supcon" else torch.arange(12)  # each image its own class: every other view
+    torch.testing.assert_close(loss, losses.supcon_loss(z, same.repeat(5), temperature=0.2))
 
 
 def test_proxy_anchor_proxies_get_their_100x_in_the_trainer_groups():
@@ -89,7 +110,7 @@ def test_frozen_backbone_gets_no_gradient_and_keeps_batchnorm_statistics():
     method.train()
     method.backbone_frozen = True
     stats = method.backbone.bn1.running_mean.clone()
-    method(view1, view2, labels).backward()
+    method(view1, view2, labels=labels).backward()
     assert all(p.grad is None for p in method.backbone.parameters())
     assert any(p.grad is not None for p in method.projector.parameters())
     assert torch.equal(stats, method.backbone.bn1.running_mean)

@@ -140,3 +140,22 @@ def test_the_loader_workers_leave_stop_signals_to_the_main_process():
         os.kill(os.getpid(), signal.SIGUSR2)  # would end the process with the default action
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+EXIT_WITH_WORKERS = """
+import functools, sys
+from torch.utils.data import DataLoader
+from sslkit.loop.build import ignore_signals, stop_workers_before_exit
+loader = DataLoader(list(range(64)), batch_size=4, num_workers=2, persistent_workers=True,
+                    worker_init_fn=functools.partial(ignore_signals, ("SIGTERM", "SIGUSR1")))
+batches = iter(loader)
+next(batches)
+stop_workers_before_exit(loader)
+"""
+
+
+def test_a_process_whose_persistent_workers_ignore_sigterm_still_exits():
+    """multiprocessing stops daemonic children at exit with SIGTERM, which the workers ignore: without
+    stop_workers_before_exit this process waits for them forever."""
+    done = subprocess.run([sys.executable, "-c", EXIT_WITH_WORKERS], timeout=120, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

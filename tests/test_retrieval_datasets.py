@@ -198,7 +198,8 @@ def test_retrieval_only_evaluation_uses_the_gallery(tmp_path):
     from sslkit.evaluation import RunEvaluator
 
     write_inshop(tmp_path)
-    cfg = config_from_dict({"data": {"name": "inshop", "root": str(tmp_path)}, "augment": {"image_size": 4}})
+    data = {"name": "inshop", "root": str(tmp_path)}
+    cfg = config_from_dict({"data": data, "augment": {"image_size": 4}, "eval": {"recall_ks": [1, 10]}})
     splits = build_splits(cfg)
     info = splits.info
     preprocess = EvalTransform(4, info.channels, info.mean, info.std, False)
@@ -214,7 +215,8 @@ def test_retrieval_only_evaluation_uses_the_gallery(tmp_path):
             return torch.stack([torch.cos(angle), torch.sin(angle)], dim=1)
 
     results = evaluator.evaluate(Grey())
-    assert {"unseen_recall@1", "unseen_map@r", "unseen_nmi"} <= set(results) and "knn_top1" not in results
+    assert {"unseen_recall@1", "unseen_recall@10", "unseen_map@r", "unseen_nmi"} <= set(results)
+    assert "knn_top1" not in results and "unseen_recall@2" not in results  # eval.recall_ks sets the K
     assert results["unseen_recall@1"] == results["unseen_map@r"] == 1.0
 
 

@@ -1,6 +1,6 @@
 """Tar shards written by ``sslkit-write-shards`` and streamed by webdataset: every sample once an
-epoch in two real processes with two loader workers each, an exact mid-epoch resume, and shard
-patterns that match nothing as one line.
+epoch in two real processes with two loader workers each, an exact mid-epoch resume (of the batches, and
+of the views when the readers augment), and shard patterns that match nothing as one line.
 
 Each image is a flat colour that encodes its index (red = i mod 256, green = i div 256), so the
 batches say which samples they hold.
@@ -88,6 +88,20 @@ def test_one_process_two_workers_reads_every_sample_once_and_resumes_exactly(pat
     assert sorted(sum(second, [])) == list(range(SHARDS * PER_SHARD)) and first != second
     for skip in (3, 4):  # resumed after an odd and an even number of batches of the epoch
         assert _epoch(stream, 1, skip) == second[skip:]
+
+
+def test_readers_that_augment_give_a_resumed_epoch_the_views_of_an_uninterrupted_one(pattern):
+    from sslkit.augment import TwoViewAugment
+    from sslkit.config import AugmentConfig
+
+    stream = build_dataset("webdataset", root=pattern)
+    stream.configure(batch_size=12, rank=0, world=1, workers=2, seed=0)
+    stream.augment = TwoViewAugment(AugmentConfig(image_size=8), 3, (0.5,) * 3, (0.2,) * 3)
+    loader = shards.StreamLoader(stream, num_workers=2, device=torch.device("cpu"))
+    whole = [torch.stack(views.views) for views, _ in loader.epoch(1)]
+    assert len(whole) == 16 and whole[0].shape == (2, 12, 3, 8, 8)
+    resumed = [torch.stack(views.views) for views, _ in loader.epoch(1, skip=3)]
+    assert all(torch.equal(a, b) for a, b in zip(resumed, whole[3:], strict=True))
 
 
 READER = """

@@ -125,8 +125,8 @@ def test_every_method_trains_a_timm_backbone(method, loss, backbone):
     net = methods.build_method(cfg, models.backbone_from_config(cfg.model, 1), 10, num_samples=100)
     models.to_channels_last(net)
     views = [torch.randn(8, 1, 16, 16) for _ in range(net.num_views)]
-    extra = [torch.arange(8)] if net.needs_indices else []
-    loss_value = net(*views, torch.arange(8) % 10, *extra)
+    extra = {"indices": torch.arange(8)} if net.needs_indices else {}
+    loss_value = net(*views, labels=torch.arange(8) % 10, **extra)
     loss_value.backward()
     net.after_optimizer_step(0, 10)
     assert torch.isfinite(loss_value)

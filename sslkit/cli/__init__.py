@@ -8,6 +8,7 @@ command                         what it does                                modu
 ``sslkit-export``               the backbone as safetensors, timm, ONNX     :mod:`sslkit.cli.export`
 ``sslkit-ablate``               a grid of runs (sweeps x seeds), tabulated  :mod:`sslkit.cli.ablate`
 ``sslkit-label-efficiency``     pretrained against scratch at few labels    :mod:`sslkit.cli.label_efficiency`
+``sslkit-compare``              recipes at equal training time, tabulated   :mod:`sslkit.cli.compare`
 ``sslkit-report``               a run's report.md with its curves           :mod:`sslkit.cli.report`
 ``sslkit-show-augmentations``   a PNG grid of a recipe's views              :mod:`sslkit.cli.show_augmentations`
 ``sslkit-write-shards``         an image folder as webdataset tar shards    :mod:`sslkit.cli.write_shards`
@@ -15,6 +16,6 @@ command                         what it does                                modu
 
 ``python -m sslkit.cli.<module>`` is the same command. A launcher starts the training commands
 as modules: ``accelerate launch -m sslkit.cli.pretrain RECIPE`` (or ``torchrun -m``), and
-``sslkit-ablate`` and ``sslkit-label-efficiency`` start every run they make that way, through one
+``sslkit-ablate``, ``sslkit-label-efficiency`` and ``sslkit-compare`` start every run they make that way, through one
 runner (:mod:`sslkit.cli.sweep`).
 """

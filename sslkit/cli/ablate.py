@@ -1,11 +1,20 @@
 """Run a grid of pretraining runs (sweeps x seeds) and tabulate and plot what they give.
 
-    sslkit-ablate RECIPE --sweep KEY=V1,V2,... [--sweep KEY=...] [--seeds N] [--out DIR]
-                  [--launcher "accelerate launch --cpu --num_processes 2"] [key.sub=value ...]
+    sslkit-ablate RECIPE [--sweep KEY=V1,V2,...] [--variants FILE] [--seeds N] [--out DIR]
+                  [--metrics M1,M2] [--launcher "accelerate launch --cpu --num_processes 2"] [key.sub=value ...]
     sslkit-ablate recipes/quickstart.yaml --sweep loss.temperature=0.05,0.1,0.2,0.5 --seeds 2 train.epochs=10
 
-The grid is the product of the sweeps and the seeds (``--seeds N``: ``run.seed`` = s, s+1, ...,
-from the recipe's seed s). Every point is the user's own command, run as a subprocess:
+The grid is the product of the variants, the sweeps and the seeds (``--seeds N``: ``run.seed`` =
+s, s+1, ..., from the recipe's seed s). A sweep changes one key; a variant is a named set of
+settings that belong together, for comparisons that a product of keys cannot express (a loss with
+its own miner and margins against a head with its method): ``--variants FILE`` reads a YAML
+mapping of names to settings,
+
+    triplet-batch-hard: {loss.name: triplet, loss.mining: batch_hard}
+    arcface: {method.name: supervised, loss.name: arcface, loss.scale: 16}
+
+and the variant's name is the first column of the tables. Every point is the user's own command,
+run as a subprocess:
 
     python -m sslkit.cli.pretrain RECIPE key.sub=value ... <swept values> run.seed=S
         run.output_dir=OUT/runs run.name=<point> run.resume=auto
@@ -26,7 +35,7 @@ OUT receives, updated after every point:
 - ``results.csv`` / ``results.json``: one row per point: swept values, seed, status, error,
   wall time, and the final metrics of the trained encoder;
 - ``summary.csv``: mean and standard deviation over seeds of every metric, per grid point;
-- ``<metric>.png`` (with matplotlib): kNN and linear top-1 against the first swept key (a log
+- ``<metric>.png`` (with matplotlib): kNN and linear top-1 (or ``--metrics``) against the first swept key (a log
   axis for positive values spanning 10x or more), error bars one standard deviation over seeds,
   one line per value of the other swept keys;
 - ``logs/<point>.out`` / ``.err``: each point's stdout and stderr.
@@ -60,14 +69,16 @@ PLOTTED_METRICS = ("knn_top1", "linear_top1")
 # Set per point by this tool; a user's override of them would break the sweep's bookkeeping.
 # (run.seed may be overridden: it is the first of the --seeds.)
 RESERVED_KEYS = ("run.name", "run.output_dir", "run.resume")
+VARIANT = "variant"  # the column of a point's variant name in the tables
 
 
 @dataclass(frozen=True)
 class Point:
-    """One run of the grid: a value for every swept key, and a seed."""
+    """One run of the grid: its variant's settings, a value for every swept key, and a seed."""
 
-    values: tuple[tuple[str, str], ...]  # (key, value as the user typed it), in --sweep order
+    values: tuple[tuple[str, str], ...]  # (key, value as the user typed it), in --sweep order; the variant first
     seed: int
+    settings: tuple[str, ...] = ()  # the variant's key=value overrides
 
     @property
     def name(self) -> str:
@@ -77,7 +88,8 @@ class Point:
         return "_".join([*parts, f"seed={self.seed}"])
 
     def overrides(self) -> list[str]:
-        return [f"{key}={value}" for key, value in self.values] + [f"run.seed={self.seed}"]
+        swept = [f"{key}={value}" for key, value in self.values if key != VARIANT]
+        return [*self.settings, *swept, f"run.seed={self.seed}"]
 
 
 # --------------------------------------------------------------------------- the grid
@@ -119,18 +131,60 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
     return key, values
 
 
-def build_grid(sweeps: list[tuple[str, list[str]]], seeds: list[int]) -> list[Point]:
-    """Every combination of the swept values, each with every seed (seeds innermost)."""
+def override_text(value: Any) -> str:
+    """A YAML value as an override's right-hand side: ``[0.2, 1.0]``, ``0.001``, ``batch_hard``."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def read_variants(path: Path, swept: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """``--variants FILE``: ``[(name, ("key=value", ...)), ...]`` in the file's order.
+
+    Raises:
+        UserError: the file is missing or not a mapping of names to mappings of dotted keys, or a
+            variant sets a key that ablate sets or that a --sweep also changes.
+    """
+    example = "e.g. 'triplet: {loss.name: triplet, loss.mining: batch_hard}'"
+    try:
+        variants = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise UserError(f"--variants {path}: cannot read it ({error.strerror}); give a YAML file") from None
+    except yaml.YAMLError as error:
+        raise UserError(f"--variants {path}: not valid YAML ({' '.join(str(error).split())})") from None
+    if not isinstance(variants, dict) or not variants:
+        raise UserError(f"--variants {path} must map variant names to their settings, {example}")
+    read = []
+    for name, settings in variants.items():
+        if not isinstance(settings, dict) or not settings:
+            raise UserError(f"--variants {path}: variant '{name}' must map dotted keys to values, {example}")
+        for key in settings:
+            parse_sweep(f"{key}=x")  # the same rules for the key as a --sweep's (dotted, not reserved)
+            if key in swept:
+                raise UserError(f"--variants {path}: variant '{name}' sets {key}, which --sweep {key} also changes")
+        read.append((str(name), tuple(f"{key}={override_text(value)}" for key, value in settings.items())))
+    return read
+
+
+def build_grid(
+    sweeps: list[tuple[str, list[str]]],
+    seeds: list[int],
+    variants: list[tuple[str, tuple[str, ...]]] | None = None,
+) -> list[Point]:
+    """Every combination of the variants and the swept values, each with every seed (seeds innermost)."""
     keys = [key for key, _ in sweeps]
     if len(set(keys)) < len(keys):
         raise UserError(f"--sweep: a key is swept twice ({', '.join(keys)}); give all its values in one --sweep")
-    combos = product(*(values for _, values in sweeps))
-    points = [Point(tuple(zip(keys, combo)), seed) for combo in combos for seed in seeds]
+    combos = list(product(*(values for _, values in sweeps)))
+    points = [
+        Point((((VARIANT, name),) if variants else ()) + tuple(zip(keys, combo)), seed, settings)
+        for name, settings in (variants or [("", ())])
+        for combo in combos
+        for seed in seeds
+    ]
     names = [p.name for p in points]
     if len(set(names)) < len(names):
         raise UserError(
-            "--sweep: two values give the same run directory name once '/' and the like are replaced; "
-            "write them differently"
+            "--sweep or --variants: two values give the same run directory name once '/' and the like are "
+            "replaced; write them differently"
         )
     return points
 
@@ -147,13 +201,21 @@ def point_overrides(point: Point, overrides: list[str], out: Path) -> list[str]:
     ]
 
 
-def point_job(point: Point, recipe: Path, overrides: list[str], out: Path, launcher: str | None) -> sweep.Job:
+def point_job(
+    point: Point,
+    recipe: Path,
+    overrides: list[str],
+    out: Path,
+    launcher: str | None,
+    shown: tuple[str, ...] = PLOTTED_METRICS,
+) -> sweep.Job:
     """One point as the sweep runs it: the user's pretrain command with the point's values."""
     run_dir = out / "runs" / point.name
     return sweep.Job(
         name=point.name,
         command=sweep.command(sweep.PRETRAIN, [str(recipe), *point_overrides(point, overrides, out)], launcher),
         result=run_dir / "results.json",
+        shown=shown,
         fields={
             "values": {k: parse_value(v) for k, v in point.values},
             "values_text": dict(point.values),
@@ -355,6 +417,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a key and its values; repeat for a product grid",
     )
     parser.add_argument(
+        "--variants",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a YAML file of named variants, each a mapping of dotted keys to values; crossed with the sweeps",
+    )
+    parser.add_argument(
+        "--metrics",
+        default=None,
+        metavar="M1,M2",
+        help="the metrics of the terminal table and the plots, e.g. unseen_map@r,unseen_recall@1 "
+        "(default: knn_top1,linear_top1; the csv files hold them all)",
+    )
+    parser.add_argument(
         "--seeds",
         type=int,
         default=1,
@@ -381,8 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         sweeps = [parse_sweep(text) for text in args.sweep]
         if args.seeds < 1:
             raise UserError(f"--seeds must be at least 1, got {args.seeds}")
-        if not sweeps and args.seeds == 1:
-            raise UserError("nothing to sweep: give --sweep KEY=V1,V2,... and/or --seeds N (N > 1)")
+        variants = read_variants(args.variants, [key for key, _ in sweeps]) if args.variants else None
+        if not sweeps and not variants and args.seeds == 1:
+            raise UserError("nothing to sweep: give --sweep KEY=V1,V2,..., --variants FILE and/or --seeds N (N > 1)")
         for text in args.overrides:
             if text.partition("=")[0].strip() in RESERVED_KEYS:
                 raise UserError(
@@ -391,10 +468,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
         args.recipe = find_recipe(args.recipe)  # a bundled recipe's name becomes its file: the runs get a path
         base = load_config(args.recipe, args.overrides)
-        keys = [key for key, _ in sweeps]
+        keys = [VARIANT] * bool(variants) + [key for key, _ in sweeps]
         out = args.out or Path(base.run.output_dir) / "-".join(["ablate", args.recipe.stem, *keys])
         seeds = [base.run.seed + i for i in range(args.seeds)]
-        points = build_grid(sweeps, seeds)
+        points = build_grid(sweeps, seeds, variants)
         check_points(args.recipe, args.overrides, points, out)
     except UserError as error:
         print_user_error(error)
@@ -403,14 +480,19 @@ def main(argv: list[str] | None = None) -> int:
         "recipe": str(args.recipe),
         "overrides": args.overrides,
         "sweeps": dict(sweeps),
+        "variants": dict(variants or []),
         "seeds": seeds,
         "launcher": args.launcher,
     }
-    jobs = [point_job(point, args.recipe.resolve(), args.overrides, out.resolve(), args.launcher) for point in points]
-    return run_sweep(jobs, keys, out.resolve(), header)
+    shown = tuple(args.metrics.split(",")) if args.metrics else PLOTTED_METRICS
+    recipe, root = args.recipe.resolve(), out.resolve()
+    jobs = [point_job(point, recipe, args.overrides, root, args.launcher, shown) for point in points]
+    return run_sweep(jobs, keys, out.resolve(), header, shown)
 
 
-def run_sweep(jobs: list[sweep.Job], keys: list[str], out: Path, header: dict) -> int:
+def run_sweep(
+    jobs: list[sweep.Job], keys: list[str], out: Path, header: dict, shown: tuple[str, ...] = PLOTTED_METRICS
+) -> int:
     """Run (or skip) every point, writing the tables after each; then the summary table and the plots.
 
     Returns:
@@ -433,10 +515,8 @@ def run_sweep(jobs: list[sweep.Job], keys: list[str], out: Path, header: dict) -
     summary = write_tables(out, records, keys, header)
     metrics = metric_names(records)
     # The headline metrics on the terminal; results.csv and summary.csv have them all.
-    console.print(summary_table(summary, keys, [m for m in metrics if m in PLOTTED_METRICS] or metrics))
-    plotted = [
-        m for m in PLOTTED_METRICS if m in metrics and plot_metric(summary, keys, m, out / f"{m}.png") is not None
-    ]
+    console.print(summary_table(summary, keys, [m for m in shown if m in metrics] or metrics))
+    plotted = [m for m in shown if m in metrics and plot_metric(summary, keys, m, out / f"{m}.png") is not None]
     console.print(
         f"results: {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.json'}"
         + (

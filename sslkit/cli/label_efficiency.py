@@ -2,7 +2,7 @@
 
     sslkit-label-efficiency RECIPE --fractions 0.01,0.1,1 --seeds 3 [--out DIR]
         [--pretrained RUN_DIR] [--finetune-recipe R] [--distill-recipe R] [--no-distill]
-        [--scratch-factor 3] [--epochs F=E,...] [--launcher "..."]
+        [--scratch-recipe R] [--scratch-factor 3] [--epochs F=E,...] [--launcher "..."]
         [--pretrain-override K=V ...] [--finetune-override K=V ...]
         [key.sub=value ...]
     sslkit-label-efficiency quickstart --fractions 0.05,0.1,1 --seeds 3 train.threads=2
@@ -20,9 +20,10 @@ go down every road:
   every training image and trained with the same labels (``--distill-recipe``,
   ``method.teacher=<the finetune run>``), as SimCLRv2; not at f = 1 (nothing unlabelled to distill
   on), nor with ``--no-distill``;
-- ``scratch``, ``scratch-long``: the fine-tune recipe from random weights on the same labelled
-  images with the same augmentation, for the recipe's epochs and for ``--scratch-factor`` times
-  as many; ``scratch-best`` is the better of the two, per seed.
+- ``scratch``, ``scratch-long``: the same network from random weights on the same labelled images,
+  for the recipe's epochs and for ``--scratch-factor`` times as many; ``scratch-best`` is the better
+  of the two, per seed. The recipe is the fine-tune recipe (the same augmentation and optimizer), or
+  ``--scratch-recipe``: a schedule tuned for training from scratch (``fashion_mnist_scratch``).
 
 ``--epochs 1=3`` gives the fine-tune and scratch runs at a fraction their own epochs (here 3 with
 all the labels, where the recipe's 30 would cost ten times the 10% runs): the steps a fine-tune
@@ -169,6 +170,8 @@ class Plan:
     pretrained: Path | None
     scratch_factor: int
     finetune_epochs: int  # the fine-tune recipe's own
+    scratch_recipe: Path  # the scratch runs' recipe: --scratch-recipe, else the fine-tune recipe
+    scratch_epochs: int  # the scratch recipe's own
     epochs: dict[str, int]  # --epochs: fraction_text(f) -> fine-tune epochs at f, where it differs
     launcher: str | None
 
@@ -302,10 +305,13 @@ def build_plan(args: argparse.Namespace) -> Plan:
         distill_recipe = (
             find_recipe(args.distill_recipe) if args.distill_recipe else default_recipe("distill", base.data.name)
         )
-    try:
-        finetune_epochs = load_config(finetune_recipe, [*args.overrides, *args.finetune_overrides]).train.epochs
-    except UserError as error:
-        raise UserError(f"fine-tune recipe: {error}") from None
+    scratch_recipe = find_recipe(args.scratch_recipe) if args.scratch_recipe else finetune_recipe
+    epochs = {}
+    for kind, path in (("fine-tune", finetune_recipe), ("scratch", scratch_recipe)):
+        try:
+            epochs[kind] = load_config(path, [*args.overrides, *args.finetune_overrides]).train.epochs
+        except UserError as error:
+            raise UserError(f"{kind} recipe: {error}") from None
     out = args.out or Path(base.run.output_dir) / f"label-efficiency-{recipe.stem}"
     return Plan(
         recipe=recipe.resolve(),
@@ -319,7 +325,9 @@ def build_plan(args: argparse.Namespace) -> Plan:
         out=out.resolve(),
         pretrained=pretrained,
         scratch_factor=args.scratch_factor,
-        finetune_epochs=finetune_epochs,
+        finetune_epochs=epochs["fine-tune"],
+        scratch_recipe=scratch_recipe.resolve(),
+        scratch_epochs=epochs["scratch"],
         epochs=parse_epochs(args.epochs, fractions),
         launcher=args.launcher,
     )
@@ -335,32 +343,8 @@ def plan_runs(plan: Plan) -> list[Run]:
     pre = plan.pretrained or runs_dir / "pretrain"
 
     def trained(kind: str, recipe: Path, own: list[str], needs: tuple[str, ...], labels=None, **keys) -> Run:
-        """A ``sslkit.cli.pretrain`` run; ``labels``: (fraction, seed) of its labelled subset and run seed."""
-        fraction, seed = labels if labels is not None else (None, None)
-        name = "pretrain" if labels is None else run_name(kind, fraction, seed)
-        if labels is not None:
-            keys.update({"data.label_fraction": fraction_text(fraction), "data.label_seed": seed, "run.seed": seed})
-        overrides = [
-            *plan.overrides,
-            *own,
-            *(f"{key}={value}" for key, value in keys.items()),
-            f"run.output_dir={runs_dir}",
-            f"run.name={name}",
-            # resume=auto: a run stopped midway (Ctrl-C, a crash) continues from its last checkpoint on the rerun.
-            "run.resume=auto",
-        ]
-        return Run(
-            name=name,
-            kind=kind,
-            fraction=fraction,
-            seed=seed,
-            command=sweep.command(sweep.PRETRAIN, [str(recipe), *overrides], plan.launcher),
-            result=runs_dir / name / "results.json",
-            needs=needs,
-            recipe=recipe,
-            overrides=overrides,
-            run_dir=runs_dir / name,
-        )
+        name = "pretrain" if labels is None else run_name(kind, *labels)
+        return trained_run(name, kind, recipe, [*plan.overrides, *own], runs_dir, plan.launcher, needs, labels, **keys)
 
     runs = []
     needs_pre: tuple[str, ...] = ()
@@ -401,13 +385,54 @@ def plan_runs(plan: Plan) -> list[Run]:
                 needs = (*needs_pre, finetune)  # the distill recipe keeps its own epochs: not --epochs
                 runs.append(trained("distill", plan.distill_recipe, plan.finetune_overrides, needs, labels, **teacher))
             # Random weights: run.init_from=null, in case the fine-tune recipe names a start of its own.
-            runs.append(trained("scratch", plan.finetune_recipe, own, (), labels, **{"run.init_from": "null"}))
+            runs.append(trained("scratch", plan.scratch_recipe, own, (), labels, **{"run.init_from": "null"}))
             if plan.scratch_factor > 1:
-                longer = [*own, f"train.epochs={plan.scratch_factor * (epochs or plan.finetune_epochs)}"]
+                longer = [*own, f"train.epochs={plan.scratch_factor * (epochs or plan.scratch_epochs)}"]
                 runs.append(
-                    trained("scratch-long", plan.finetune_recipe, longer, (), labels, **{"run.init_from": "null"})
+                    trained("scratch-long", plan.scratch_recipe, longer, (), labels, **{"run.init_from": "null"})
                 )
     return runs
+
+
+def trained_run(
+    name: str,
+    kind: str,
+    recipe: Path,
+    overrides: list[str],
+    runs_dir: Path,
+    launcher: str | None,
+    needs: tuple[str, ...] = (),
+    labels: tuple[float, int] | None = None,
+    **keys,
+) -> Run:
+    """A ``sslkit.cli.pretrain`` run named ``name`` in ``runs_dir``: ``recipe`` with ``overrides``, then ``keys``.
+
+    ``labels``: (fraction, seed) of its labelled subset, which is also its run seed; the fine-tune and
+    scratch roads take ``run.init_from`` (the pretrained run, or ``null``) in ``keys``.
+    """
+    fraction, seed = labels if labels is not None else (None, None)
+    if labels is not None:
+        keys.update({"data.label_fraction": fraction_text(fraction), "data.label_seed": seed, "run.seed": seed})
+    overrides = [
+        *overrides,
+        *(f"{key}={value}" for key, value in keys.items()),
+        f"run.output_dir={runs_dir}",
+        f"run.name={name}",
+        # resume=auto: a run stopped midway (Ctrl-C, a crash) continues from its last checkpoint on the rerun.
+        "run.resume=auto",
+    ]
+    return Run(
+        name=name,
+        kind=kind,
+        fraction=fraction,
+        seed=seed,
+        command=sweep.command(sweep.PRETRAIN, [str(recipe), *overrides], launcher),
+        result=runs_dir / name / "results.json",
+        needs=needs,
+        recipe=recipe,
+        overrides=overrides,
+        run_dir=runs_dir / name,
+    )
 
 
 def validation_config(run: Run, plan: Plan) -> Config:
@@ -444,7 +469,12 @@ def check_runs(runs: list[Run], plan: Plan) -> None:
         except UserError as error:
             raise UserError(f"run {run.name}: {error}") from None
         if run.kind in ("finetune", "distill", "scratch", "scratch-long"):
-            own, option = to_dict(cfg), "--distill-recipe" if run.kind == "distill" else "--finetune-recipe"
+            options = {
+                "distill": "--distill-recipe",
+                "scratch": "--scratch-recipe",
+                "scratch-long": "--scratch-recipe",
+            }
+            own, option = to_dict(cfg), options.get(run.kind, "--finetune-recipe")
             kept = run.kind == "finetune" and cfg.method.options["finetune_from_projector_layer"] > 0
             for key in (*SAME_AS_PRETRAINED, *(SAME_PROJECTOR if kept else ())):
                 section, name = key.split(".")
@@ -760,6 +790,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the distillation recipe (default: fashion_mnist_distill or quickstart_distill)",
     )
+    parser.add_argument(
+        "--scratch-recipe",
+        default=None,
+        help="the scratch runs' recipe (default: the fine-tune recipe), e.g. fashion_mnist_scratch",
+    )
     parser.add_argument("--no-distill", action="store_true", help="skip the fine-tune + distill road")
     parser.add_argument(
         "--scratch-factor",
@@ -814,6 +849,7 @@ def main(argv: list[str] | None = None) -> int:
     header = {
         "recipe": str(plan.recipe),
         "finetune_recipe": str(plan.finetune_recipe),
+        "scratch_recipe": str(plan.scratch_recipe),
         "distill_recipe": None if plan.distill_recipe is None else str(plan.distill_recipe),
         "pretrained": str(plan.pretrained or plan.out / "runs" / "pretrain"),
         "overrides": plan.overrides,

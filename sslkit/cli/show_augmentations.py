@@ -69,17 +69,22 @@ def augmentation_grid(
     std: tuple[float, ...],
     normalized: bool,
 ) -> torch.Tensor:
-    """Rows of [original, view 1, ..., view K] in [0, 1], for ``torchvision.utils.save_image``.
+    """Rows of [original, view 1, ..., view K, local view 1, ..., local view L] in [0, 1], for
+    ``torchvision.utils.save_image``; the L local views (multi-crop) are enlarged to S with nearest pixels.
 
     Shape:
-        images: (N, C, H, W) uint8; returns (N * (K + 1), C, S, S).
+        images: (N, C, H, W) uint8; returns (N * (K + L + 1), C, S, S).
     """
     import torch
 
-    made = []
-    for _ in range((views + 1) // 2):  # each call makes two views
-        made.extend(augment(images))
-    columns = [original(images), *made[:views]]  # (K + 1) tensors of shape (N, C, S, S)
+    made, local = [], []
+    for _ in range((views + 1) // 2):  # each call makes two global views (and the local ones)
+        global_1, global_2, *local_views = augment(images)
+        made += [global_1, global_2]
+        local = local or local_views
+    size = made[0].shape[-1]
+    local = [torch.nn.functional.interpolate(view, size=size, mode="nearest") for view in local]
+    columns = [original(images), *made[:views], *local]  # (K + L + 1) tensors of shape (N, C, S, S)
     if normalized:
         mean_ = torch.tensor(mean).view(1, -1, 1, 1)
         std_ = torch.tensor(std).view(1, -1, 1, 1)
@@ -129,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     scale = max(1, 64 // a.image_size)
     if scale > 1:
         grid = torch.nn.functional.interpolate(grid, scale_factor=scale, mode="nearest")
-    save_image(grid, out, nrow=args.views + 1, padding=2, pad_value=1.0)
+    save_image(grid, out, nrow=args.views + 1 + a.local_views, padding=2, pad_value=1.0)
+    local = f" + {a.local_views} local views" if a.local_views else ""
     console.print(
-        f"{len(images)} images x (original + {args.views} views) from {cfg.data.name} -> [bold]{out}[/]",
+        f"{len(images)} images x (original + {args.views} views{local}) from {cfg.data.name} -> [bold]{out}[/]",
         soft_wrap=True,
     )
     return 0

@@ -134,6 +134,20 @@ def _check_range(value: float, key: str, source: str, low: float | None = None, 
         raise UserError(f"{source}: '{key}' must be {bounds}, got {value}")
 
 
+def _check_local_views(augment, source: str) -> None:
+    """``local_views`` >= 0 and, with local views, a ``local_size`` of at most the global views' ``image_size``."""
+    if augment.local_views < 0:
+        raise UserError(
+            f"{source}: 'augment.local_views' must be >= 0 (0: the two global views only), got {augment.local_views}"
+        )
+    if augment.local_views and not 0 < augment.local_size <= augment.image_size:
+        what = "must be set" if augment.local_size <= 0 else "must not be larger than the global views"
+        raise UserError(
+            f"{source}: 'augment.local_size' {what} with augment.local_views={augment.local_views}: "
+            f"give a side in [1, augment.image_size={augment.image_size}], got {augment.local_size}"
+        )
+
+
 def _check_label_subset(section, prefix: str, source: str) -> None:
     """``label_fraction`` in (0, 1], ``labels_per_class`` >= 1, and not both (``data.*`` or ``eval.*``)."""
     fraction, per_class = section.label_fraction, section.labels_per_class
@@ -205,9 +219,14 @@ def _check_compile(backend: str, source: str) -> None:
 
 
 def _check_image_files(cfg: Config, source: str, datasets: typing.Iterable[str]) -> None:
-    """``data.max_size``, ``data.on_corrupt``, ``data.decode`` and ``eval.data``."""
+    """``data.max_size``, ``data.on_corrupt``, ``data.decode``, ``data.augment_in_workers`` and ``eval.data``."""
     _check_choice(cfg.data.on_corrupt, ("skip", "error"), "data.on_corrupt", source)
     _check_choice(cfg.data.decode, ("auto", "cpu"), "data.decode", source)
+    if isinstance(cfg.data.augment_in_workers, str) and cfg.data.augment_in_workers != "auto":
+        raise UserError(
+            f"{source}: unknown data.augment_in_workers '{cfg.data.augment_in_workers}'; "
+            f"choose one of: auto, true, false"
+        )
     if cfg.data.max_size is not None:
         _check_range(cfg.data.max_size, "data.max_size", source, 1)
     if cfg.eval.data.name is not None:
@@ -228,6 +247,11 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     _check_choice(cfg.data.name, datasets.DATASETS, "data.name", source)
     _check_choice(cfg.data.sampler, datasets.SAMPLERS, "data.sampler", source)
     _check_range(cfg.data.m_per_class, "data.m_per_class", source, 1)
+    if cfg.data.sampler == "m_per_class" and cfg.data.m_per_class < 2:
+        raise UserError(
+            f"{source}: data.m_per_class={cfg.data.m_per_class} puts one image of each class in a batch, so no "
+            f"image has a positive; use 2 or more (4 in 'A Metric Learning Reality Check')"
+        )
     if cfg.data.class_split is not None:
         _check_range(cfg.data.class_split, "data.class_split", source, 0, 1)
         if cfg.data.class_split in (0, 1) or cfg.data.name != "imagefolder" or cfg.data.image_size is not None:
@@ -260,6 +284,8 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         ("augment.jitter_p_view2", cfg.augment.jitter_p_view2),
         ("augment.blur_p_view2", cfg.augment.blur_p_view2),
         ("augment.solarize_p_view2", cfg.augment.solarize_p_view2),
+        ("augment.local_blur_p", cfg.augment.local_blur_p),
+        ("augment.local_solarize_p", cfg.augment.local_solarize_p),
     ):
         if value is not None:
             _check_range(value, key, source, 0.0, 1.0)
@@ -276,6 +302,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
     for key, scale in (
         ("augment.crop_scale", cfg.augment.crop_scale),
         ("augment.crop_scale_view2", cfg.augment.crop_scale_view2),
+        ("augment.local_crop_scale", cfg.augment.local_crop_scale),
     ):
         if scale is not None and not 0 < scale[0] <= scale[1] <= 1:
             raise UserError(f"{source}: '{key}' must be [low, high] with 0 < low <= high <= 1, got {list(scale)}")
@@ -288,12 +315,19 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         ("eval.knn_k", cfg.eval.knn_k),
     ):
         _check_range(value, key, source, 1)
+    _check_local_views(cfg.augment, source)
     # A timm model is built on the meta device here: a name, argument or image size it cannot take is one line now.
-    models.check_backbone(cfg.model, cfg.augment.image_size, source)
+    local_size = cfg.augment.local_size if cfg.augment.local_views else None
+    models.check_backbone(cfg.model, cfg.augment.image_size, source, local_size)
     # Before any data is read (sslkit-ablate checks every point of a sweep up front): the method's options,
     # its loss and its batch, checked by the method itself.
     methods.check_config(cfg, source)
     _check_range(cfg.eval.linear_epochs, "eval.linear_epochs", source, 0)
+    ks = cfg.eval.recall_ks
+    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+        raise UserError(
+            f"{source}: 'eval.recall_ks' must be a non-empty list of integers >= 1 such as [1, 2, 4, 8], got {ks}"
+        )
     if cfg.train.threads is not None:  # null: automatic (see sslkit/launch.py)
         _check_range(cfg.train.threads, "train.threads", source, 1)
     if cfg.train.max_steps is not None:  # null: no limit (0 would train nothing and report it as trained)

@@ -95,6 +95,11 @@ class DataConfig:
         decode: ``imagefolder`` and ``webdataset``: where JPEGs are decoded. ``auto``: on the accelerator when it
             is a CUDA device (nvJPEG, in batches; other formats fall back to the CPU), otherwise in the loader
             workers; ``cpu``: always in the loader workers.
+        augment_in_workers: Where the training views are made. ``false``: the training process augments each
+            uint8 batch on the accelerator. ``true``: each loader worker augments the batches it loads, on the
+            CPU, with the randomness seeded by (``run.seed``, epoch, batch), so the views do not depend on
+            ``data.num_workers`` and a resumed run sees the same ones (JPEGs are then decoded in the workers).
+            ``auto``: ``true`` when the accelerator is the CPU and ``data.num_workers`` > 0, else ``false``.
         sampler: The training order. ``random``: a shuffle of every image each epoch. ``m_per_class``: class-balanced
             P x K batches for metric learning, ``train.batch_size / data.m_per_class`` distinct classes of
             ``data.m_per_class`` images each, every image about once an epoch (a class with fewer images than that
@@ -120,6 +125,7 @@ class DataConfig:
     max_size: int | None = None
     on_corrupt: str = "skip"
     decode: str = "auto"
+    augment_in_workers: bool | str = "auto"
     sampler: str = "random"
     m_per_class: int = 4
     class_split: float | None = None
@@ -132,6 +138,9 @@ class AugmentConfig:
     ``*_view2`` fields, when set, give the second view its own setting: asymmetric, BYOL-style
     views (blur 1.0 / 0.1, solarize 0.0 / 0.2), or a weak view for a teacher and a strong one for
     its student (``method.name=distill``). The order of the steps is in :mod:`sslkit.augment`.
+
+    ``local_*`` fields add multi-crop (SwAV, DINO): ``local_views`` smaller views of each image after the
+    two global views, with view 1's settings except their size, crop scale and the two ``local_*_p``.
 
     Attributes:
         image_size: Output size of the random resized crop, training and evaluation alike (may upsample
@@ -155,6 +164,14 @@ class AugmentConfig:
         solarize_p: Probability of solarizing (inverting pixels above 0.5; BYOL).
         solarize_p_view2: The second view's solarize probability; ``null``: ``solarize_p``.
         normalize: Subtract the dataset's mean and divide by its standard deviation after augmenting.
+        local_views: Multi-crop (SwAV, DINO): smaller views of each image after the two global views, for the
+            methods that take them (``simclr``, ``supcon``, ``dino``); 0: the two global views only.
+        local_size: The local views' side in pixels, at most ``image_size`` (DINO: 96 for 224 px globals);
+            required with ``local_views``.
+        local_crop_scale: ``[low, high]``: the local crops' area as a fraction of the image (DINO: 0.05-0.4, with
+            ``crop_scale`` 0.4-1 for the global views).
+        local_blur_p: The local views' blur probability; ``null``: ``blur_p`` (DINO: 0.5).
+        local_solarize_p: The local views' solarize probability; ``null``: ``solarize_p`` (DINO: 0).
     """
 
     image_size: int = 32
@@ -176,6 +193,11 @@ class AugmentConfig:
     solarize_p: float = 0.0
     solarize_p_view2: float | None = None
     normalize: bool = True
+    local_views: int = 0
+    local_size: int = 0
+    local_crop_scale: tuple[float, float] = (0.05, 0.4)
+    local_blur_p: float | None = None
+    local_solarize_p: float | None = None
 
 
 @dataclass
@@ -193,7 +215,8 @@ class ModelConfig:
             trains on a CPU.
         kwargs: timm models: arguments of ``timm.create_model`` (``{img_size: 32, patch_size: 4}`` for a ViT on
             32x32 images; ``depth``, ``embed_dim``, ...); a ViT's patch size must divide
-            ``augment.image_size``.
+            ``augment.image_size`` (and ``augment.local_size``; local views of another size need
+            ``dynamic_img_size: true``, timm's interpolated position embeddings).
         projector_hidden: Hidden width of the MLP projection head.
         projector_out: Output (embedding) size of the projection head: what the loss sees.
         projector_layers: Linear layers in the projection head (1: a single linear map).
@@ -382,6 +405,9 @@ class EvalConfig:
         label_fraction: The labelled subset the kNN memory and linear probe use, as ``data.label_fraction``;
             ``null``: ``data.label_fraction``. Evaluates one run at several label fractions without retraining.
         labels_per_class: As ``data.labels_per_class``, for evaluation only; ``null``: ``data.labels_per_class``.
+        recall_ks: The K of the retrieval Recall@K (``unseen_recall@K``): 1, 2, 4, 8 for CUB-200 and Cars196,
+            1, 10, 100, 1000 for Stanford Online Products, 1, 10, 20, 30, 40, 50 for In-shop, as their papers
+            report them.
         data: The labelled evaluation set (:class:`EvalDataConfig`): its ``train`` split is the kNN memory and the
             linear probe's training set, its ``test`` split measures them. Unset, the training dataset's own
             splits are used; a training set without labels (an unlabelled image folder, shards) and no
@@ -399,6 +425,7 @@ class EvalConfig:
     batch_size: int = 512
     label_fraction: float | None = None
     labels_per_class: int | None = None
+    recall_ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
@@ -478,6 +505,9 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+_NO_IS_A_CHOICE = {"train.mixed_precision"}  # string keys with a choice spelled "no"
+
+
 def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     """Check ``value`` against the annotation ``tp``; int is accepted for float, lists for tuples."""
     origin = typing.get_origin(tp)
@@ -519,6 +549,8 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         return value
     if tp in (int, str) and isinstance(value, tp) and not isinstance(value, bool):
         return value
+    if tp is str and value is False and key in _NO_IS_A_CHOICE:
+        return "no"  # YAML 1.1 reads an unquoted no as false: `mixed_precision: no` means the choice "no"
     raise UserError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
 
 

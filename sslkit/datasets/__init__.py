@@ -8,6 +8,7 @@
   different sizes;
 - :mod:`.build`: ``build_dataset`` by ``data.name`` and ``build_loader``;
 - :mod:`.samplers`: the training order of each epoch (a shuffle, or class-balanced P x K batches);
+- :mod:`.augmented`: the loader workers making the views of each batch (``data.augment_in_workers``);
 - :mod:`.label_subset` and :mod:`.splits`: the labelled subset and the datasets a run trains and
   is evaluated on.
 """

@@ -25,7 +25,7 @@ from typing import ClassVar, Protocol
 import torch
 from torch.utils.data import Dataset
 
-from sslkit.datasets.batches import EncodedBatch, ImageBatch
+from sslkit.datasets.batches import AugmentedViews, EncodedBatch, ImageBatch
 from sslkit.errors import UserError
 
 # ImageNet's per-channel statistics in [0, 1] units: the usual stand-in for a folder of images whose
@@ -150,8 +150,8 @@ def collate_batch(batch) -> tuple[torch.Tensor, torch.Tensor]:
 
     Args:
         batch: ``(images, labels)`` already batched by ``__getitems__`` (images a tensor or, for
-            images of different sizes, a :mod:`sslkit.datasets.batches` batch), or a list of
-            ``(image, label)`` samples.
+            images of different sizes or views made in the workers, a :mod:`sslkit.datasets.batches`
+            batch), or a list of ``(image, label)`` samples.
 
     Shape:
         returns: images (B, C, H, W) uint8, labels (B,) int64.
@@ -160,7 +160,7 @@ def collate_batch(batch) -> tuple[torch.Tensor, torch.Tensor]:
         isinstance(batch, tuple)
         and len(batch) in (2, 3)
         and (
-            isinstance(batch[0], (ImageBatch, EncodedBatch))
+            isinstance(batch[0], (ImageBatch, EncodedBatch, AugmentedViews))
             or isinstance(batch[0], torch.Tensor)
             and batch[0].dim() == 4
         )

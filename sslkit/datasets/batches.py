@@ -13,7 +13,10 @@ Both carry the names of the files found corrupt while the batch was made (``corr
 :class:`sslkit.datasets.folders.CorruptCount` adds up; each corrupt file was replaced by another image,
 so a batch always holds the batch size.
 
-Both have ``to(device)``, so Accelerate's loader moves them like a tensor.
+When the loader workers augment (``data.augment_in_workers``, :mod:`sslkit.datasets.augmented`), a
+batch leaves them as :class:`AugmentedViews`: the views, ready for the method, and the corrupt names.
+
+All three have ``to(device)``, so Accelerate's loader moves them like a tensor.
 """
 
 from __future__ import annotations
@@ -124,6 +127,31 @@ class EncodedBatch:
         images = [images[max([g for g in good if g <= i], default=good[0])] for i in range(len(images))]
         pixels, sizes = pad_images(images)
         return ImageBatch(pixels, sizes, self.corrupt + corrupt)
+
+
+@dataclass
+class AugmentedViews:
+    """A batch already augmented in a loader worker: its views, and the files found corrupt while making it.
+
+    Attributes:
+        views: one float tensor per view, as :class:`sslkit.augment.TwoViewAugment` returns them.
+        corrupt: names of files found corrupt while making this batch (each replaced by another image).
+
+    Shape:
+        views: V tensors (B, C, S, S) float32.
+    """
+
+    views: tuple[torch.Tensor, ...]
+    corrupt: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.views[0])
+
+    def to(self, device, non_blocking: bool = False) -> AugmentedViews:
+        return AugmentedViews(tuple(view.to(device, non_blocking=non_blocking) for view in self.views), self.corrupt)
+
+    def pin_memory(self) -> AugmentedViews:
+        return AugmentedViews(tuple(view.pin_memory() for view in self.views), self.corrupt)
 
 
 def as_image_batch(images: ImageBatch | EncodedBatch) -> ImageBatch:

@@ -38,7 +38,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from sslkit import decode
 from sslkit.datasets.base import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, ImageDataset
-from sslkit.datasets.batches import EncodedBatch, ImageBatch, pad_images
+from sslkit.datasets.batches import AugmentedViews, EncodedBatch, ImageBatch, pad_images
 from sslkit.errors import UserError
 
 # What torchvision.io or Pillow decodes; every other file in the folder is ignored.
@@ -223,17 +223,22 @@ def _check_found(paths: list[Path], folder: Path) -> None:
         )
 
 
-def prepare_training_set(cfg, splits, device: torch.device) -> list[str]:
-    """Decode the training images on ``device`` when it is a CUDA device (``data.decode=auto``); returns notes.
+def prepare_training_set(cfg, splits, device: torch.device, augment_in_workers: bool = False) -> list[str]:
+    """Decode the training images on ``device`` when it is a CUDA device (``data.decode=auto``) and the
+    loader workers do not augment (``augment_in_workers``: they need decoded images); returns notes.
 
-    The notes say where the images are decoded and, with no labelled evaluation set, that the
-    kNN monitor and the final evaluation are skipped.
+    The notes say where the images are decoded and augmented and, with no labelled evaluation set,
+    that the kNN monitor and the final evaluation are skipped.
     """
     notes = []
     train = splits.train
-    if train.reads_files and cfg.data.decode == "auto" and device.type == "cuda":
+    if train.reads_files and cfg.data.decode == "auto" and device.type == "cuda" and not augment_in_workers:
         train.decode_on_device = True
         notes.append(f"JPEGs are decoded on {device} (nvJPEG) in batches; other formats in the loader workers")
+    if augment_in_workers:
+        workers = cfg.data.num_workers
+        where = f"the {workers} loader worker{'s' if workers > 1 else ''}" if workers else "the loader (no workers)"
+        notes.append(f"augmentation: in {where}, seeded by (run.seed, epoch, batch) (data.augment_in_workers)")
     if splits.test is None and splits.unseen is not None:
         queries = f"{len(splits.unseen)} queries against a gallery of {len(splits.gallery)}" if splits.gallery else ""
         notes.append(
@@ -267,7 +272,7 @@ class CorruptCount:
         """``batches``, counting the corrupt files each one names."""
         for batch in batches:
             images = batch[0]
-            self.add(images.corrupt if isinstance(images, (ImageBatch, EncodedBatch)) else ())
+            self.add(images.corrupt if isinstance(images, (ImageBatch, EncodedBatch, AugmentedViews)) else ())
             yield batch
 
     def add(self, names: Sequence[str]) -> None:

@@ -24,7 +24,9 @@ after ``b`` batches has each worker pass over its first batches without decoding
 continues with the same batches, in the same order, as a run that never stopped.
 
 The workers decode the images, or only read their bytes when they are decoded on a CUDA
-accelerator (``data.decode``, :mod:`sslkit.decode`).
+accelerator (``data.decode``, :mod:`sslkit.decode`). With ``data.augment_in_workers`` they also
+augment each batch, seeded by ``(seed, epoch, slot, batch of the slot)``
+(:mod:`sslkit.datasets.augmented`), so a resumed run sees the same views.
 
 The number of samples in each shard is counted from the tar headers when the dataset is built
 (no image is decoded), so the shards must be local files.
@@ -46,6 +48,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from sslkit import decode
+from sslkit.datasets.augmented import Augment, augment_batch, batch_seed
 from sslkit.datasets.base import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, collate_batch
 from sslkit.datasets.batches import EncodedBatch, ImageBatch, pad_images
 from sslkit.datasets.folders import IMAGE_EXTENSIONS
@@ -117,6 +120,7 @@ class ShardStream(IterableDataset):
         self.batch_size, self.rank, self.world, self.workers, self.seed = 1, 0, 1, 1, 0
         self.epoch, self.skip = 0, 0
         self.decode_on_device = False  # set by sslkit.datasets.folders.prepare_training_set on a CUDA device
+        self.augment: Augment | None = None  # data.augment_in_workers: the readers augment each batch
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -179,6 +183,13 @@ class ShardStream(IterableDataset):
         pixels, sizes = pad_images(images)
         return ImageBatch(pixels, sizes, corrupt), labels
 
+    def _augmented(self, batch: tuple[ImageBatch | EncodedBatch, torch.Tensor], place: int):
+        """``batch``, or with :attr:`augment` its views, seeded by the batch's place among the epoch's batches."""
+        if self.augment is None:
+            return batch
+        images, labels = batch
+        return augment_batch(self.augment, images, batch_seed(self.seed, self.epoch, place)), labels
+
     def __iter__(self):
         info = get_worker_info()
         worker = info.id if info is not None else 0
@@ -194,7 +205,7 @@ class ShardStream(IterableDataset):
             if len(batch) < self.batch_size:
                 continue
             if made >= done:  # the batches before a resume point are read, not decoded
-                yield self._batch(batch)
+                yield self._augmented(self._batch(batch), slot * self.batches_per_worker() + made)
             batch, made = [], made + 1
             if made == self.batches_per_worker():
                 return
@@ -231,12 +242,16 @@ class StreamLoader:
         self.stream.epoch = epoch
 
 
-def stream_loader(stream: ShardStream, batch_size: int, num_workers: int, seed: int) -> StreamLoader:
-    """The loader of this process's share of ``stream`` (rank, world and device from Accelerate's state)."""
+def stream_loader(
+    stream: ShardStream, batch_size: int, num_workers: int, seed: int, augment: Augment | None = None
+) -> StreamLoader:
+    """The loader of this process's share of ``stream`` (rank, world and device from Accelerate's state);
+    with ``augment``, its readers augment each batch (:mod:`sslkit.datasets.augmented`)."""
     from accelerate import PartialState
 
     state = PartialState()
     stream.configure(batch_size, state.process_index, state.num_processes, num_workers, seed)
+    stream.augment = augment
     loader = StreamLoader(stream, num_workers, state.device)
     skipped = len(stream) - state.num_processes * len(loader) * batch_size
     if skipped and state.is_main_process:

@@ -93,7 +93,7 @@ class RunEvaluator:
             gallery = (None, None)  # without one, the unseen images are retrieved from one another
             if self.gallery_loader is not None:
                 gallery = self._features(backbone, self.gallery_loader)
-            metrics = retrieval_metrics(features, labels, *gallery)
+            metrics = retrieval_metrics(features, labels, *gallery, ks=self.cfg.eval.recall_ks)
             results.update({f"unseen_{k}": v for k, v in metrics.items()})
         return results
 

@@ -5,19 +5,23 @@ Also used by ``tools/bench/``, so that the benchmarks time the loop users run, n
 
 from __future__ import annotations
 
+import atexit
 import functools
 import signal
+import weakref
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
 from torch.utils.data import DataLoader, Sampler
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from sslkit import checkpoint, distributed, methods, models, optim
 from sslkit.config import Config
 from sslkit.console import console
 from sslkit.datasets import Splits, WithIndices, collate_batch, shards, training_sampler
+from sslkit.datasets.augmented import Augment, AugmentInWorkers, KeyedSampler
 from sslkit.errors import UserError
 from sslkit.loop.signals import signal_of
 from sslkit.losses.partial_fc import keep_optimizer_state_in_class_order
@@ -65,19 +69,29 @@ def check_training_set(cfg: Config, splits: Splits, world: int) -> int:
     return batch // world
 
 
-def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoader, Sampler]:
-    """The training loader (uint8 batches, ``local_batch`` per process) and the sampler that orders its epochs."""
+def make_train_loader(
+    cfg: Config, train_set, local_batch: int, augment: Augment | None = None
+) -> tuple[DataLoader, Sampler]:
+    """The training loader (``local_batch`` per process) and the sampler that orders its epochs.
+
+    Batches are uint8 images, or with ``augment`` (``data.augment_in_workers``) their views, made
+    where the batch is loaded (:mod:`sslkit.datasets.augmented`).
+    """
     if isinstance(train_set, shards.ShardStream):  # tar shards: the stream splits and orders its own epochs
         if methods.METHODS[cfg.method.name].needs_indices:
             raise UserError(f"method '{cfg.method.name}' keeps per-sample state, which streamed shards cannot index")
-        loader = shards.stream_loader(train_set, local_batch, cfg.data.num_workers, cfg.run.seed)
+        loader = shards.stream_loader(train_set, local_batch, cfg.data.num_workers, cfg.run.seed, augment)
         return loader, loader
     d, batch = cfg.data, cfg.train.batch_size
     sampler = training_sampler(d.sampler, train_set.labels, d.m_per_class, batch, local_batch, cfg.run.seed)
     # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
     needs_indices = methods.METHODS[cfg.method.name].needs_indices
+    dataset = WithIndices(train_set) if needs_indices else train_set
+    if augment is not None:
+        sampler = KeyedSampler(sampler)
+        dataset = AugmentInWorkers(dataset, augment, cfg.run.seed)
     loader = DataLoader(
-        WithIndices(train_set) if needs_indices else train_set,
+        dataset,
         batch_size=local_batch,
         sampler=sampler,
         drop_last=True,
@@ -85,7 +99,7 @@ def make_train_loader(cfg: Config, train_set, local_batch: int) -> tuple[DataLoa
         num_workers=cfg.data.num_workers,
         persistent_workers=cfg.data.num_workers > 0,
         # A preemption signal sent to every process must not kill a worker mid-epoch: the run stops at a step
-        # boundary and shuts the workers down itself (sslkit.loop.signals).
+        # boundary (sslkit.loop.signals) and shuts the workers down itself (stop_workers_before_exit).
         worker_init_fn=functools.partial(ignore_signals, tuple(cfg.train.stop_signals)),
         # Its own generator: otherwise starting an epoch's iterator draws from the global
         # RNG (worker base seed), and a resumed run would augment with shifted random numbers.
@@ -98,6 +112,22 @@ def ignore_signals(names: tuple[str, ...], worker_id: int = 0) -> None:
     """A loader worker's start: ``names`` (``train.stop_signals``) are the main process's to act on."""
     for name in names:
         signal.signal(signal_of(name), signal.SIG_IGN)
+
+
+def stop_workers_before_exit(loader: DataLoader) -> None:
+    """Shut ``loader``'s persistent workers down when the interpreter exits, before multiprocessing's own exit
+    handler would: that one stops daemonic children with SIGTERM, which the workers ignore (:func:`ignore_signals`),
+    and would then wait for them forever. atexit runs last-registered first, and multiprocessing registered its
+    handler when it was imported. The shutdown is the DataLoader's own (its iterator's ``_shutdown_workers``:
+    torch has no public call that stops persistent workers)."""
+    reference = weakref.ref(loader)
+
+    def shut_down() -> None:
+        iterator = loader._iterator if (loader := reference()) is not None else None
+        if isinstance(iterator, _MultiProcessingDataLoaderIter):
+            iterator._shutdown_workers()
+
+    atexit.register(shut_down)
 
 
 def make_backbone(cfg: Config, in_channels: int, main: bool) -> torch.nn.Module:

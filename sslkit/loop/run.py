@@ -13,8 +13,9 @@ monitor and the final rows) lives in :mod:`sslkit.evaluation`, shared with ``ssl
 Exactness of resume: the data order of epoch ``e`` is a pure function of ``(seed, e)``
 (:mod:`sslkit.datasets.samplers`), the learning rate a pure function of the step, and
 ``accelerator.save_state`` stores model, optimizer, scaler and every process's RNG states
-(kornia draws augmentation parameters from the torch RNG). A run resumed from a checkpoint
-therefore continues with the same batches, augmentations and updates.
+(kornia draws augmentation parameters from the torch RNG; loader workers that augment,
+``data.augment_in_workers``, seed each batch by ``(seed, epoch, batch)`` instead). A run resumed
+from a checkpoint therefore continues with the same batches, augmentations and updates.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from sslkit import checkpoint, distributed, launch, methods, models
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, save_config, to_dict
 from sslkit.console import console, print_config, results_table
-from sslkit.datasets import Splits, build_splits, folders, label_subset, shards
+from sslkit.datasets import Splits, augmented, build_splits, folders, label_subset, shards
+from sslkit.datasets.batches import AugmentedViews
 from sslkit.errors import Preempted
 from sslkit.evaluation import RunEvaluator
 from sslkit.loop.build import (
@@ -44,6 +46,7 @@ from sslkit.loop.build import (
     make_run_dir,
     make_train_loader,
     prepare_for_training,
+    stop_workers_before_exit,
 )
 from sslkit.loop.checkpointer import Checkpointer
 from sslkit.loop.logs import LogWindow, MetricsLog, ProgressBar
@@ -64,7 +67,7 @@ class Run:
     step: TrainingStep  # the prepared method and optimizer
     loader: object  # the prepared DataLoader, or a shards.StreamLoader
     sampler: Sampler | shards.StreamLoader
-    augment: TwoViewAugment
+    augment: TwoViewAugment  # on the device; with data.augment_in_workers the loader workers hold copies
     schedule: Schedule
     evaluator: RunEvaluator
     log: MetricsLog
@@ -217,8 +220,8 @@ def train_epochs(run: Run, stop: StopSignals) -> bool:
             batches = run.corrupt.watch(epoch_batches(run))
             for images, labels, *indices in window.timed(batches):
                 progress.batch_in_epoch += 1
-                with torch.no_grad():
-                    views = run.augment(images)
+                with torch.no_grad():  # the loader workers made the views already with data.augment_in_workers
+                    views = images.views if isinstance(images, AugmentedViews) else run.augment(images)
                 loss = run.step(views, labels, indices, run.schedule.lr(progress.step, cfg), progress)
                 window.add(loss)
                 if run.accelerator.sync_gradients:
@@ -293,13 +296,18 @@ def prepare_run(cfg: Config) -> tuple[Run, dict | None]:
     needs_labels = methods.METHODS[cfg.method.name].needs_labels
     splits = build_splits(cfg, run_dir=run_dir, labelled_training=needs_labels)
     info = splits.info
-    notes += folders.prepare_training_set(cfg, splits, accelerator.device)  # where images decode; evaluation or not
+    d = cfg.data
+    in_workers = augmented.in_workers(d.augment_in_workers, accelerator.device, d.num_workers)
+    # Where images decode and are augmented; evaluation or not.
+    notes += folders.prepare_training_set(cfg, splits, accelerator.device, in_workers)
     local_batch = check_training_set(cfg, splits, accelerator.num_processes)
-    train_loader, sampler = make_train_loader(cfg, splits.train, local_batch)
+    views = methods.METHODS[cfg.method.name].num_views
+    augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std, views)
+    train_loader, sampler = make_train_loader(cfg, splits.train, local_batch, augment if in_workers else None)
+    if not in_workers:
+        augment = augment.to(accelerator.device)
 
     # ------------------------------------------------------------------ model, loss, optimizer
-    views = methods.METHODS[cfg.method.name].num_views
-    augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std, views).to(accelerator.device)
     preprocess = EvalTransform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize)
     # Before the method: MoCo copies the backbone into its momentum encoder when it is built.
     backbone = make_backbone(cfg, augment.out_channels, main)
@@ -315,6 +323,7 @@ def prepare_run(cfg: Config) -> tuple[Run, dict | None]:
 
     # ------------------------------------------------------------------ prepare
     method, optimizer, train_loader = prepare_for_training(cfg, accelerator, method, optimizer, train_loader)
+    stop_workers_before_exit(train_loader)
     # The starting weights as every process now has them: DDP has just given all of them process 0's
     # (a copy taken before prepare would score a different network on each process's share of the data).
     start_state = None

@@ -77,7 +77,9 @@ class TrainingStep:
         accelerator, method, optimizer = self.accelerator, self.method, self.optimizer
         with accelerator.accumulate(method):
             with accelerator.autocast():
-                loss = method(*views, labels, *indices)
+                # The views by position (the global views, then any local views), the rest by name.
+                by_name = {"labels": labels, "indices": indices[0]} if indices else {"labels": labels}
+                loss = method(*views, **by_name)
             self.finite.add(loss, progress)
             accelerator.backward(loss)
             if accelerator.sync_gradients:

@@ -167,6 +167,14 @@ def loss_arguments(name: str, with_trainer_supplied: bool = False) -> dict[str, 
     }
 
 
+def _no_partial_fc(name: str) -> str:
+    """Why loss ``name`` takes no ``partial_fc``, and which losses do."""
+    heads = ", ".join(sorted(n for n in BY_KIND["head"] if "partial_fc" in loss_arguments(n)))
+    if KIND[name] == "head":  # SphereFace keeps feature norms; AdaCos' dynamic scale needs every class's logit
+        return f"has no Partial FC (it needs unit features and weights and a fixed scale); heads with it: {heads}"
+    return f"has no class centres to shard: loss.partial_fc is for the heads of method supervised ({heads})"
+
+
 def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> dict:
     """Recipe-time check of a loss's keyword arguments: unknown keys and wrong types are UserErrors.
 
@@ -176,6 +184,12 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> dict:
     kwargs = dict(kwargs)
     valid = loss_arguments(name)
     for key, value in kwargs.items():
+        if key in ("miner", "memory_size") and key not in valid:
+            takers = ", ".join(n for n in BY_KIND["label"] if key in loss_arguments(n))
+            what = "miner (loss.miner selects pairs)" if key == "miner" else "cross-batch memory (loss.memory_size)"
+            raise UserError(f"{source}: loss '{name}' takes no {what}; the pair losses that take one: {takers}")
+        if key in ("partial_fc", "sample_rate") and key not in valid:
+            raise UserError(f"{source}: loss '{name}' {_no_partial_fc(name)}")
         if key not in valid:
             raise UserError(
                 f"{source}: unknown key 'loss.{key}' for loss '{name}'; valid keys: {', '.join(['name', *valid])}"

@@ -10,6 +10,7 @@ import math
 
 from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
+from sslkit.losses.partial_fc import PartialFC, check_sample_rate, partial_fc_repr
 
 
 def adacos_fixed_scale(num_classes: int) -> float:
@@ -31,6 +32,9 @@ class AdaCosHead(MarginSoftmaxHead):
     Args:
         embedding_dim: D.
         num_classes: C >= 3 (``log(C - 1)`` must be > 0).
+        partial_fc: shard the class weights across processes and sample them each step
+            (Partial FC, :mod:`sslkit.losses.partial_fc`); the scale still follows the whole C.
+        sample_rate: with ``partial_fc``, the share of each process's classes kept per step.
 
     Shape:
         embeddings: (N, D); labels: (N,) in [0, C); returns a scalar; ``logits``: (N, C) = s cos.
@@ -40,9 +44,16 @@ class AdaCosHead(MarginSoftmaxHead):
     3.107
     """
 
-    def __init__(self, embedding_dim: int, num_classes: int) -> None:
-        super().__init__(embedding_dim, check_positive_int(num_classes, "num_classes", minimum=3))
+    def __init__(
+        self, embedding_dim: int, num_classes: int, partial_fc: bool = False, sample_rate: float = 1.0
+    ) -> None:
+        num_classes = check_positive_int(num_classes, "num_classes", minimum=3)
+        partial_fc, sample_rate = check_sample_rate(partial_fc, sample_rate)
+        super().__init__(embedding_dim, num_classes, PartialFC(num_classes, sample_rate) if partial_fc else None)
         self.scale = adacos_fixed_scale(self.num_classes)
 
     def extra_repr(self) -> str:
-        return f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, scale={self.scale:.4f}"
+        return (
+            f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, scale={self.scale:.4f}"
+            + partial_fc_repr(self.partial_fc)
+        )

@@ -52,6 +52,8 @@ def check_not_empty(embeddings: torch.Tensor) -> None:
 
 
 _NO_LABELS = object()  # check_inputs' default: the logits() call, which takes no labels
+# The state_dict key of a Partial FC head's sampling state (its seed and the loss calls so far).
+PARTIAL_FC_SAMPLING = "partial_fc_sampling"
 
 
 def check_proxy_inputs(embeddings: torch.Tensor, labels: torch.Tensor, proxies: torch.Tensor) -> torch.Tensor:
@@ -96,6 +98,8 @@ class Head(nn.Module):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         for name in self.sharded_parameters:
             destination[prefix + name] = self.partial_fc.gather_rows(destination[prefix + name])
+        if self.partial_fc is not None:  # where the sampling of negative centres has got to: exact resume
+            destination[prefix + PARTIAL_FC_SAMPLING] = self.partial_fc.sampling_state()
 
     def _load_from_state_dict(self, state_dict, prefix, *args):
         # The whole (C, D) matrix in class order: this process takes its rows (another shape is
@@ -104,6 +108,10 @@ class Head(nn.Module):
         for key in (prefix + name for name in self.sharded_parameters):
             if key in state_dict and state_dict[key].dim() and state_dict[key].shape[0] == self.num_classes:
                 state_dict[key] = self.partial_fc.own_rows(state_dict[key])
+        # Taken by a Partial FC head, dropped by a full one (a run may switch partial_fc when it resumes).
+        sampling = state_dict.pop(prefix + PARTIAL_FC_SAMPLING, None)
+        if sampling is not None and self.partial_fc is not None:
+            self.partial_fc.load_sampling_state(sampling)
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     def check_inputs(

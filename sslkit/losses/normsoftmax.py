@@ -9,7 +9,9 @@ References:
 from __future__ import annotations
 
 from sslkit.losses._common import check_positive
+from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
+from sslkit.losses.partial_fc import PartialFC, check_sample_rate, partial_fc_repr
 
 
 class NormSoftmaxHead(MarginSoftmaxHead):
@@ -28,6 +30,9 @@ class NormSoftmaxHead(MarginSoftmaxHead):
         embedding_dim: D.
         num_classes: C.
         temperature: T > 0.
+        partial_fc: shard the class weights across processes and sample them each step
+            (Partial FC, :mod:`sslkit.losses.partial_fc`); the ``state_dict`` still holds all C rows.
+        sample_rate: with ``partial_fc``, the share of each process's classes kept per step.
 
     Shape:
         embeddings: (N, D); labels: (N,) in [0, C); returns a scalar; ``logits``: (N, C) = cos / T.
@@ -38,10 +43,22 @@ class NormSoftmaxHead(MarginSoftmaxHead):
     torch.Size([])
     """
 
-    def __init__(self, embedding_dim: int, num_classes: int, temperature: float = 0.05) -> None:
-        super().__init__(embedding_dim, num_classes)
+    def __init__(
+        self,
+        embedding_dim: int,
+        num_classes: int,
+        temperature: float = 0.05,
+        partial_fc: bool = False,
+        sample_rate: float = 1.0,
+    ) -> None:
+        partial_fc, sample_rate = check_sample_rate(partial_fc, sample_rate)
+        sharding = PartialFC(check_positive_int(num_classes, "num_classes"), sample_rate) if partial_fc else None
+        super().__init__(embedding_dim, num_classes, sharding)
         self.temperature = check_positive(temperature, "temperature")
         self.scale = 1.0 / self.temperature
 
     def extra_repr(self) -> str:
-        return f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, temperature={self.temperature}"
+        return (
+            f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, temperature={self.temperature}"
+            + partial_fc_repr(self.partial_fc)
+        )

@@ -4,15 +4,20 @@ References:
     [0] SimCLR, Chen et al. 2020, https://arxiv.org/abs/2002.05709 (eq. 1)
     [1] InfoNCE, van den Oord et al. 2018, https://arxiv.org/abs/1807.03748
     [2] MoCo, He et al. 2020, https://arxiv.org/abs/1911.05722 (eq. 1)
+    [3] SupCon, Khosla et al. 2020, https://arxiv.org/abs/2004.11362 (section 3.2, "multiviewed batch")
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
+from sslkit import distributed
 from sslkit.losses._common import check_flag, check_negatives, check_positive, check_two_views, full_precision, upcast
 from sslkit.losses._fused import bank_softmax_ce, two_view_softmax_ce
+from sslkit.losses.supcon import supcon_loss
 
 
 def ntxent_loss(
@@ -63,6 +68,36 @@ def ntxent_loss(
         return two_view_softmax_ce(z1, z2, inv_t, exclude_positive=False, gather_distributed=gather_distributed)
 
 
+def multi_view_ntxent_loss(
+    views: Sequence[torch.Tensor], temperature: float = 0.5, gather_distributed: bool = True
+) -> torch.Tensor:
+    """NT-Xent over V >= 2 views of N images: every view against every other (SupCon's n views [3]).
+
+    Every one of the VN embeddings is an anchor; its positives ``P(i)`` are the V - 1 other views
+    of its image, its candidates every other embedding, positives and the other images' views::
+
+        l_i = log sum_{a != i} exp(s_ia / T)  -  1/(V - 1) sum_{p in P(i)} s_ip / T,   loss = mean_i l_i
+
+    which is :func:`~sslkit.losses.supcon_loss` with each image's index as its label, and for
+    V = 2 exactly :func:`ntxent_loss`. With multi-crop's local views (SwAV, DINO) the pairs are:
+    global-global, global-local and local-local views of one image positive; any two views of two
+    different images negative. Across processes every process's embeddings are candidates.
+
+    Shape:
+        views: V tensors (N, D), the same N images in the same order in each.
+        returns: scalar.
+    """
+    if len(views) < 2:
+        raise ValueError(f"views must hold at least 2 views of the same images, got {len(views)}")
+    for view in views[1:]:
+        check_two_views(views[0], view)
+    n = views[0].shape[0]
+    # Image indices as labels, unique across processes (each holds N rows: checked when gathering).
+    images = torch.arange(n, device=views[0].device) + (distributed.rank() * n if gather_distributed else 0)
+    embeddings = torch.cat(list(views))  # (VN, D), view by view
+    return supcon_loss(embeddings, images.repeat(len(views)), temperature, gather_distributed=gather_distributed)
+
+
 class NTXentLoss(nn.Module):
     """NT-Xent / InfoNCE loss (SimCLR [0]); MoCo's InfoNCE [2] when given ``negatives``.
 
@@ -92,6 +127,10 @@ class NTXentLoss(nn.Module):
 
     def forward(self, z1: torch.Tensor, z2: torch.Tensor, negatives: torch.Tensor | None = None) -> torch.Tensor:
         return ntxent_loss(z1, z2, self.temperature, negatives, self.gather_distributed)
+
+    def multi_view(self, *views: torch.Tensor) -> torch.Tensor:
+        """:func:`multi_view_ntxent_loss` of V >= 2 views (multi-crop). Shape: views: V (N, D); returns a scalar."""
+        return multi_view_ntxent_loss(views, self.temperature, self.gather_distributed)
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}, gather_distributed={self.gather_distributed}"

@@ -30,8 +30,10 @@ Checkpoints. :meth:`PartialFC.gather_rows` and :meth:`PartialFC.own_rows` turn a
 whole (C, D) matrix in class order and back: a head's ``state_dict`` holds the whole matrix
 (gathered from every process, so every process must call it, as ``accelerator.save_state``
 does), and loading takes this process's rows. :meth:`PartialFC.keep_optimizer_state_in_class_order`
-does the same for the optimizer's per-centre state. A run thus resumes on any number of
-processes and exports like a head trained without Partial FC.
+does the same for the optimizer's per-centre state, and the ``state_dict`` also holds the
+sampling's seed and step count (:meth:`PartialFC.sampling_state`), so that a resumed run samples
+the centres the run never stopped would have. A run thus resumes on any number of processes
+(the same processes, exactly) and exports like a head trained without Partial FC.
 
 References:
     [0] Killing Two Birds with One Stone: Efficient and Robust Training of Face Recognition CNNs
@@ -296,6 +298,15 @@ class PartialFC:
                 fill(rows, torch.Generator().manual_seed(self.seed + number))
                 begin, end = max(low, self.start), min(low + len(rows), self.stop)
                 block[begin - self.start : end - self.start].copy_(rows[begin - low : end - low])
+
+    def sampling_state(self) -> torch.Tensor:
+        """``[seed, steps]`` (int64): with them a resumed run samples the centres the run never
+        stopped would have sampled. The same on every process."""
+        return torch.tensor([self.seed, self.steps], dtype=torch.int64)
+
+    def load_sampling_state(self, state: torch.Tensor) -> None:
+        """Continue from :meth:`sampling_state`'s ``[seed, steps]``."""
+        self.seed, self.steps = (int(value) for value in state.tolist())
 
     def sample(self, labels: torch.Tensor, step: int) -> torch.Tensor:
         """The rows of the block kept at ``step`` for the global batch's ``labels``

@@ -119,6 +119,12 @@ def check_config(cfg, source: str = "recipe") -> None:
     cfg.method.options = {**defaults, **dataclasses.asdict(method.Options()), **given}
     check_loss(name, cfg.loss.name, source)
     check_batch_size(name, cfg.train.batch_size, source)
+    if cfg.augment.local_views and not method.takes_local_views:
+        takers = ", ".join(key for key, other in METHODS.items() if other.takes_local_views)
+        raise UserError(
+            f"{source}: method '{name}' trains on its global views only, got augment.local_views="
+            f"{cfg.augment.local_views}; set augment.local_views=0, or use a method with multi-crop: {takers}"
+        )
     method.check_config(cfg, source)
 
 

@@ -23,8 +23,10 @@ class Method(nn.Module):
     these defaults, implements :meth:`from_config` and ``forward``, and is registered by name
     in :data:`sslkit.methods.METHODS`; see ``docs/add-a-method.md``.
 
-    ``forward(view1, view2, labels=None)`` returns the scalar loss (``labels`` is None unless
-    :attr:`needs_labels`; a method with :attr:`needs_indices` also takes ``indices``).
+    ``forward(view1, view2, labels=None)`` returns the scalar loss; the trainer passes the views by
+    position and ``labels`` by name (None unless :attr:`needs_labels`; a method with
+    :attr:`needs_indices` also takes ``indices`` by name). A method that :attr:`takes_local_views`
+    is ``forward(view1, view2, *local_views, labels=None)``.
 
     Attributes:
         needs_labels: the dataset must be labelled; the trainer passes ``labels``.
@@ -43,6 +45,9 @@ class Method(nn.Module):
         num_views: how many augmented views of each image the trainer passes: 2 for the contrastive
             methods and distillation (teacher on view 1, student on view 2), 1 for fine-tuning
             (``forward(view, labels)``).
+        takes_local_views: the method trains with multi-crop's local views (``augment.local_views``), which the
+            trainer passes after the two global views; a recipe with local views and a method without
+            them is refused when it loads.
         needs_teacher: the method learns from a finished run with a classifier, named by
             ``method.teacher``: :func:`sslkit.methods.build_method` loads it (its own recipe and
             weights, frozen) and passes it to :meth:`from_config` as ``teacher``.
@@ -67,6 +72,7 @@ class Method(nn.Module):
     min_batch_reason: str = "contrasts each image with the other images of its batch (with none the loss is exactly 0)"
     Options: ClassVar[type] = NoOptions
     num_views: int = 2
+    takes_local_views: bool = False
     needs_teacher: bool = False
     classifier_metric: str | None = None
     backbone: nn.Module

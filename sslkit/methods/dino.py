@@ -5,8 +5,9 @@ References:
     [1] The authors' code, https://github.com/facebookresearch/dino (vision_transformer.py ``DINOHead``,
         main_dino.py)
 
-Two global views of each image, no local crops yet: the student and the teacher both see the two
-views, and each view's student output is compared with the teacher's output for the other view.
+Multi-crop ([0], section 3.1): the teacher sees the two global views of each image, the student
+those and any local views (``augment.local_views``), and each student view is compared with the
+teacher's output for every global view but itself.
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ class DINOOptions(MomentumOptions):
 
 
 class DINO(MomentumMethod):
-    """DINO [0] with two global views: :class:`~sslkit.losses.DINOLoss` of the student's outputs against the
-    teacher's.
+    """DINO [0] with multi-crop: :class:`~sslkit.losses.DINOLoss` of the student's outputs for every view
+    against the teacher's for the two global views.
 
     Student ``s = h(f(x))`` (backbone ``f``, :class:`DINOHead` ``h``); teacher ``t = h_m(f_m(x))`` from
     momentum copies of both, without gradient, moved after every optimizer step with a momentum on a
@@ -91,13 +92,16 @@ class DINO(MomentumMethod):
     layer is frozen for the first ``freeze_last_layer_epochs`` epochs. The head is
     ``model.projector_layers`` layers, ``model.projector_hidden`` wide to a ``model.projector_out``
     bottleneck (DINO: 3, 2048, 256), then K = ``loss.output_dim`` outputs (65536); any backbone, a
-    ResNet or a ViT. Both views go through each network in one batch.
+    ResNet or a ViT. Both global views go through each network in one batch, the local views through the
+    student's backbone in a second one (they are smaller), and the student's head sees every view's
+    features in one batch (the authors' ``MultiCropWrapper``).
 
     Shape:
-        view1, view2: (B, C, H, W); returns a scalar loss.
+        view1, view2: (B, C, H, W); local_views: (B, C, L, L) each; returns a scalar loss.
     """
 
     loss_names = ("dino",)
+    takes_local_views = True
     Options = DINOOptions
 
     def __init__(
@@ -125,8 +129,8 @@ class DINO(MomentumMethod):
         views = cfg.loss.kwargs.get("num_global_views", 2)
         if views != 2:
             raise UserError(
-                f"{source}: method 'dino' trains on the two augmented views the trainer passes, both global: "
-                f"loss.num_global_views must be 2, got {views}"
+                f"{source}: method 'dino' gives its teacher the two global views the trainer passes (any "
+                f"other views are local, augment.local_views): loss.num_global_views must be 2, got {views}"
             )
 
     @classmethod
@@ -138,8 +142,13 @@ class DINO(MomentumMethod):
         )
         return cls(backbone, head, loss, m.momentum, m.momentum_final, m.freeze_last_layer_epochs)
 
-    def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
         self.projector.last_layer_frozen = self.epoch < self.freeze_last_layer_epochs
         images = torch.cat([view1, view2])
-        student = self.projector(self.encode(images))  # (2B, K): [view 1; view 2]
+        features = self.encode(images)  # (2B, F)
+        if local_views:
+            features = torch.cat([features, self.encode(torch.cat(local_views))])  # (VB, F)
+        student = self.projector(features)  # (VB, K): [view 1; view 2; local 1; ...]
         return self.loss(student, self.momentum_encode(images), self.epoch)  # then the centre moves

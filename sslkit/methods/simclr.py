@@ -1,6 +1,8 @@
 """SimCLR (Chen et al. 2020, https://arxiv.org/abs/2002.05709): backbone -> MLP projector -> a two-view loss.
 
-Any two-view loss from the registry plugs in (NT-Xent by default; DCL, DCLW, NCE too).
+Any two-view loss from the registry plugs in (NT-Xent by default; DCL, DCLW, NCE too). With
+multi-crop's local views (``augment.local_views``), NT-Xent over every view
+(:func:`~sslkit.losses.ntxent.multi_view_ntxent_loss`).
 :class:`ProjectedViews` is the part SimCLR shares with :class:`~sslkit.methods.SupCon`.
 """
 
@@ -10,6 +12,7 @@ import torch
 from torch import nn
 
 from sslkit import losses
+from sslkit.errors import UserError
 from sslkit.methods.base import Method
 from sslkit.models import build_mlp
 
@@ -18,7 +21,9 @@ class ProjectedViews(Method):
     """Both views through backbone ``f`` and MLP projector ``g`` in one batch of 2B, then the loss.
 
     One pass is faster than two, and BatchNorm sees both views together, as in SimCLR's
-    implementation. A subclass says in ``forward`` how the (2B, D) projections meet its loss.
+    implementation. Local views (multi-crop) go through the backbone in a second batch, since
+    they are smaller, and the projector sees every view's features in one batch (as DINO's
+    multi-crop wrapper). A subclass says in ``forward`` how the (VB, D) projections meet its loss.
     """
 
     min_batch_size = 2  # the negatives are the batch's other images: one image alone gives a loss of exactly 0
@@ -33,20 +38,39 @@ class ProjectedViews(Method):
         projector = build_mlp(backbone.feature_dim, m.projector_hidden, m.projector_out, m.projector_layers)
         return cls(backbone, projector, losses.build(cfg.loss.name, **cfg.loss.kwargs))
 
-    def project(self, view1: torch.Tensor, view2: torch.Tensor) -> torch.Tensor:
-        """``g(f([v1; v2]))``: (2B, D), the first view's rows first."""
-        return self.projector(self.encode(torch.cat([view1, view2])))
+    def project(self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor) -> torch.Tensor:
+        """``g([f([v1; v2]); f([l1; ...])])``: (VB, D), view by view, the first view's rows first."""
+        features = self.encode(torch.cat([view1, view2]))  # (2B, F)
+        if local_views:
+            features = torch.cat([features, self.encode(torch.cat(local_views))])  # (VB, F)
+        return self.projector(features)
 
 
 class SimCLR(ProjectedViews):
     """``loss(g(f(v1)), g(f(v2)))`` with ``f`` the backbone and ``g`` the projector.
 
+    With local views (multi-crop, NT-Xent only): ``NTXentLoss.multi_view`` of every view's
+    projection, each view against every other; for two views this is the two-view loss exactly.
+
     Shape:
-        view1, view2: (B, C, H, W) float; returns a scalar loss.
+        view1, view2: (B, C, H, W) float; local_views: (B, C, L, L) each; returns a scalar loss.
     """
 
     loss_names = tuple(losses.BY_KIND["two_view"])  # z1, z2 -> loss
+    takes_local_views = True
 
-    def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        z1, z2 = self.project(view1, view2).chunk(2)
-        return self.loss(z1, z2)
+    @classmethod
+    def check_config(cls, cfg, source: str = "recipe") -> None:
+        if cfg.augment.local_views and cfg.loss.name != "ntxent":
+            raise UserError(
+                f"{source}: method 'simclr' with local views (augment.local_views={cfg.augment.local_views}) "
+                f"contrasts every view with every other by NT-Xent: set loss.name=ntxent, got '{cfg.loss.name}'"
+            )
+
+    def forward(
+        self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        z = self.project(view1, view2, *local_views).chunk(2 + len(local_views))
+        if local_views:
+            return self.loss.multi_view(*z)
+        return self.loss(*z)

@@ -1,6 +1,7 @@
 """Throughput of sslkit's two-view augmentation against two peer ways of doing the same.
 
     python tools/bench/augment.py [--batch 256] [--size 32] [--repeats 5] [--threads N] [--out bench.json]
+                                  [--local-views 6] [--local-size 16]
 
 Three pipelines make two views of every image of one uint8 (B, 3, size, size) batch with the
 SimCLR set of sslkit's default :class:`~sslkit.config.AugmentConfig` (crop, flip, colour
@@ -12,7 +13,13 @@ jitter, grayscale, blur, normalise):
 - ``kornia-sequential``: ``nn.Sequential`` of ``kornia.augmentation`` modules with their default
   arguments for everything the recipe does not fix, called once per view.
 
-The three run side by side, round-robin within every repeat (so a load spike on a shared
+A fourth, ``sslkit-multicrop``, is the same augmentation with multi-crop: the two global views and
+``--local-views`` local views of ``--local-size`` (crop scale 0.05-0.4, DINO's), one batched call per
+group of views. Its cost per view is set against the two-view path's (``per_view``): the local views'
+share is the multi-crop call's time less the two-view call's, divided by the local views, and per
+pixel it divides further by ``(local size / size)^2``.
+
+The pipelines run side by side, round-robin within every repeat (so a load spike on a shared
 machine hits all of them), after one warm-up call each; the table reports medians of wall time
 and of this process's CPU time (the steadier figure where other jobs share the cores; with
 more than one thread it sums the threads). Images/s counts source images, each turned into two
@@ -116,6 +123,23 @@ def measure(pipelines: dict, inputs: dict, repeats: int, device: torch.device) -
     return seconds
 
 
+def per_view(cpu: dict[str, float], batch: int, local_views: int, pixel_ratio: float) -> dict[str, float]:
+    """CPU microseconds per view of the two-view and multi-crop calls, and of a local view alone.
+
+    ``pixel_ratio`` is a local view's pixels over a global view's: a local view as cheap per pixel as
+    a global one costs ``pixel_ratio`` of it.
+    """
+    global_us = cpu["sslkit"] / (2 * batch) * 1e6
+    local_us = (cpu["sslkit-multicrop"] - cpu["sslkit"]) / (local_views * batch) * 1e6
+    return {
+        "two_view_us": global_us,
+        "multicrop_us": cpu["sslkit-multicrop"] / ((2 + local_views) * batch) * 1e6,
+        "local_us": local_us,
+        "local_over_global": local_us / global_us,
+        "local_per_pixel_over_global": local_us / global_us / pixel_ratio,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/bench/augment.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=256, help="source images per call (each gives two views)")
@@ -132,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         default="cpu",
         help="device for sslkit and kornia (torchvision per-image stays on the CPU, as in a DataLoader worker)",
     )
+    parser.add_argument("--local-views", type=int, default=6, help="local views of sslkit-multicrop (DINO: 6-10)")
+    parser.add_argument("--local-size", type=int, help="their side (default: half of --size; DINO: 96 for 224)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
 
@@ -140,8 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     cfg = AugmentConfig(image_size=args.size)
     images = torch.randint(0, 256, (args.batch, 3, args.size, args.size), dtype=torch.uint8)
+    local_size = args.local_size or args.size // 2
+    multi = AugmentConfig(
+        image_size=args.size, local_views=args.local_views, local_size=local_size, local_crop_scale=(0.05, 0.4)
+    )
     pipelines = {
         "sslkit": TwoViewAugment(cfg, 3, MEAN, STD).to(device),
+        "sslkit-multicrop": TwoViewAugment(multi, 3, MEAN, STD).to(device),
         "torchvision-per-image": torchvision_per_image(cfg),
         "kornia-sequential": kornia_sequential(cfg, device),
     }
@@ -172,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             }
             for name in pipelines
         },
+        "per_view": per_view(cpu, args.batch, args.local_views, (local_size / args.size) ** 2),
+        "local_views": args.local_views,
+        "local_size": local_size,
     }
 
     table = Table(
@@ -192,6 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     console = Console(width=max(100, Console().width))
     console.print(table)
+    cost = result["per_view"]
+    console.print(
+        f"CPU per view: two-view path {cost['two_view_us']:.0f} us; multi-crop (2 x {args.size} px + "
+        f"{args.local_views} x {local_size} px) {cost['multicrop_us']:.0f} us a view, a local view "
+        f"{cost['local_us']:.0f} us = {cost['local_over_global']:.2f}x a global one "
+        f"({cost['local_per_pixel_over_global']:.2f}x per pixel)"
+    )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

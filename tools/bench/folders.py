@@ -1,4 +1,4 @@
-"""Images/s from a folder of JPEGs to two augmented 224 px views: sslkit against torchvision's ImageFolder.
+"""Images/s from a folder of JPEGs to two augmented 224 px views: sslkit's two paths against torchvision's ImageFolder.
 
     python tools/bench/folders.py [--images 3000] [--batch 64] [--workers 2] [--batches 30] [--out bench.json]
 
@@ -7,10 +7,14 @@ kept and reused): ``--images`` JPEGs of random smooth content, each side drawn f
 independently, so sizes and aspect ratios vary. Two pipelines then read it, each in a
 DataLoader with ``--workers`` worker processes and batches of ``--batch`` images:
 
-- ``sslkit``: :func:`sslkit.datasets.folders.image_folder` with the loader :func:`sslkit.loop.build.make_train_loader`
-  builds; the workers decode each JPEG at its own size into a padded batch, and
-  :class:`sslkit.augment.TwoViewAugment` (the SimCLR set at 224 px) augments the whole batch in the
-  training process, as in training.
+- ``sslkit, workers augment``: :func:`sslkit.datasets.folders.image_folder` with the loader
+  :func:`sslkit.loop.build.make_train_loader` builds with ``data.augment_in_workers`` on (the CPU
+  path, ``auto`` on a CPU device): each worker decodes a batch of JPEGs at their own sizes into a
+  padded batch and :class:`sslkit.augment.TwoViewAugment` (the SimCLR set at 224 px) augments it
+  there; the training process only receives the views.
+- ``sslkit, process augments``: the same loader with ``data.augment_in_workers`` off (the
+  accelerator path, ``auto`` on a GPU): the workers only decode, and the training process
+  augments each whole batch, on the CPU here.
 - ``torchvision``: ``torchvision.datasets.ImageFolder`` (PIL decoding) with
   ``torchvision.transforms.v2`` applied per image in the workers: ``ToImage``, then the same
   SimCLR set (RandomResizedCrop 224, flip, colour jitter, grayscale, blur, normalise) twice, and
@@ -22,7 +26,8 @@ wall-clock second; the table gives the median round. CPU ms / image is the CPU t
 training process and its loader workers over the timed batches (the steadier figure on a
 machine shared with other jobs). Every file is read once before timing, so both pipelines read
 from the page cache. ``--threads`` is the torch thread count of
-the training process (default 1, as the other benchmarks; each worker uses one).
+the training process (default 1, as the other benchmarks; each worker uses one), so every
+pipeline has the same workers and the same threads in total.
 """
 
 from __future__ import annotations
@@ -97,36 +102,39 @@ def torchvision_loader(folder: Path, batch: int, workers: int) -> torch.utils.da
     )
 
 
-def sslkit_pipeline(folder: Path, batch: int, workers: int):
-    """sslkit's loader as training builds it, and the batch augmentation at 224 px."""
+def sslkit_pipeline(folder: Path, batch: int, workers: int, in_workers: bool):
+    """sslkit's loader as training builds it, and the batch augmentation at 224 px (in the workers or not)."""
     cfg = Config()
     cfg.data.name, cfg.data.root, cfg.data.num_workers = "imagefolder", str(folder), workers
+    cfg.data.augment_in_workers = in_workers
     cfg.augment.image_size = 224
     dataset = folders.image_folder("train", str(folder))
-    loader, _ = make_train_loader(cfg, dataset, batch)
     augment = TwoViewAugment(cfg.augment, 3, IMAGENET_MEAN, IMAGENET_STD)
+    loader, _ = make_train_loader(cfg, dataset, batch, augment if in_workers else None)
     return loader, augment
 
 
-def cpu_seconds() -> float:
-    """CPU time of this process and its live children (the loader workers)."""
+def cpu_seconds() -> tuple[float, float]:
+    """CPU time of this process, and of its live children (the loader workers)."""
     me = psutil.Process()
-    return sum(sum(p.cpu_times()[:2]) for p in [me, *me.children(recursive=True)])
+    return sum(me.cpu_times()[:2]), sum(sum(p.cpu_times()[:2]) for p in me.children(recursive=True))
 
 
-def time_batches(batches, count: int, step=None) -> tuple[float, float]:
-    """Wall and CPU seconds (this process and its workers) for ``count`` batches after two warm-up ones."""
+def time_batches(batches, count: int, step=None) -> tuple[float, float, float]:
+    """Wall seconds, and CPU seconds of this process and of its workers, for ``count`` batches after two
+    warm-up ones."""
     iterator = iter(batches)
     for _ in range(2):
         item = next(iterator)
         if step:
             step(item)
-    start, cpu = time.perf_counter(), cpu_seconds()
+    start, (own, workers) = time.perf_counter(), cpu_seconds()
     for _ in range(count):
         item = next(iterator)
         if step:
             step(item)
-    return time.perf_counter() - start, cpu_seconds() - cpu
+    wall, (own_end, workers_end) = time.perf_counter() - start, cpu_seconds()
+    return wall, own_end - own, workers_end - workers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,20 +157,29 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     write_folder(args.folder, args.images)
-    ours, augment = sslkit_pipeline(args.folder, args.batch, args.workers)
-    peer = torchvision_loader(args.folder, args.batch, args.workers)
-    for path in sorted(args.folder.rglob("*.jpg")):  # both read from the page cache, not the disk
+    in_workers, _ = sslkit_pipeline(args.folder, args.batch, args.workers, in_workers=True)
+    in_process, augment = sslkit_pipeline(args.folder, args.batch, args.workers, in_workers=False)
+    pipelines = {
+        "sslkit, workers augment": (in_workers, None),
+        "sslkit, process augments": (in_process, lambda batch: augment(batch[0])),
+        "torchvision": (torchvision_loader(args.folder, args.batch, args.workers), None),
+    }
+    for path in sorted(args.folder.rglob("*.jpg")):  # every pipeline reads from the page cache, not the disk
         path.read_bytes()
-    seconds: dict[str, list[float]] = {"sslkit": [], "torchvision": []}
-    cpu: dict[str, list[float]] = {"sslkit": [], "torchvision": []}
+    seconds: dict[str, list[float]] = {name: [] for name in pipelines}
+    cpu: dict[str, list[float]] = {name: [] for name in pipelines}
+    cpu_process: dict[str, list[float]] = {name: [] for name in pipelines}
     for _ in range(args.rounds):
-        for name, loader, step in (("sslkit", ours, lambda batch: augment(batch[0])), ("torchvision", peer, None)):
-            wall, used = time_batches(loader, args.batches, step)
+        for name, (loader, step) in pipelines.items():
+            wall, own, workers = time_batches(loader, args.batches, step)
             seconds[name].append(wall)
-            cpu[name].append(used)
+            cpu[name].append(own + workers)
+            cpu_process[name].append(own)
     images = args.batches * args.batch
     rate = {name: images / statistics.median(values) for name, values in seconds.items()}
     cpu_ms = {name: 1e3 * statistics.median(values) / images for name, values in cpu.items()}
+    process_ms = {name: 1e3 * statistics.median(values) / images for name, values in cpu_process.items()}
+    peer = "torchvision"
     result = {
         "images": args.images,
         "batch": args.batch,
@@ -175,25 +192,28 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__},
         "images_per_s": rate,
-        "sslkit_speedup": rate["sslkit"] / rate["torchvision"],
+        "x_torchvision_wall": {name: rate[name] / rate[peer] for name in rate},
         "cpu_ms_per_image": cpu_ms,
-        "sslkit_cpu_saving": cpu_ms["torchvision"] / cpu_ms["sslkit"],
+        "training_process_cpu_ms_per_image": process_ms,
+        "x_torchvision_cpu": {name: cpu_ms[peer] / cpu_ms[name] for name in cpu_ms},
         "all_seconds": seconds,
         "all_cpu_seconds": cpu,
     }
     table = Table(
         title=f"{args.images} JPEGs 200-600 px -> two 224 px views, batch {args.batch}, {args.workers} workers, "
-        f"median of {args.rounds}"
+        f"{args.threads} thread{'s' if args.threads > 1 else ''} in the training process, median of {args.rounds}"
     )
-    for column in ("pipeline", "images/s", "sslkit x (wall)", "CPU ms / image", "sslkit x (CPU)"):
+    columns = ("pipeline", "images/s", "x torchvision (wall)", "CPU ms / image", "of which training process")
+    for column in (*columns, "x torchvision (CPU)"):
         table.add_column(column, justify="right")
     for name in seconds:
         table.add_row(
             name,
             f"{rate[name]:.1f}",
-            f"{rate['sslkit'] / rate[name]:.2f}",
+            f"{rate[name] / rate[peer]:.2f}",
             f"{cpu_ms[name]:.1f}",
-            f"{cpu_ms[name] / cpu_ms['sslkit']:.2f}",
+            f"{process_ms[name]:.1f}",
+            f"{cpu_ms[peer] / cpu_ms[name]:.2f}",
         )
     console = Console(width=max(100, Console().width))
     console.print(table)

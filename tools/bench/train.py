@@ -7,8 +7,9 @@ itself calls (``make_accelerator``, ``make_train_loader``, ``make_method``, ``ma
 ``prepare_for_training``), so the benchmark follows the loop when the loop changes:
 
 - ``full``: what one iteration of the training loop does. ``next()`` on the prepared loader (the
-  time blocked there is the *data wait*), both views augmented on the device, forward,
-  backward, the scheduled learning rate and the optimizer step.
+  time blocked there is the *data wait*), both views augmented on the device (or, with
+  ``data.augment_in_workers`` resolved to true, made by the loader workers), forward, backward, the
+  scheduled learning rate and the optimizer step.
 - ``floor``: the same forward + backward + optimizer step on one pre-augmented batch, again
   and again: no loader and no augmentation. ``1 - floor / full`` is the share of the step that
   data and augmentation cost.
@@ -56,7 +57,8 @@ from torch.utils.data import DataLoader  # noqa: E402
 from sslkit import datasets, models  # noqa: E402
 from sslkit.augment import TwoViewAugment  # noqa: E402
 from sslkit.config import Config, load_config  # noqa: E402
-from sslkit.datasets import EpochShuffleSampler, build_splits  # noqa: E402
+from sslkit.datasets import EpochShuffleSampler, augmented, build_splits  # noqa: E402
+from sslkit.datasets.batches import AugmentedViews  # noqa: E402
 from sslkit.datasets.idx import FASHION_MNIST_ROOT  # noqa: E402
 from sslkit.loop import build  # noqa: E402
 from sslkit.loop.state import Schedule  # noqa: E402
@@ -140,9 +142,11 @@ def build_pieces(cfg: Config, total_steps: int) -> Pieces:
 
     splits = build_splits(cfg)
     info = splits.info
-    loader, sampler = build.make_train_loader(cfg, splits.train, cfg.train.batch_size // accelerator.num_processes)
-
-    augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std).to(accelerator.device)
+    augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std)
+    in_workers = augmented.in_workers(cfg.data.augment_in_workers, accelerator.device, cfg.data.num_workers)
+    local_batch = cfg.train.batch_size // accelerator.num_processes
+    loader, sampler = build.make_train_loader(cfg, splits.train, local_batch, augment if in_workers else None)
+    augment = augment if in_workers else augment.to(accelerator.device)
     backbone = models.backbone_from_config(cfg.model, augment.out_channels)
     method = build.make_method(cfg, backbone, info.num_classes, len(splits.train), accelerator.device.type)
     optimizer, lr = build.make_optimizer(cfg, method)
@@ -163,6 +167,12 @@ def optimizer_step(
     p, lr = pieces, pieces.schedule.lr(step, pieces.cfg)
     loss = p.step((view1, view2), labels, indices, lr)
     return loss.item()
+
+
+def views_of(pieces: Pieces, images) -> tuple[torch.Tensor, ...]:
+    """The views of a batch, as the loop makes them: already made by the loader workers
+    (``data.augment_in_workers``), or augmented here."""
+    return images.views if isinstance(images, AugmentedViews) else pieces.augment(images)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -201,7 +211,7 @@ def time_full_steps(
         images, labels, *indices = batches.next()
         fetched = time.perf_counter()
         with torch.no_grad():
-            view1, view2 = pieces.augment(images)
+            view1, view2 = views_of(pieces, images)
         _synchronize(device)
         augmented = time.perf_counter()
         loss = optimizer_step(pieces, view1, view2, labels, step, *indices)
@@ -247,7 +257,7 @@ def measure(pieces: Pieces, steps: int, warmup: int, num_workers: int) -> tuple[
     time_full_steps(pieces, batches, warmup)
     images, labels, *indices = batches.next()  # the floor's batch: one the loop would have seen
     with torch.no_grad():
-        views = (*pieces.augment(images), labels, *indices)
+        views = (*views_of(pieces, images), labels, *indices)
     time_floor_steps(pieces, views, warmup, first_step=warmup)
     step = 2 * warmup
     if num_workers > 0:
