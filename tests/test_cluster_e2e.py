@@ -58,21 +58,39 @@ def one_machine(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("one-machine")
     [result] = finish([launch(out, "one-machine", _free_port(), 1)])
     assert result[0] == 0, result[2][-2000:]
+    (out / "stdout.txt").write_text(result[1])
     return out / "one-machine"
 
 
 @pytest.mark.slow
-def test_a_run_resumed_on_one_process_ends_where_the_two_process_run_ends(tmp_path, one_machine):
-    # Step 5 of 22, mid-epoch: the resumed run must skip exactly the global batches already trained on.
-    resumed = trained(tmp_path, "resumed", 1, f"run.resume={one_machine / 'checkpoints' / 'step-00000005'}")
-    assert_close_backbones(load_file(one_machine / "backbone.safetensors"), resumed)
+def test_two_processes_with_global_batchnorm_say_so_and_log_each_step_once(one_machine):
+    said = "".join((one_machine.parent / "stdout.txt").read_text().split())  # rich wraps long lines
+    assert "2processes" in said and "BatchNormovertheglobalbatch(model.sync_batchnorm)" in said
+    lines = (one_machine / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines if '"loss"' in line]
+    assert steps == list(range(1, 23)), steps  # written once, by the main process
+
+
+@pytest.fixture(scope="module")
+def resumed_on_one(tmp_path_factory, one_machine) -> Path:
+    """The two-process run resumed on one process at step 5 of 22, mid-epoch; it checkpoints every 5 steps
+    on its own, so the 1 -> 2 resume below starts from its step 10."""
+    out = tmp_path_factory.mktemp("resumed-on-one")
+    trained(out, "resumed", 1, f"run.resume={one_machine / 'checkpoints' / 'step-00000005'}")
+    return out / "resumed"
 
 
 @pytest.mark.slow
-def test_a_run_resumed_on_two_processes_ends_where_the_one_process_run_ends(tmp_path):
-    straight = trained(tmp_path, "straight", 1)
-    resumed = trained(tmp_path, "resumed", 2, f"run.resume={tmp_path / 'straight' / 'checkpoints' / 'step-00000005'}")
-    assert_close_backbones(straight, resumed)
+def test_a_run_resumed_on_one_process_ends_where_the_two_process_run_ends(one_machine, resumed_on_one):
+    # The resumed run must skip exactly the global batches already trained on.
+    expected = load_file(one_machine / "backbone.safetensors")
+    assert_close_backbones(expected, load_file(resumed_on_one / "backbone.safetensors"))
+
+
+@pytest.mark.slow
+def test_a_run_resumed_on_two_processes_ends_where_the_one_process_run_ends(tmp_path, resumed_on_one):
+    resumed = trained(tmp_path, "resumed", 2, f"run.resume={resumed_on_one / 'checkpoints' / 'step-00000010'}")
+    assert_close_backbones(load_file(resumed_on_one / "backbone.safetensors"), resumed)
 
 
 def assert_close_backbones(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> None:

@@ -1,7 +1,7 @@
-"""A folder of unlabelled images of mixed sizes and modes, pretrained from the command line as a new
-user would: one process and two (``accelerate launch --cpu --num_processes 2``), a labelled
-evaluation set or none, an exact two-process resume from a mid-epoch checkpoint (the loader workers
-augmenting), and bad folders that give one line and write nothing."""
+"""A folder of unlabelled images of mixed sizes and modes, pretrained as a new user would: one process
+(``sslkit-pretrain``'s ``main()`` in this process) and two (``accelerate launch --cpu --num_processes 2``),
+a labelled evaluation set or none, an exact two-process resume from a mid-epoch checkpoint (the loader
+workers augmenting), and bad folders that give one line and write nothing."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
-from test_pretrain_e2e import assert_one_line_error, pretrain
+from test_pretrain_e2e import assert_one_line_error, pretrain, pretrain_here
 
 FOLDER = [
     "data.name=imagefolder",
@@ -65,13 +65,15 @@ def _results(run) -> dict:
 @pytest.mark.slow
 def test_an_unlabelled_folder_pretrains_with_and_without_an_evaluation_set(tmp_path, folders):
     photos, labelled = folders / "photos", folders / "labelled"
-    straight = pretrain(tmp_path, "run.name=straight", *FOLDER, f"data.root={photos}", f"eval.data.root={labelled}")
+    straight = pretrain_here(
+        tmp_path, "run.name=straight", *FOLDER, f"data.root={photos}", f"eval.data.root={labelled}"
+    )
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "knn_top1" in _results(tmp_path / "straight")["trained"]
     assert "kNN top-1" in straight.stdout  # the monitor ran after the first epoch
 
     # No evaluation set: a note, no kNN monitor or final evaluation, the backbone still exported.
-    alone = pretrain(tmp_path, "run.name=alone", *FOLDER, f"data.root={photos}", "train.epochs=1")
+    alone = pretrain_here(tmp_path, "run.name=alone", *FOLDER, f"data.root={photos}", "train.epochs=1")
     assert alone.returncode == 0, alone.stderr[-3000:]
     said = " ".join(alone.stdout.split())  # the console wraps long notes
     assert "has no labels and eval.data is not set" in said and "kNN top-1" not in said
@@ -121,7 +123,9 @@ def test_bad_folders_are_one_line_and_write_nothing(tmp_path, folders):
         (tmp_path / "empty", ["no images", "1 other files were ignored"]),
         (broken, ["more than 1%", "corrupt", ".png"]),
     ):
-        result = pretrain(tmp_path, f"run.name=run-{root.name}", *FOLDER, f"data.root={root}", "train.batch_size=16")
+        result = pretrain_here(
+            tmp_path, f"run.name=run-{root.name}", *FOLDER, f"data.root={root}", "train.batch_size=16"
+        )
         assert_one_line_error(result, *words)
         assert not list((tmp_path / f"run-{root.name}").glob("checkpoints/step-*"))
     assert not (tmp_path / "run-empty").exists()  # the run directory was never made

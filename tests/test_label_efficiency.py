@@ -1,21 +1,26 @@
 """sslkit-label-efficiency: the runs it plans, the mistakes that must fail up front, the aggregation
 (mean and std over seeds, best of the two scratch runs, tables and plot), and one real tiny comparison
-on digits with the bundled quick-start recipes (every run a subprocess), rerun to check it resumes.
+on digits with the bundled quick-start recipes, rerun to check it resumes.
 
-The comparison is driven through ``label_efficiency.main(argv)`` in this process; one test runs the
-command itself to check the one-line error and the exit status.
+The comparison is driven through ``label_efficiency.main(argv)`` in this process, and so is every run
+it plans: each ``python -m MODULE ARGS`` command through ``MODULE.main(ARGS)``, its output to the logs
+the sweep writes (an interpreter start with torch costs more than a tiny run; the sweep's own processes
+are tested in test_sweep.py and test_ablate.py). One test runs the command itself to check the one-line
+error and the exit status.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import importlib
 import io
 import json
 import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-# Every run: a width-8 ResNet-18 on 8x8 crops of the digits, 2 epochs, one thread.
+# Every run: a width-8 ResNet-18 on 8x8 crops of the digits, one thread, a one-epoch linear probe.
 TINY = [
     "model.width=8",
     "model.projector_hidden=32",
@@ -36,14 +41,14 @@ TINY = [
     "train.epochs=2",
     "train.log_every_steps=1",
     "train.threads=1",
-    "eval.linear_epochs=5",
+    "eval.linear_epochs=1",
     "eval.compare_random_init=false",
     "eval.compare_raw_pixels=false",
     "optim.warmup_epochs=0",
 ]
-# The fine-tune, distill and scratch runs: bigger batches (fewer steps), no linear probe of their backbone
-# (their figure is their own classifier's).
-TINY_FINETUNE = ["train.epochs=2", "train.batch_size=128", "eval.linear_epochs=0"]
+# The fine-tune, distill and scratch runs: one epoch (the long scratch run two), bigger batches (fewer
+# steps), no linear probe of their backbone (their figure is their own classifier's).
+TINY_FINETUNE = ["train.epochs=1", "train.batch_size=128", "eval.linear_epochs=0"]
 COMPARISON = [
     *TINY,
     "--fractions",
@@ -58,11 +63,25 @@ COMPARISON = [
 ]
 
 
+def run_here(command: list[str], log_dir: Path, name: str) -> tuple[int, str | None, float]:
+    """``sweep.run_process`` in this process: ``python -m MODULE ARGS`` as ``MODULE.main(ARGS)``."""
+    python, flag, module, *args = command
+    assert (python, flag) == (sys.executable, "-m"), command
+    log_dir.mkdir(parents=True, exist_ok=True)
+    err_path = log_dir / f"{name}.err"
+    start = time.perf_counter()
+    with open(log_dir / f"{name}.out", "w") as out, open(err_path, "w") as err:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = importlib.import_module(module).main(args)
+    wall = time.perf_counter() - start
+    return status, (None if status == 0 else sweep.error_line(err_path.read_text(), status)), wall
+
+
 def run_tool(*argv: str, recipe: str = "quickstart") -> tuple[int, str, str]:
-    """``label_efficiency.main(argv)``; returns (status, stdout, stderr)."""
+    """``label_efficiency.main(argv)``, its runs in this process; returns (status, stdout, stderr)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        patch.setenv("OMP_NUM_THREADS", "1")
+        patch.setattr(sweep, "run_process", run_here)
         status = le.main([recipe, *argv])
     return status, stdout.getvalue(), stderr.getvalue()
 
@@ -148,7 +167,7 @@ def test_every_road_runs_and_the_tables_hold_what_the_runs_wrote(comparison):
     assert config("finetune-f0.1-s0")["run"]["init_from"] == str(runs / "pretrain")
     assert config("distill-f0.1-s0")["method"]["teacher"] == str(runs / "finetune-f0.1-s0")
     assert config("scratch-f0.1-s0")["run"]["init_from"] is None
-    assert config("scratch-long-f0.1-s0")["train"]["epochs"] == 2 * config("scratch-f0.1-s0")["train"]["epochs"] == 4
+    assert config("scratch-long-f0.1-s0")["train"]["epochs"] == 2 * config("scratch-f0.1-s0")["train"]["epochs"] == 2
     assert config("finetune-f1-s0")["data"]["label_fraction"] == 1.0
 
     # The same labelled images on every trained road at 10%: the comparison is fair.

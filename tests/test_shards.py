@@ -144,7 +144,9 @@ def test_two_processes_with_two_workers_each_see_every_sample_once_an_epoch(tmp_
 
 @pytest.mark.slow
 def test_pretrain_on_shards_from_the_command_line(tmp_path, pattern):
-    from test_pretrain_e2e import assert_one_line_error, pretrain
+    """Through ``sslkit-pretrain``'s ``main()`` in this process, its loader workers real processes."""
+    from test_pretrain_e2e import assert_one_line_error
+    from test_pretrain_e2e import pretrain_here as pretrain
 
     shards_run = ["data.name=webdataset", "data.num_workers=2", "train.batch_size=24", "train.epochs=2"]
     result = pretrain(tmp_path, "run.name=shards", *shards_run, f"data.root={pattern}")

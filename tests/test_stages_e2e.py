@@ -1,15 +1,19 @@
 """The road from self-supervised to supervised, as a user runs it: SimCLR -> SupCon -> a head,
 each stage starting from the previous run with ``run.init_from``, on seen classes, with
-retrieval among held-out classes reported; and the mistakes a user makes on that road."""
+retrieval among held-out classes reported; and the mistakes a user makes on that road.
+
+Every run goes through ``sslkit-pretrain``'s ``main()`` in this process (test_pretrain_e2e.py runs the
+command itself)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from test_pretrain_e2e import assert_one_line_error, pretrain
+from test_pretrain_e2e import assert_one_line_error
+from test_pretrain_e2e import pretrain_here as pretrain
 
-pytestmark = pytest.mark.slow  # every test runs sslkit-pretrain in a subprocess
+pytestmark = pytest.mark.slow  # every test trains, or builds the data and model of a run
 
 HOLDOUT = "data.holdout_classes=[5, 6, 7, 8, 9]"
 
@@ -59,25 +63,23 @@ def test_three_stage_chain_with_unseen_class_retrieval(tmp_path):
 
 
 def test_init_from_mistakes_are_one_line(tmp_path):
-    missing = pretrain(tmp_path, "run.name=a", "run.init_from=/nonexistent/run", "train.max_steps=1", timeout=120)
+    missing = pretrain(tmp_path, "run.name=a", "run.init_from=/nonexistent/run", "train.max_steps=1")
     assert_one_line_error(missing, "run.init_from '/nonexistent/run' not found", "a relative path starts from")
     assert not (tmp_path / "a").exists()
     # linear_epochs=0: kNN only, no linear probe (and no crash at the end of training)
     source = pretrain(tmp_path, "run.name=src", "train.epochs=1", "train.max_steps=1", "eval.linear_epochs=0")
     assert source.returncode == 0, source.stderr[-3000:]
     assert "knn_top1" in results(tmp_path / "src") and "linear_top1" not in results(tmp_path / "src")
-    wider = pretrain(
-        tmp_path, "run.name=b", f"run.init_from={tmp_path / 'src'}", "model.width=8", "train.max_steps=1", timeout=120
-    )
+    wider = pretrain(tmp_path, "run.name=b", f"run.init_from={tmp_path / 'src'}", "model.width=8", "train.max_steps=1")
     assert_one_line_error(wider, "does not fit", "shape mismatch")
     assert not (tmp_path / "b").exists()
 
 
 def test_head_and_label_mistakes_are_one_line(tmp_path):
     head = stage_recipe(tmp_path, "head", {"name": "supervised"}, {"name": "proxy_anchor", "num_classes": 7})
-    classes = pretrain(tmp_path, "run.name=c", recipe=head, timeout=120)
+    classes = pretrain(tmp_path, "run.name=c", recipe=head)
     assert_one_line_error(classes, "loss.num_classes is 7", "10 classes")
-    wrong_kind = pretrain(tmp_path, "run.name=d", "method.name=supcon", timeout=120)
+    wrong_kind = pretrain(tmp_path, "run.name=d", "method.name=supcon")
     assert_one_line_error(wrong_kind, "needs a label loss")
     assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
 
@@ -94,7 +96,6 @@ def test_label_method_on_unlabelled_split_is_one_line(tmp_path):
         f"data.root={tmp_path / 'stl'}",
         "data.train_split=unlabeled",
         recipe=supcon,
-        timeout=120,
     )
     assert_one_line_error(result, "needs labels", "unlabeled")
     assert not (tmp_path / "e").exists()

@@ -2,11 +2,15 @@
 with timm's keys, and every mistake in the name or ``model.kwargs`` one line when the recipe loads.
 
 The models are tiny (a 2-block ViT of width 32 on 16x16 digits: 27k parameters; a ResNet-18 with one
-block a stage and 8-64 channels) so the end-to-end runs take seconds.
+block a stage and 8-64 channels) so the end-to-end runs take seconds. The one-process commands run
+through their ``main()`` in this process; the two-process run is a real ``accelerate launch``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import json
 import os
 import shutil
@@ -226,8 +230,15 @@ def env() -> dict:
 
 
 def run(tmp_path: Path, module: str, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    command = [*(launcher or [sys.executable]), "-m", module, *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env())
+    """``python -m MODULE ARGS`` under ``launcher``; without one, ``MODULE.main(ARGS)`` in this process."""
+    if launcher is None:
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            status = importlib.import_module(module).main(list(args))
+        result = subprocess.CompletedProcess([module, *args], status, stdout.getvalue(), stderr.getvalue())
+    else:
+        command = [*launcher, "-m", module, *args]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env())
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
