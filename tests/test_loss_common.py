@@ -190,11 +190,14 @@ def _functional_losses():
 
 
 def _functional_inputs(fn):
-    """Valid positional inputs for a functional loss: two views, a labelled batch, or one with proxies."""
+    """Valid positional inputs for a functional loss: two views (or a list of them), a labelled batch, or one
+    with proxies."""
     import inspect
 
     x, labels = torch.randn(6, 8), torch.tensor([0, 0, 1, 1, 2, 2])
     first = list(inspect.signature(fn).parameters)[:3]
+    if first[0] == "views":
+        return ([x, x + 0.1, x - 0.1],)
     if "proxies" in first:
         return x, labels, torch.randn(3, 8)
     if "labels" in first:
