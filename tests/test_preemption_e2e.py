@@ -105,16 +105,18 @@ def test_sigterm_saves_exits_75_and_the_requeued_run_is_bit_identical(tmp_path):
 
 @pytest.mark.slow
 def test_a_signal_to_one_of_two_processes_stops_both_after_one_step(tmp_path):
-    # Four epochs (88 steps): on a loaded machine the test's own polling may lag the run by seconds.
-    straight = finish(start(tmp_path, "straight", "train.epochs=4", world=2))
+    # Twelve epochs (264 steps of a few milliseconds): the test's own polling shares two cores with the run's two
+    # processes and another test, and may lag the run by seconds; at four epochs the run once ended first.
+    epochs = "train.epochs=12"
+    straight = finish(start(tmp_path, "straight", epochs, world=2))
     assert [code for code, *_ in straight] == [0, 0], [err[-2000:] for *_, err in straight]
 
-    processes = start(tmp_path, "preempted", "train.epochs=4", world=2)
+    processes = start(tmp_path, "preempted", epochs, world=2)
     wait_for_step(tmp_path / "preempted", 3, processes)
     processes[1].send_signal(signal.SIGTERM)  # rank 1 only: rank 0 learns of it when they agree after a step
     assert_preempted(finish(processes), tmp_path / "preempted")
 
-    resumed = finish(start(tmp_path, "preempted", "train.epochs=4", "run.resume=auto", world=2))
+    resumed = finish(start(tmp_path, "preempted", epochs, "run.resume=auto", world=2))
     assert [code for code, *_ in resumed] == [0, 0], [err[-2000:] for *_, err in resumed]
     assert_same_backbone(tmp_path / "straight", tmp_path / "preempted")
 
