@@ -40,9 +40,23 @@ def start(tmp_path: Path, name: str, *overrides: str, world: int = 1) -> list[su
         shared.update(MASTER_PORT=port, ACCELERATE_USE_CPU="true")
         ranks = [dict(shared, RANK=str(r), LOCAL_RANK=str(r)) for r in range(world)]
     return [
-        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env(), **rank})
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env(), **rank},
+            preexec_fn=default_stop_signals,
+        )
         for rank in ranks
     ]
+
+
+def default_stop_signals() -> None:
+    """A job step starts with the signals' default dispositions: not with an ignored SIGTERM that this test's
+    process may have inherited or been left with, which a child would inherit in turn."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def finish(processes: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
