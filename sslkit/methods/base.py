@@ -144,6 +144,21 @@ class Method(nn.Module):
         self.backbone.train(was_training)
         return features
 
+    def encode_views(self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor) -> torch.Tensor:
+        """``[f([v1; v2]); f([l1; ...])]``: backbone features of every view, view by view, the first view's rows first.
+
+        The two global views go through :meth:`encode` in one batch (faster than two, and BatchNorm sees
+        both views together, as in SimCLR's implementation); multi-crop's local views, which are smaller,
+        in a second batch of their own (DINO's ``MultiCropWrapper`` groups the views by size the same way).
+
+        Shape:
+            view1, view2: (B, C, H, W); local_views: (B, C, L, L) each; returns (V B, F), V = 2 + len(local_views).
+        """
+        features = self.encode(torch.cat([view1, view2]))  # (2B, F)
+        if local_views:
+            features = torch.cat([features, self.encode(torch.cat(local_views))])  # (VB, F)
+        return features
+
     def logits(self, images: torch.Tensor) -> torch.Tensor:
         """Class scores of preprocessed images, (B, num_classes), from a method with a classifier of its
         own (:attr:`classifier_metric`); evaluation reports their top-1."""

@@ -146,9 +146,5 @@ class DINO(MomentumMethod):
         self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
     ) -> torch.Tensor:
         self.projector.last_layer_frozen = self.epoch < self.freeze_last_layer_epochs
-        images = torch.cat([view1, view2])
-        features = self.encode(images)  # (2B, F)
-        if local_views:
-            features = torch.cat([features, self.encode(torch.cat(local_views))])  # (VB, F)
-        student = self.projector(features)  # (VB, K): [view 1; view 2; local 1; ...]
-        return self.loss(student, self.momentum_encode(images), self.epoch)  # then the centre moves
+        student = self.projector(self.encode_views(view1, view2, *local_views))  # (VB, K), view by view
+        return self.loss(student, self.momentum_encode(torch.cat([view1, view2])), self.epoch)  # then the centre moves

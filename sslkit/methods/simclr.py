@@ -40,10 +40,7 @@ class ProjectedViews(Method):
 
     def project(self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor) -> torch.Tensor:
         """``g([f([v1; v2]); f([l1; ...])])``: (VB, D), view by view, the first view's rows first."""
-        features = self.encode(torch.cat([view1, view2]))  # (2B, F)
-        if local_views:
-            features = torch.cat([features, self.encode(torch.cat(local_views))])  # (VB, F)
-        return self.projector(features)
+        return self.projector(self.encode_views(view1, view2, *local_views))
 
 
 class SimCLR(ProjectedViews):
