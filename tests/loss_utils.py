@@ -188,6 +188,18 @@ def two_view_worker(rank, world, loss_cls, cases):
     return results
 
 
+def two_and_multi_view_worker(rank, world, loss_cls, cases, views):
+    """:func:`two_view_worker` of ``cases``, then ``loss_cls().multi_view`` on this rank's slice of each of
+    ``views`` (multi-crop), in the same processes (one spawn for both).
+
+    Returns ``(two_view_results, (loss, dview_1, ..., dview_V))``.
+    """
+    local = [rank_slice(view, rank, world).clone().requires_grad_(True) for view in views]
+    loss = loss_cls().multi_view(*local)
+    loss.backward()
+    return two_view_worker(rank, world, loss_cls, cases), (loss.detach(), *(view.grad for view in local))
+
+
 def labelled_worker(rank, world, loss_cls, cases, x, labels):
     """For each ``kwargs`` in ``cases``: ``loss_cls(**kwargs)`` on this rank's slice of (x, labels).
 

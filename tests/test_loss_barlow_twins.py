@@ -7,12 +7,12 @@ from dist_utils import run_in_processes
 from loss_utils import (
     assert_processes_match_one_process,
     emulated_processes,
-    two_view_worker,
+    two_and_multi_view_worker,
     value_and_grads,
 )
 
 from sslkit.losses import build
-from sslkit.losses.barlow_twins import BarlowTwinsLoss, barlow_twins_loss
+from sslkit.losses.barlow_twins import BarlowTwinsLoss, barlow_twins_loss, multi_view_barlow_twins_loss
 
 
 def standardised_reference(z):
@@ -109,10 +109,15 @@ def test_rejects_a_bad_weight(bad):
 
 
 def test_two_processes_match_one_process_on_whole_batch():
-    """Standardised and correlated over the global batch: n = 1 per process is a valid batch of 2."""
+    """Standardised and correlated over the global batch, two views and four (multi-crop): n = 1 per process
+    is a valid batch of 2."""
     g = torch.Generator().manual_seed(5)
     cases = [(*torch.randn(2, 2 * n, 6, generator=g, dtype=torch.float64), None, {}) for n in (1, 4)]
-    results = run_in_processes(two_view_worker, BarlowTwinsLoss, cases)
+    views = list(torch.randn(4, 4, 6, generator=g, dtype=torch.float64))  # 2 global, 2 local views
+    results = run_in_processes(two_and_multi_view_worker, BarlowTwinsLoss, cases, views)
+    multi_view = [r[1] for r in results]
+    assert_processes_match_one_process(multi_view, value_and_grads(lambda *z: multi_view_barlow_twins_loss(z), *views))
+    results = [r[0] for r in results]
     for c, (z1, z2, _, _) in enumerate(cases):
         expected = value_and_grads(barlow_twins_loss, z1, z2)
         per_rank = [r[c] for r in results]
@@ -129,3 +134,29 @@ def test_emulated_processes_match_one_process(monkeypatch, world):
     expected = value_and_grads(barlow_twins_loss, z1, z2)
     got = emulated_processes(monkeypatch, barlow_twins_loss, z1, z2, world)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
+# --- multi-crop ------------------------------------------------------------------------------
+
+
+def multi_view_reference(views):
+    """The mean of the two-view reference over the pairs (global g, view v), each unordered pair once:
+    (1, 2), (1, l), (2, l) for two global views and the local views l."""
+    z = [view.double() for view in views]
+    pairs = [(g, v) for g in range(2) for v in range(len(z)) if v > g]
+    return sum(barlow_twins_reference(z[g], z[v], 5e-3) for g, v in pairs) / len(pairs)
+
+
+@pytest.mark.parametrize("views,n", [(3, 2), (4, 5)])
+def test_multi_view_matches_reference_value_and_gradient(views, n):
+    g = torch.Generator().manual_seed(10 * views + n)
+    z = list(torch.randn(views, n, 4, generator=g, dtype=torch.float64))
+    ours = value_and_grads(lambda *z: multi_view_barlow_twins_loss(z), *z)
+    ref = value_and_grads(lambda *z: multi_view_reference(z), *z)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_multi_view_of_the_two_global_views_is_the_two_view_loss_exactly():
+    z1, z2 = torch.randn(2, 10, 6, dtype=torch.float64)
+    ours, two_view = value_and_grads(BarlowTwinsLoss().multi_view, z1, z2), value_and_grads(barlow_twins_loss, z1, z2)
+    assert all(torch.equal(a, b) for a, b in zip(ours, two_view))

@@ -6,7 +6,7 @@ import torch
 from loss_utils import value_and_grads
 
 from sslkit.losses import build
-from sslkit.losses.byol import BYOLLoss, byol_loss
+from sslkit.losses.byol import BYOLLoss, byol_loss, multi_view_byol_loss
 from sslkit.losses.simsiam import simsiam_loss
 
 
@@ -104,3 +104,48 @@ def test_rejects_inputs_that_are_not_both_views():
         byol_loss(x[:5], x[:5])
     with pytest.raises(ValueError, match=r"same shape, got \(6, 8\) and \(4, 8\)"):
         BYOLLoss()(x, x[:4])
+
+
+# --- multi-crop ------------------------------------------------------------------------------
+
+
+def multi_view_byol_reference(queries, keys):
+    """``2 mean_{(g, v), v != g} mean_i ||q_vi / ||q_vi|| - z'_gi / ||z'_gi|| ||^2`` as loops in float64:
+    the prediction of every view v against the target of each global view g but its own."""
+    n = len(keys) // 2
+    views = len(queries) // n
+    q, z = queries.double(), keys.double().detach()
+    pairs = []
+    for g in range(2):
+        for v in range(views):
+            if v != g:
+                terms = []
+                for i in range(n):
+                    difference = q[v * n + i] / q[v * n + i].norm() - z[g * n + i] / z[g * n + i].norm()
+                    terms.append(sum(difference[j] ** 2 for j in range(len(difference))))
+                pairs.append(torch.stack(terms).mean())
+    return 2 * torch.stack(pairs).mean()
+
+
+@pytest.mark.parametrize("views,n", [(3, 1), (4, 5)])
+def test_multi_view_matches_reference_value_and_gradient(views, n):
+    g = torch.Generator().manual_seed(10 * views + n)
+    queries = torch.randn(views * n, 8, generator=g, dtype=torch.float64)
+    keys = torch.randn(2 * n, 8, generator=g, dtype=torch.float64)
+    ours = value_and_grads(multi_view_byol_loss, queries, keys)
+    ref = value_and_grads(multi_view_byol_reference, queries, keys)
+    torch.testing.assert_close(ours[:2], ref[:2], rtol=1e-10, atol=1e-12)
+    assert ours[2] is None  # no gradient reaches the targets
+
+
+def test_multi_view_of_the_two_global_views_is_the_two_view_loss_exactly():
+    queries, keys = torch.randn(2, 10, 6, dtype=torch.float64)
+    ours, two_view = value_and_grads(BYOLLoss().multi_view, queries, keys), value_and_grads(byol_loss, queries, keys)
+    assert torch.equal(ours[0], two_view[0]) and torch.equal(ours[1], two_view[1])
+
+
+def test_multi_view_rejects_queries_that_are_not_every_view_of_the_keys_images():
+    with pytest.raises(ValueError, match=r"a multiple of 3 rows, at least 6, got 7"):
+        multi_view_byol_loss(torch.randn(7, 4), torch.randn(6, 4))
+    with pytest.raises(ValueError, match="keys must hold the two global views"):
+        multi_view_byol_loss(torch.randn(9, 4), torch.randn(3, 4))

@@ -190,8 +190,8 @@ def _functional_losses():
 
 
 def _functional_inputs(fn):
-    """Valid positional inputs for a functional loss: two views (or a list of them), a labelled batch, or one
-    with proxies."""
+    """Valid positional inputs for a functional loss: two views (or a list of them), a labelled batch, one
+    with proxies, or queries and keys with a bank."""
     import inspect
 
     x, labels = torch.randn(6, 8), torch.tensor([0, 0, 1, 1, 2, 2])
@@ -200,6 +200,8 @@ def _functional_inputs(fn):
         return ([x, x + 0.1, x - 0.1],)
     if "proxies" in first:
         return x, labels, torch.randn(3, 8)
+    if "negatives" in first:  # MoCo's multi-crop InfoNCE: queries, keys and a bank
+        return x, x + 0.1, torch.randn(4, 8)
     if "labels" in first:
         return x, labels
     return x, x + 0.1

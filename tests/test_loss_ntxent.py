@@ -16,7 +16,7 @@ from loss_utils import (
     value_and_grads,
 )
 
-from sslkit.losses.ntxent import NTXentLoss, multi_view_ntxent_loss, ntxent_loss
+from sslkit.losses.ntxent import NTXentLoss, multi_view_infonce_loss, multi_view_ntxent_loss, ntxent_loss
 
 
 def ntxent_reference(z1, z2, temperature, negatives=None):
@@ -149,6 +149,48 @@ def test_rejects_mismatched_views():
         ntxent_loss(torch.randn(4, 8), torch.randn(5, 8))
     with pytest.raises(ValueError, match="negatives"):
         ntxent_loss(torch.randn(4, 8), torch.randn(4, 8), negatives=torch.randn(3, 7))
+
+
+def multi_view_infonce_reference(queries, keys, negatives, temperature):
+    """MoCo's eq. 1 for multi-crop as loops, float64: the mean over the pairs (global view g, view v != g) of
+    ``-log(exp(q_vi.k_gi / T) / (exp(q_vi.k_gi / T) + sum_j exp(q_vi.n_j / T)))`` averaged over the images."""
+    n = len(keys) // 2
+    views = len(queries) // n
+    q, k = F.normalize(queries.double(), dim=1), F.normalize(keys.double().detach(), dim=1)
+    bank = F.normalize(negatives.double(), dim=1)
+    pairs = []
+    for g in range(2):
+        for v in range(views):
+            if v == g:
+                continue
+            terms = []
+            for i in range(n):
+                pos = torch.exp(q[v * n + i] @ k[g * n + i] / temperature)
+                neg = sum(torch.exp(q[v * n + i] @ bank[j] / temperature) for j in range(len(bank)))
+                terms.append(-torch.log(pos / (pos + neg)))
+            pairs.append(torch.stack(terms).mean())
+    return torch.stack(pairs).mean()
+
+
+@pytest.mark.parametrize("views,n", [(3, 1), (4, 5)])
+def test_multi_view_infonce_matches_reference_value_and_gradient(views, n):
+    g = torch.Generator().manual_seed(10 * views + n)
+    queries = torch.randn(views * n, 8, generator=g, dtype=torch.float64)
+    keys, bank = torch.randn(2 * n, 8, generator=g, dtype=torch.float64), torch.randn(6, 8, dtype=torch.float64)
+    ours = value_and_grads(multi_view_infonce_loss, queries, keys, negatives=bank, temperature=0.2)
+    ref = value_and_grads(multi_view_infonce_reference, queries, keys, negatives=bank, temperature=0.2)
+    torch.testing.assert_close(ours[:2], ref[:2], rtol=1e-10, atol=1e-12)
+
+
+def test_multi_view_infonce_of_the_two_global_views_is_mocos_symmetric_loss_exactly():
+    """``[q1; q2]`` against ``[k2; k1]`` and the bank: what MoCo computes for two views."""
+    queries, keys = torch.randn(2, 10, 6, dtype=torch.float64)
+    bank = torch.randn(7, 6, dtype=torch.float64)
+    ours = value_and_grads(multi_view_infonce_loss, queries, keys, bank, 0.2)
+    two_view = value_and_grads(ntxent_loss, queries, keys.roll(5, dims=0), 0.2, bank)
+    assert torch.equal(ours[0], two_view[0]) and torch.equal(ours[1], two_view[1])
+    with pytest.raises(ValueError, match="negatives must be a torch.Tensor"):
+        multi_view_infonce_loss(queries, keys, None)
 
 
 def two_and_multi_view_worker(rank, world, z1, z2, views):

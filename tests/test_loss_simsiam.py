@@ -6,7 +6,7 @@ import torch
 from loss_utils import value_and_grads
 
 from sslkit.losses import build
-from sslkit.losses.simsiam import SimSiamLoss, simsiam_loss
+from sslkit.losses.simsiam import SimSiamLoss, multi_view_simsiam_loss, simsiam_loss
 
 
 def simsiam_reference(queries, keys):
@@ -87,3 +87,43 @@ def test_rejects_inputs_that_are_not_both_views():
         simsiam_loss(x[:5], x[:5])
     with pytest.raises(ValueError, match="queries must be a torch.Tensor"):
         SimSiamLoss()(None, x)
+
+
+# --- multi-crop ------------------------------------------------------------------------------
+
+
+def multi_view_simsiam_reference(queries, keys):
+    """``mean_{(g, v), v != g} mean_i D(p_vi, stopgrad(z_gi))`` as loops in float64: the prediction of every
+    view v against the projection of each global view g but its own."""
+    n = len(keys) // 2
+    views = len(queries) // n
+    p, z = queries.double(), keys.double().detach()
+
+    def D(p, z):
+        return -sum(p[j] * z[j] for j in range(len(p))) / (p.norm() * z.norm())
+
+    pairs = [
+        torch.stack([D(p[v * n + i], z[g * n + i]) for i in range(n)]).mean()
+        for g in range(2)
+        for v in range(views)
+        if v != g
+    ]
+    return torch.stack(pairs).mean()
+
+
+@pytest.mark.parametrize("views,n", [(3, 1), (4, 5)])
+def test_multi_view_matches_reference_value_and_gradient(views, n):
+    g = torch.Generator().manual_seed(10 * views + n)
+    queries = torch.randn(views * n, 8, generator=g, dtype=torch.float64)
+    keys = torch.randn(2 * n, 8, generator=g, dtype=torch.float64)
+    ours = value_and_grads(multi_view_simsiam_loss, queries, keys)
+    ref = value_and_grads(multi_view_simsiam_reference, queries, keys)
+    torch.testing.assert_close(ours[:2], ref[:2], rtol=1e-10, atol=1e-12)
+    assert ours[2] is None  # the stop-gradient
+
+
+def test_multi_view_of_the_two_global_views_is_the_two_view_loss_exactly():
+    queries, keys = torch.randn(2, 10, 6, dtype=torch.float64)
+    ours = value_and_grads(SimSiamLoss().multi_view, queries, keys)
+    two_view = value_and_grads(simsiam_loss, queries, keys)
+    assert torch.equal(ours[0], two_view[0]) and torch.equal(ours[1], two_view[1])

@@ -7,12 +7,12 @@ from dist_utils import run_in_processes
 from loss_utils import (
     assert_processes_match_one_process,
     emulated_processes,
-    two_view_worker,
+    two_and_multi_view_worker,
     value_and_grads,
 )
 
 from sslkit.losses import build
-from sslkit.losses.vicreg import VICRegLoss, vicreg_loss
+from sslkit.losses.vicreg import VICRegLoss, multi_view_vicreg_loss, vicreg_loss
 
 
 def variance_reference(z):
@@ -119,10 +119,15 @@ def test_rejects_a_bad_weight(argument):
 
 
 def test_two_processes_match_one_process_on_whole_batch():
-    """Variance and covariance over the global batch: n = 1 per process is a valid batch of 2."""
+    """Variance and covariance over the global batch, two views and four (multi-crop): n = 1 per process is a
+    valid batch of 2."""
     g = torch.Generator().manual_seed(5)
     cases = [(*torch.randn(2, 2 * n, 6, generator=g, dtype=torch.float64) * 0.5, None, {}) for n in (1, 4)]
-    results = run_in_processes(two_view_worker, VICRegLoss, cases)
+    views = list(torch.randn(4, 4, 6, generator=g, dtype=torch.float64) * 0.5)  # 2 global, 2 local views
+    results = run_in_processes(two_and_multi_view_worker, VICRegLoss, cases, views)
+    multi_view = [r[1] for r in results]
+    assert_processes_match_one_process(multi_view, value_and_grads(lambda *z: multi_view_vicreg_loss(z), *views))
+    results = [r[0] for r in results]
     for c, (z1, z2, _, _) in enumerate(cases):
         expected = value_and_grads(vicreg_loss, z1, z2)
         assert_processes_match_one_process([r[c] for r in results], expected)
@@ -136,3 +141,29 @@ def test_emulated_processes_match_one_process(monkeypatch, world):
     expected = value_and_grads(vicreg_loss, z1, z2)
     got = emulated_processes(monkeypatch, vicreg_loss, z1, z2, world)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
+# --- multi-crop ------------------------------------------------------------------------------
+
+
+def multi_view_reference(views):
+    """The mean of the two-view reference over the pairs (global g, view v), each unordered pair once:
+    (1, 2), (1, l), (2, l) for two global views and the local views l."""
+    z = [view.double() for view in views]
+    pairs = [(g, v) for g in range(2) for v in range(len(z)) if v > g]
+    return sum(vicreg_reference(z[g], z[v]) for g, v in pairs) / len(pairs)
+
+
+@pytest.mark.parametrize("views,n", [(3, 2), (4, 5)])
+def test_multi_view_matches_reference_value_and_gradient(views, n):
+    g = torch.Generator().manual_seed(10 * views + n)
+    z = list(torch.randn(views, n, 4, generator=g, dtype=torch.float64) * 0.5)
+    ours = value_and_grads(lambda *z: multi_view_vicreg_loss(z), *z)
+    ref = value_and_grads(lambda *z: multi_view_reference(z), *z)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_multi_view_of_the_two_global_views_is_the_two_view_loss_exactly():
+    z1, z2 = torch.randn(2, 10, 6, dtype=torch.float64) * 0.5
+    ours, two_view = value_and_grads(VICRegLoss().multi_view, z1, z2), value_and_grads(vicreg_loss, z1, z2)
+    assert all(torch.equal(a, b) for a, b in zip(ours, two_view))

@@ -152,6 +152,67 @@ def check_queries_keys(queries: torch.Tensor, keys: torch.Tensor) -> None:
         raise ValueError(f"queries and keys must be floating point, got {queries.dtype} and {keys.dtype}")
 
 
+def check_multi_view_queries_keys(queries: torch.Tensor, keys: torch.Tensor) -> tuple[int, int]:
+    """Multi-crop's queries of every view and keys of the two global views; returns (n images, V views).
+
+    The queries stack every view of n images view by view, the two global views first,
+    ``[view 1; view 2; local 1; ...]``; the keys (targets) the two global views only,
+    ``[view 1; view 2]``. A ``ValueError`` says what does not fit.
+
+    Shape:
+        queries: (V n, D), V >= 2; keys: (2n, D).
+    """
+    check_tensor(queries, "queries")
+    check_tensor(keys, "keys")
+    if queries.dim() != 2 or keys.dim() != 2 or queries.shape[1] != keys.shape[1]:
+        shapes = f"{tuple(queries.shape)} and {tuple(keys.shape)}"
+        raise ValueError(f"queries and keys must be 2-D (rows, D) with the same D, got {shapes}")
+    if keys.shape[0] < 2 or keys.shape[0] % 2:
+        raise ValueError(
+            f"keys must hold the two global views of n >= 1 images, [view 1; view 2]: an even number of rows >= 2, "
+            f"got {keys.shape[0]}"
+        )
+    n = keys.shape[0] // 2
+    if queries.shape[0] < 2 * n or queries.shape[0] % n:
+        raise ValueError(
+            f"queries must stack every view of the keys' {n} images, the two global views first "
+            f"([view 1; view 2; local 1; ...]): a multiple of {n} rows, at least {2 * n}, got {queries.shape[0]}"
+        )
+    if not queries.is_floating_point() or not keys.is_floating_point():
+        raise ValueError(f"queries and keys must be floating point, got {queries.dtype} and {keys.dtype}")
+    return n, queries.shape[0] // n
+
+
+def global_view_pairs(queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-crop's (query, key) pairs: the query of every view with the key of each global view but its own.
+
+    View ``v`` meets global view ``g`` for every ``v != g``, image by image: ``2 (V - 1)`` pairs of
+    views, the rule of DINO's and SwAV's multi-crop (targets from the global views only). Ordered
+    by query view, then key view, so that with two views they are ``([q1; q2], [k2; k1])``, the
+    pairs of the two-view losses. The keys are returned as given (callers detach them).
+
+    Shape:
+        queries: (V n, D), ``[view 1; view 2; local 1; ...]``; keys: (2n, D), ``[view 1; view 2]``.
+        returns: two (2 (V - 1) n, D), the pairs' queries and their keys, row for row.
+    """
+    n, views = check_multi_view_queries_keys(queries, keys)
+    pairs = [(v, g) for v in range(views) for g in range(2) if v != g]
+    query_views, key_views = queries.split(n), keys.split(n)
+    return torch.cat([query_views[v] for v, _ in pairs]), torch.cat([key_views[g] for _, g in pairs])
+
+
+def pair_cosine(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The cosine of each query with the key of the same row, keys detached, in fp32 or fp64.
+
+    Shape:
+        queries, keys: (m, D); returns (m,).
+    """
+    dtype = torch.promote_types(upcast(queries).dtype, upcast(keys).dtype)
+    q = F.normalize(upcast(queries).to(dtype), dim=1)
+    k = F.normalize(upcast(keys.detach()).to(dtype), dim=1)
+    return (q * k).sum(dim=1)
+
+
 def cross_view_cosine(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """The cosine of each query with the key of the same image's *other* view, keys detached.
 
@@ -164,11 +225,7 @@ def cross_view_cosine(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor
         queries, keys: (2N, D), ``[view 1; view 2]``; returns (2N,), ``[cos(q1, k2); cos(q2, k1)]``.
     """
     n = queries.shape[0] // 2
-    targets = keys.detach().roll(n, dims=0)  # [k2; k1]: each query's other view
-    dtype = torch.promote_types(upcast(queries).dtype, upcast(targets).dtype)
-    q = F.normalize(upcast(queries).to(dtype), dim=1)
-    k = F.normalize(upcast(targets).to(dtype), dim=1)
-    return (q * k).sum(dim=1)
+    return pair_cosine(queries, keys.roll(n, dims=0))  # [k2; k1]: each query's other view
 
 
 def gather_views(z1: torch.Tensor, z2: torch.Tensor, gather_distributed: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,6 +243,35 @@ def gather_views(z1: torch.Tensor, z2: torch.Tensor, gather_distributed: bool) -
     if not (gather_distributed and distributed.is_distributed()):
         return z1, z2
     return distributed.gather_with_grad(z1), distributed.gather_with_grad(z2, check=False)
+
+
+def check_views(views) -> None:
+    """V >= 2 views of the same images: each (N, D) with the same N and D, floating point."""
+    if len(views) < 2:
+        raise ValueError(f"views must hold at least 2 views of the same images, got {len(views)}")
+    for view in views[1:]:
+        check_two_views(views[0], view)
+
+
+def gather_every_view(views, gather_distributed: bool) -> list[torch.Tensor]:
+    """:func:`gather_views` for V views: each view of every process's images, gathered with gradient.
+
+    Shape:
+        views: V tensors (n, D); returns V (W n, D), process r's rows at ``r * n : (r + 1) * n``.
+    """
+    if not (gather_distributed and distributed.is_distributed()):
+        return list(views)
+    # One size check: the views have the same rows (check_views).
+    return [distributed.gather_with_grad(view, check=index == 0) for index, view in enumerate(views)]
+
+
+def global_view_view_pairs(views: int) -> list[tuple[int, int]]:
+    """The unordered pairs of views (g, v) with g a global view (0 or 1), each once: (0, 1), (0, l), (1, l).
+
+    For the losses that compare two views symmetrically (Barlow Twins, VICReg) under multi-crop:
+    ``1 + 2 L`` pairs for two global and L local views; with two views, the one pair (0, 1).
+    """
+    return [(g, v) for g in range(2) for v in range(g + 1, views)]
 
 
 def check_batch_for_statistics(samples: int, why: str) -> None:

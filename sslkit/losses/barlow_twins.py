@@ -7,6 +7,8 @@ References:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -15,8 +17,11 @@ from sslkit.losses._common import (
     check_flag,
     check_nonnegative,
     check_two_views,
+    check_views,
     full_precision,
+    gather_every_view,
     gather_views,
+    global_view_view_pairs,
     upcast,
 )
 
@@ -72,11 +77,58 @@ def barlow_twins_loss(
         z1, z2 = gather_views(upcast(z1).to(dtype), upcast(z2).to(dtype), gather_distributed)
         n = z1.shape[0]
         check_batch_for_statistics(n, "Barlow Twins standardises each feature over the batch")
-        c = _standardise(z1).T @ _standardise(z2) / n  # (D, D)
-        diagonal = c.diagonal()
-        on_diagonal = (1 - diagonal).square().sum()
-        off_diagonal = c.square().sum() - diagonal.square().sum()
-        return on_diagonal + weight * off_diagonal
+        return _redundancy_reduction(_standardise(z1), _standardise(z2), weight)
+
+
+def _redundancy_reduction(zn1: torch.Tensor, zn2: torch.Tensor, weight: float) -> torch.Tensor:
+    """Eq. 1 of [0] on standardised features: ``C = zn1^T zn2 / N`` driven to the identity.
+
+    Shape:
+        zn1, zn2: (N, D), each feature standardised over the N images; returns a scalar.
+    """
+    c = zn1.T @ zn2 / zn1.shape[0]  # (D, D)
+    diagonal = c.diagonal()
+    on_diagonal = (1 - diagonal).square().sum()
+    off_diagonal = c.square().sum() - diagonal.square().sum()
+    return on_diagonal + weight * off_diagonal
+
+
+def multi_view_barlow_twins_loss(
+    views, off_diagonal_weight: float = 5e-3, gather_distributed: bool = True
+) -> torch.Tensor:
+    """Barlow Twins with multi-crop: the mean of eq. 1 of [0] over the pairs of a global view and another view.
+
+    With two global views and L local ones (V = 2 + L) the pairs are (1, 2), (1, l) and (2, l), each
+    unordered pair once (eq. 1 is symmetric in its two views), ``1 + 2 L`` of them::
+
+        L = mean_{(g, v)} L_BT(z_g, z_v),    L_BT of :func:`barlow_twins_loss`
+
+    Two local views are not compared with each other: as in DINO's and SwAV's multi-crop, the
+    global views are the targets. Each view is standardised over the global batch (every
+    process's images, gathered with gradient) once, and each pair's cross-correlation is taken
+    over the global batch, as for two views. With two views this is :func:`barlow_twins_loss`
+    exactly; the mean keeps its scale for any number of local views (a sum over the pairs would
+    grow with them; DINO's code averages its pairs, and so does sslkit).
+
+    Shape:
+        views: V >= 2 tensors (n, D), the same n images in the same order in each, the two global
+            views first; at least 2 images over all processes.
+        returns: scalar.
+
+    >>> views = torch.randn(4, 8, 16)  # 2 global and 2 local views of 8 images
+    >>> multi_view_barlow_twins_loss(list(views)).shape
+    torch.Size([])
+    """
+    check_views(views)
+    weight = check_nonnegative(off_diagonal_weight, "off_diagonal_weight")
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
+    with full_precision(views[0].device):
+        dtype = functools.reduce(torch.promote_types, [upcast(view).dtype for view in views])
+        views = gather_every_view([upcast(view).to(dtype) for view in views], gather_distributed)
+        check_batch_for_statistics(views[0].shape[0], "Barlow Twins standardises each feature over the batch")
+        standardised = [_standardise(view) for view in views]
+        pairs = global_view_view_pairs(len(views))
+        return torch.stack([_redundancy_reduction(standardised[g], standardised[v], weight) for g, v in pairs]).mean()
 
 
 class BarlowTwinsLoss(nn.Module):
@@ -105,6 +157,10 @@ class BarlowTwinsLoss(nn.Module):
 
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         return barlow_twins_loss(z1, z2, self.off_diagonal_weight, self.gather_distributed)
+
+    def multi_view(self, *views: torch.Tensor) -> torch.Tensor:
+        """:func:`multi_view_barlow_twins_loss` of V >= 2 views. Shape: views: V (n, D); returns scalar."""
+        return multi_view_barlow_twins_loss(views, self.off_diagonal_weight, self.gather_distributed)
 
     def extra_repr(self) -> str:
         return f"off_diagonal_weight={self.off_diagonal_weight}, gather_distributed={self.gather_distributed}"

@@ -15,7 +15,16 @@ import torch
 from torch import nn
 
 from sslkit import distributed
-from sslkit.losses._common import check_flag, check_negatives, check_positive, check_two_views, full_precision, upcast
+from sslkit.losses._common import (
+    check_flag,
+    check_negatives,
+    check_positive,
+    check_tensor,
+    check_two_views,
+    full_precision,
+    global_view_pairs,
+    upcast,
+)
 from sslkit.losses._fused import bank_softmax_ce, two_view_softmax_ce
 from sslkit.losses.supcon import supcon_loss
 
@@ -96,6 +105,33 @@ def multi_view_ntxent_loss(
     images = torch.arange(n, device=views[0].device) + (distributed.rank() * n if gather_distributed else 0)
     embeddings = torch.cat(list(views))  # (VN, D), view by view
     return supcon_loss(embeddings, images.repeat(len(views)), temperature, gather_distributed=gather_distributed)
+
+
+def multi_view_infonce_loss(
+    queries: torch.Tensor, keys: torch.Tensor, negatives: torch.Tensor, temperature: float = 0.5
+) -> torch.Tensor:
+    """MoCo's InfoNCE with multi-crop: the query of every view against the key of each global view but its own.
+
+    The keys come from the two global views only (the momentum encoder sees nothing else); the
+    queries from every view V, the global ones and multi-crop's local ones. Each pair of a view
+    ``v`` and a global view ``g != v`` is eq. 1 of [2] with the bank as negatives, and the loss is
+    their mean over the ``2 (V - 1)`` pairs::
+
+        L = mean_{(g, v), v != g} mean_i -log( exp(q_vi.k_gi / T) / (exp(q_vi.k_gi / T) + sum_j exp(q_vi.n_j / T)) )
+
+    With two views the pairs are (1, 2) and (2, 1) and this is :func:`ntxent_loss` of
+    ``[q1; q2]`` against ``[k2; k1]`` with ``negatives``: MoCo's symmetric loss,
+    ``(l(q1, k2) + l(q2, k1)) / 2``. The mean keeps that scale for any number of local views (a
+    sum over the pairs would grow with them; DINO's code averages its pairs, and so does sslkit).
+
+    Shape:
+        queries: (V n, D), ``[q1; q2; local 1; ...]``; keys: (2n, D), ``[k1; k2]``, constants (detach them).
+        negatives: (K, D), the bank (K may be 0: then every term is 0).
+        returns: scalar.
+    """
+    check_tensor(negatives, "negatives")  # required: without a bank, ntxent_loss would be SimCLR's loss
+    queries, keys = global_view_pairs(queries, keys)  # (2 (V - 1) n, D) each, row for row
+    return ntxent_loss(queries, keys, temperature, negatives)
 
 
 class NTXentLoss(nn.Module):

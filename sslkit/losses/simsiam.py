@@ -9,7 +9,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sslkit.losses._common import check_queries_keys, cross_view_cosine, full_precision
+from sslkit.losses._common import (
+    check_queries_keys,
+    cross_view_cosine,
+    full_precision,
+    global_view_pairs,
+    pair_cosine,
+)
 
 
 def simsiam_loss(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -38,6 +44,34 @@ def simsiam_loss(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         return -cross_view_cosine(queries, keys).mean()  # the mean over 2N rows is the mean of both directions
 
 
+def multi_view_simsiam_loss(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """SimSiam with multi-crop: the prediction of every view against the stopped projection of each global
+    view but its own.
+
+    The targets are the projections of the two global views, detached here; the predictions come
+    from every view V, the global ones and multi-crop's local ones. The loss is the mean of ``D``
+    over the ``2 (V - 1)`` pairs of a view ``v`` and a global view ``g != v``::
+
+        L = mean_{(g, v), v != g} mean_i D(p_vi, stopgrad(z_gi)),    D(p, z) = - p / ||p|| . z / ||z||
+
+    With two views the pairs are (1, 2) and (2, 1) and this is :func:`simsiam_loss` exactly; the
+    mean keeps its scale, in [-1, 1], for any number of local views (a sum over the pairs would
+    grow with them; DINO's code averages its pairs, and so does sslkit).
+
+    Shape:
+        queries: (V n, D), the predictor's outputs for every view, ``[p1; p2; local 1; ...]``.
+        keys: (2n, D), the projections of the global views, ``[z1; z2]``.
+        returns: scalar, in [-1, 1].
+
+    >>> queries, keys = torch.randn(4 * 3, 16), torch.randn(2 * 3, 16)  # 3 images, 2 global and 2 local views
+    >>> multi_view_simsiam_loss(queries, keys).shape
+    torch.Size([])
+    """
+    queries, keys = global_view_pairs(queries, keys)  # (2 (V - 1) n, D) each, row for row
+    with full_precision(queries.device):
+        return -pair_cosine(queries, keys).mean()  # pair_cosine detaches the keys: the stop-gradient
+
+
 class SimSiamLoss(nn.Module):
     """SimSiam's symmetric negative cosine with the stop-gradient [0]; see :func:`simsiam_loss`.
 
@@ -58,3 +92,7 @@ class SimSiamLoss(nn.Module):
 
     def forward(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         return simsiam_loss(queries, keys)
+
+    def multi_view(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """:func:`multi_view_simsiam_loss` (multi-crop). Shape: queries: (V n, D); keys: (2n, D); returns a scalar."""
+        return multi_view_simsiam_loss(queries, keys)

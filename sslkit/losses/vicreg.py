@@ -7,6 +7,8 @@ References:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,8 +18,11 @@ from sslkit.losses._common import (
     check_flag,
     check_nonnegative,
     check_two_views,
+    check_views,
     full_precision,
+    gather_every_view,
     gather_views,
+    global_view_view_pairs,
     upcast,
 )
 
@@ -104,6 +109,68 @@ def vicreg_loss(
         return weights[0] * invariance + weights[1] * variance + weights[2] * covariance
 
 
+def multi_view_vicreg_loss(
+    views,
+    invariance_weight: float = 25.0,
+    variance_weight: float = 25.0,
+    covariance_weight: float = 1.0,
+    gather_distributed: bool = True,
+) -> torch.Tensor:
+    """VICReg with multi-crop: the mean of :func:`vicreg_loss` over the pairs of a global view and another view.
+
+    With two global views and L local ones (V = 2 + L) the pairs are (1, 2), (1, l) and (2, l), each
+    unordered pair once (the loss is symmetric in its two views), ``1 + 2 L`` of them::
+
+        L = mean_{(g, v)} lambda s(Z_g, Z_v) + mu (v(Z_g) + v(Z_v)) / 2 + nu (c(Z_g) + c(Z_v))
+
+    with ``s``, ``v`` and ``c`` those of :func:`vicreg_loss`. Two local views are not compared with
+    each other: as in DINO's and SwAV's multi-crop, the global views are the targets. The variance
+    and covariance of a view are statistics of the global batch (every process's images, gathered
+    with gradient), computed once per view; a view's terms count in every pair it is in, so a global
+    view's variance and covariance weigh ``L + 1`` times, a local view's once. ``s`` is a mean over
+    each process's own images, as for two views. With two views this is :func:`vicreg_loss`
+    exactly; the mean keeps its scale for any number of local views (a sum over the pairs would
+    grow with them; DINO's code averages its pairs, and so does sslkit).
+
+    Shape:
+        views: V >= 2 tensors (n, D), the same n images in the same order in each, the two global
+            views first; at least 2 images over all processes.
+        returns: scalar.
+
+    >>> views = torch.randn(4, 8, 16)  # 2 global and 2 local views of 8 images
+    >>> multi_view_vicreg_loss(list(views)).shape
+    torch.Size([])
+    """
+    check_views(views)
+    weights = [
+        check_nonnegative(value, name)
+        for value, name in [
+            (invariance_weight, "invariance_weight"),
+            (variance_weight, "variance_weight"),
+            (covariance_weight, "covariance_weight"),
+        ]
+    ]
+    gather_distributed = check_flag(gather_distributed, "gather_distributed")
+    pairs = global_view_view_pairs(len(views))
+    with full_precision(views[0].device):
+        dtype = functools.reduce(torch.promote_types, [upcast(view).dtype for view in views])
+        views = [upcast(view).to(dtype) for view in views]
+        invariance = [(views[g] - views[v]).square().mean() for g, v in pairs]  # over this process's images
+        views = gather_every_view(views, gather_distributed)
+        check_batch_for_statistics(
+            views[0].shape[0], "VICReg's variance and covariance are over the batch (divided by N - 1)"
+        )
+        variance = [_variance(view) for view in views]
+        covariance = [_covariance(view) for view in views]
+        terms = [
+            weights[0] * s
+            + weights[1] * ((variance[g] + variance[v]) / 2)
+            + weights[2] * (covariance[g] + covariance[v])
+            for s, (g, v) in zip(invariance, pairs)
+        ]
+        return torch.stack(terms).mean()
+
+
 class VICRegLoss(nn.Module):
     """VICReg's variance-invariance-covariance loss [0]; see :func:`vicreg_loss`.
 
@@ -140,6 +207,12 @@ class VICRegLoss(nn.Module):
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         return vicreg_loss(
             z1, z2, self.invariance_weight, self.variance_weight, self.covariance_weight, self.gather_distributed
+        )
+
+    def multi_view(self, *views: torch.Tensor) -> torch.Tensor:
+        """:func:`multi_view_vicreg_loss` of V >= 2 views (multi-crop). Shape: views: V (n, D); returns a scalar."""
+        return multi_view_vicreg_loss(
+            views, self.invariance_weight, self.variance_weight, self.covariance_weight, self.gather_distributed
         )
 
     def extra_repr(self) -> str:
