@@ -99,8 +99,8 @@ VIT_FIXED = VIT_LOCAL.replace(", dynamic_img_size: true", "")
         ("augment: {local_views: 4, local_size: 40}\n", ["must not be larger than the global views", "got 40"]),
         ("augment: {local_crop_scale: [0, 0.4]}\n", ["'augment.local_crop_scale' must be [low, high]"]),
         (
-            "augment: {local_views: 2, local_size: 16}\nmethod: {name: byol}\nloss: {name: byol}\n",
-            ["method 'byol' trains on its global views only", "simclr, supcon, dino"],
+            "augment: {local_views: 2, local_size: 16}\nmethod: {name: nce}\nloss: {name: nce}\n",
+            ["method 'nce' trains on its global views only", "simclr, supcon, moco, mocov3, byol, simsiam, barlow"],
         ),
         ("augment: {local_views: 2, local_size: 16}\nloss: {name: dcl}\n", ["set loss.name=ntxent, got 'dcl'"]),
         ("method: {name: dino}\nloss: {name: dino, num_global_views: 1}\n", ["loss.num_global_views must be 2"]),

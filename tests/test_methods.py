@@ -91,6 +91,19 @@ def test_multi_crop_contrasts_every_view_with_every_other(case):
     torch.testing.assert_close(loss, losses.supcon_loss(z, same.repeat(5), temperature=0.2))
 
 
+@pytest.mark.parametrize("name", ["supervised", "nce", "finetune", "distill"])
+def test_a_method_without_local_views_refuses_them_in_one_line(name):
+    from sslkit.errors import UserError
+
+    recipe = {"method": {"name": name}, "loss": {"name": methods.METHODS[name].loss_names[0]}}
+    with pytest.raises(UserError) as caught:
+        config_from_dict({**recipe, "augment": {"local_views": 2, "local_size": 4}})
+    message = str(caught.value)
+    assert f"method '{name}' trains on its global views only" in message and "\n" not in message, message
+    takers = "simclr, supcon, moco, mocov3, byol, simsiam, barlow_twins, vicreg, dino"
+    assert message.endswith(f"set augment.local_views=0, or use a method with multi-crop: {takers}"), message
+
+
 def test_proxy_anchor_proxies_get_their_100x_in_the_trainer_groups():
     from sslkit.loop.build import make_optimizer
 

@@ -23,6 +23,7 @@ from sklearn.datasets import load_digits
 from sslkit import distributed, methods, optim
 from sslkit.config import config_from_dict
 from sslkit.errors import UserError
+from sslkit.losses.ntxent import multi_view_infonce_loss
 from sslkit.methods.moco import MoCo, MoCoV3, SplitBatchNorm, split_batch_norm
 from sslkit.methods.nce import MemoryBankNCE
 from sslkit.models import build_backbone
@@ -227,6 +228,90 @@ def test_mocov3_loss_is_two_cross_entropies_by_loop():
     torch.testing.assert_close(loss, ctr(q[:BATCH], k[BATCH:]) + ctr(q[BATCH:], k[:BATCH]))
 
 
+# --------------------------------------------------------------------------- multi-crop's local views
+
+
+def local_views(n: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two smaller "views" of the same n digits: 4x4 crops of the top and bottom halves, with a little noise."""
+    pixels, _ = load_digits(return_X_y=True)
+    images = torch.tensor(pixels[:n], dtype=torch.float32).view(n, 1, 8, 8) / 16
+    noise = torch.Generator().manual_seed(2)
+    return tuple(images[:, :, top : top + 4, 2:6] + 0.05 * torch.randn(n, 1, 4, 4, generator=noise) for top in (0, 4))
+
+
+def by_hand(method, view1, view2, *local):
+    """The loss MoCo v2 or v3 trains, from its modules called one by one: the global views through the query
+    encoder in one batch, the local views in a second, keys of the global views only (MoCo v2: shuffled as
+    the method shuffles them, after ``torch.manual_seed(5)``); the two-view loss without local views, as the
+    methods computed it before they took local views."""
+    features = method.backbone(torch.cat([view1, view2]))
+    if local:
+        features = torch.cat([features, method.backbone(torch.cat(local))])
+    if isinstance(method, MoCoV3):
+        queries = method.predictor(method.projector(features))
+        keys = method.momentum_encode(torch.cat([view1, view2]))
+        return method.loss.multi_view(queries, keys) if local else method.loss(queries, keys)
+    queries = method.projector(features)
+    torch.manual_seed(5)
+    keys = method._keys(torch.cat([view2, view1]))  # [k2; k1]
+    if local:
+        return multi_view_infonce_loss(queries, keys.roll(len(view1), dims=0), method.queue.negatives(), 0.2)
+    return method.loss(queries, keys, negatives=method.queue.negatives())
+
+
+def grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+
+
+def forward_keeping_the_queue(method, *views):
+    """The method's loss, seeded as :func:`by_hand`, and the queue put back as it was (MoCo v2 enqueues)."""
+    queue = {key: value.clone() for key, value in method.state_dict().items() if key.startswith("queue.")}
+    torch.manual_seed(5)
+    loss = method(*views)
+    method.load_state_dict(queue, strict=False)
+    return loss
+
+
+@pytest.mark.parametrize("name", ["moco", "mocov3"])
+def test_without_local_views_the_forward_is_the_two_view_loss_exactly(name):
+    method = build(name)
+    if name == "moco":
+        fill_queue(method)
+    views = fixed_views()
+    assert torch.equal(forward_keeping_the_queue(method, *views), by_hand(method, *views))
+
+
+@pytest.mark.parametrize("name", ["moco", "mocov3"])
+def test_local_views_are_queries_against_the_global_views_keys(name):
+    """Value and gradient of every parameter, in float64, with two local views of 4x4 next to the 8x8 globals."""
+    method = build(name).double()
+    if name == "moco":
+        fill_queue(method)
+    views = [view.double() for view in (*fixed_views(), *local_views())]
+    loss = forward_keeping_the_queue(method, *views)
+    loss.backward()
+    by_method = grads(method)
+    method.zero_grad()
+    expected = by_hand(method, *views)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=1e-10, atol=1e-12)
+    assert by_method.keys() == grads(method).keys()
+    for key, grad in grads(method).items():
+        torch.testing.assert_close(by_method[key], grad, rtol=1e-10, atol=1e-12, msg=key)
+    assert not torch.allclose(loss, by_hand(method, *views[:2]))  # the local views count
+
+
+def test_moco_enqueues_the_global_views_keys_only():
+    method = build("moco")
+    view1, view2 = fixed_views()
+    torch.manual_seed(4)
+    method(view1, view2, *local_views())
+    torch.manual_seed(4)
+    keys = method._keys(torch.cat([view2, view1]))  # the same shuffle, hence the same keys
+    assert int(method.queue.filled) == 2 * BATCH
+    torch.testing.assert_close(method.queue.negatives(), F.normalize(keys, dim=1))
+
+
 def test_mocov3_under_loss_name_mocov3_is_the_loss_recipes_call_ntxent():
     """Recipes say loss.name=ntxent for MoCo v3 (only its temperature is read): the same loss as its own name."""
     views = fixed_views()
@@ -397,6 +482,20 @@ def test_recipe_mistakes_are_one_line_user_errors():
         MemoryBankNCE.from_config(nce, build_backbone("resnet18", 4), 10)
     with pytest.raises(UserError, match="momentum_final"):
         build("moco", momentum=0.999, momentum_final=0.99)
+    # Local views are a pass of their own: bn_splits must divide it too.
+    local = config_from_dict(
+        {
+            "method": {"name": "moco", "bn_splits": 8},
+            "augment": {"local_views": 1, "local_size": 16},
+            "train": {"batch_size": 4},
+        }
+    )
+    with pytest.raises(UserError, match=r"the 8 images .* and the 4 local views .* try method.bn_splits=4 or 1$"):
+        MoCo.from_config(local, build_backbone("resnet18", 4), 10)
+    with pytest.raises(UserError, match="with local views .* set method.symmetric=true"):
+        config_from_dict(
+            {"method": {"name": "moco", "symmetric": False}, "augment": {"local_views": 2, "local_size": 16}}
+        )
 
 
 @pytest.mark.slow

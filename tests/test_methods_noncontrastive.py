@@ -1,6 +1,6 @@
 """BYOL, SimSiam, Barlow Twins and VICReg: each forward is its loss on the right tensors (against the
-paper's formula, in float64), what trains and what does not, the recipe mistakes, and one run on digits
-that resumes exactly and exports.
+paper's formula, in float64), with multi-crop's local views too, what trains and what does not, the recipe
+mistakes, and one run on digits that resumes exactly and exports.
 
 Everything runs a width-4 ResNet-18 on scikit-learn's 8x8 digits so the file stays fast on two cores.
 """
@@ -180,6 +180,63 @@ def test_a_few_steps_on_a_fixed_batch_lower_the_loss_and_train_the_backbone(name
     assert all(torch.isfinite(torch.tensor(history))) and history[-1] < history[0], history
     trained = set(optim.parameter_groups(method, 0.0, False)[0]["names"])
     assert {f"backbone.{n}" for n, _ in method.backbone.named_parameters()} <= trained
+
+
+# --------------------------------------------------------------------------- multi-crop's local views
+
+
+def local_views(n: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two smaller "views" of the same n digits: 4x4 crops of the top and bottom halves, with a little noise."""
+    pixels, _ = load_digits(return_X_y=True)
+    images = torch.tensor(pixels[:n], dtype=torch.float32).view(n, 1, 8, 8) / 16
+    noise = torch.Generator().manual_seed(2)
+    return tuple(images[:, :, top : top + 4, 2:6] + 0.05 * torch.randn(n, 1, 4, 4, generator=noise) for top in (0, 4))
+
+
+def by_hand(name: str, method, view1, view2, *local):
+    """The loss each method trains, from its modules called one by one: the global views through the backbone in
+    one batch, the local views in a second, the targets of the global views only; the two-view loss without
+    local views, as the methods computed it before they took local views."""
+    features = method.backbone(torch.cat([view1, view2]))
+    if local:
+        features = torch.cat([features, method.backbone(torch.cat(local))])
+    if name in ("barlow_twins", "vicreg"):
+        z = method.projector(features).chunk(2 + len(local))
+        return method.loss.multi_view(*z) if local else method.loss(*z)
+    if name == "simsiam":
+        projections = method.projector(features)
+        predictions, targets = method.predictor(projections), projections[: 2 * len(view1)]
+        return method.loss.multi_view(predictions, targets) if local else method.loss(predictions, projections)
+    queries = method.predictor(method.projector(features))
+    with torch.no_grad():
+        targets = method.momentum_projector(method.momentum_backbone(torch.cat([view1, view2])))
+    return method.loss.multi_view(queries, targets) if local else method.loss(queries, targets)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_without_local_views_the_forward_is_the_two_view_loss_exactly(name):
+    method = build(name)
+    views = fixed_views()
+    assert torch.equal(method(*views), by_hand(name, method, *views))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_local_views_are_predicted_against_the_global_views_targets(name):
+    """Value and gradient of every parameter, in float64, with two local views of 4x4 next to the 8x8 globals."""
+    method = build(name).double()
+    views = [view.double() for view in (*fixed_views(), *local_views())]
+    loss = method(*views)
+    loss.backward()
+    by_method = grads(method)
+    method.zero_grad()
+    expected = by_hand(name, method, *views)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=1e-10, atol=1e-12)
+    assert by_method.keys() == grads(method).keys()
+    for key, grad in grads(method).items():
+        torch.testing.assert_close(by_method[key], grad, rtol=1e-10, atol=1e-12, msg=key)
+    # and the local views count: the loss is not the two-view loss of the global views
+    assert not torch.allclose(loss, by_hand(name, method, *views[:2]))
 
 
 # --------------------------------------------------------------------------- recipe mistakes

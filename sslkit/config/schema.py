@@ -165,7 +165,8 @@ class AugmentConfig:
         solarize_p_view2: The second view's solarize probability; ``null``: ``solarize_p``.
         normalize: Subtract the dataset's mean and divide by its standard deviation after augmenting.
         local_views: Multi-crop (SwAV, DINO): smaller views of each image after the two global views, for the
-            methods that take them (``simclr``, ``supcon``, ``dino``); 0: the two global views only.
+            methods that take them (every self-supervised method but ``nce``, and ``supcon``); 0: the two global
+            views only.
         local_size: The local views' side in pixels, at most ``image_size`` (DINO: 96 for 224 px globals);
             required with ``local_views``.
         local_crop_scale: ``[low, high]``: the local crops' area as a fraction of the image (DINO: 0.05-0.4, with

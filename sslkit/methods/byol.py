@@ -50,11 +50,18 @@ class BYOL(MomentumMethod):
     :class:`~sslkit.methods.SimCLR`). Each image's term needs only its own prediction and
     target, so nothing is gathered across processes.
 
+    Multi-crop (``augment.local_views``): the target network sees the two global views only, the
+    online network every view (the local views through the backbone in a batch of their own,
+    :meth:`~sslkit.methods.base.Method.encode_views`), and the prediction of every view meets the
+    target of each global view but its own: :func:`~sslkit.losses.byol.multi_view_byol_loss`, the
+    mean over those pairs, which for two views is the loss above.
+
     Shape:
-        view1, view2: (B, C, H, W); returns a scalar loss.
+        view1, view2: (B, C, H, W); local_views: (B, C, L, L) each; returns a scalar loss.
     """
 
     loss_names = ("byol",)
+    takes_local_views = True
     min_batch_size = 2  # BatchNorm in the projector and predictor: one image has no batch statistics
     min_batch_reason = "normalises its projector's and predictor's features by BatchNorm over the batch"
     Options = BYOLOptions
@@ -89,7 +96,13 @@ class BYOL(MomentumMethod):
         loss = losses.build(cfg.loss.name, **cfg.loss.kwargs)
         return cls(backbone, projector, predictor, loss, m.momentum, m.momentum_final)
 
-    def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        images = torch.cat([view1, view2])
-        queries = self.predictor(self.projector(self.encode(images)))  # (2B, D): [q1; q2]
-        return self.loss(queries, self.momentum_encode(images))  # the loss pairs q1 with z'2 and q2 with z'1
+    def forward(
+        self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        queries = self.predictor(
+            self.projector(self.encode_views(view1, view2, *local_views))
+        )  # (VB, D): [q1; q2; ...]
+        keys = self.momentum_encode(torch.cat([view1, view2]))  # (2B, D): the global views' targets only
+        if local_views:
+            return self.loss.multi_view(queries, keys)
+        return self.loss(queries, keys)  # the loss pairs q1 with z'2 and q2 with z'1

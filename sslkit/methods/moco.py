@@ -24,6 +24,7 @@ from sslkit import distributed, losses
 from sslkit.errors import UserError
 from sslkit.losses._common import upcast
 from sslkit.losses.mocov3 import MoCoV3Loss
+from sslkit.losses.ntxent import multi_view_infonce_loss
 from sslkit.methods.momentum import MomentumMethod, MomentumOptions, check_momentum_options
 from sslkit.methods.queue import KeyQueue
 from sslkit.models import build_mlp
@@ -162,12 +163,21 @@ class MoCo(MomentumMethod):
     the MoCo CIFAR demo trains on one GPU (8 splits). ``bn_splits = 1`` is BatchNorm over the
     whole batch, which solo-learn uses (SyncBatchNorm, no shuffle) for its MoCo v2+ results.
 
+    Multi-crop (``augment.local_views``, symmetric only): the key encoder sees the two global views
+    only, the query encoder every view (the local views through the backbone in a batch of their
+    own, :meth:`~sslkit.methods.base.Method.encode_views`, in ``bn_splits`` groups as the global
+    views; only the keys are shuffled), and the queries of every view meet the keys of each global
+    view but their own, the queue's keys the negatives:
+    :func:`~sslkit.losses.ntxent.multi_view_infonce_loss`, the mean over those pairs, which for two
+    views is the symmetric loss above. The queue takes the global views' keys, as without local views.
+
     Shape:
-        view1, view2: (B, C, H, W); returns a scalar loss.
+        view1, view2: (B, C, H, W); local_views: (B, C, L, L) each; returns a scalar loss.
     """
 
     loss_names = ("ntxent", "infonce")  # InfoNCE against the queue
     Options = MoCoOptions
+    takes_local_views = True
 
     def __init__(
         self,
@@ -203,19 +213,28 @@ class MoCo(MomentumMethod):
                 f"{m.bn_splits} over parts of one process's batch: set method.bn_splits=1 with "
                 f"model.sync_batchnorm=true"
             )
+        if cfg.augment.local_views and not m.symmetric:
+            raise UserError(
+                f"{source}: method 'moco' with local views (augment.local_views={cfg.augment.local_views}) contrasts "
+                f"every view's queries with the keys of both global views: set method.symmetric=true, or "
+                f"augment.local_views=0"
+            )
 
     @classmethod
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> MoCo:
         m, model = cls.options_of(cfg), cfg.model
         local_batch = cfg.train.batch_size // distributed.world_size()
         per_pass = 2 * local_batch if m.symmetric else local_batch
-        if m.bn_splits < 1 or per_pass % m.bn_splits:
+        local_pass = cfg.augment.local_views * local_batch  # the local views: a pass of their own
+        passes = [per_pass, local_pass] if local_pass else [per_pass]
+        if m.bn_splits < 1 or any(images % m.bn_splits for images in passes):
             # The MoCo CIFAR demo's 8 when it divides; else the largest divisor below it (1 always does).
             # Checked here, not when the recipe loads: the batch per process needs the process count.
-            fits = max(d for d in range(1, 9) if per_pass % d == 0)
+            fits = max(d for d in range(1, 9) if all(images % d == 0 for images in passes))
+            local = f" and the {local_pass} local views it encodes in a pass of their own" if local_pass else ""
             raise UserError(
                 f"method.bn_splits {m.bn_splits} must be >= 1 and divide the {per_pass} images each process "
-                f"encodes per pass (train.batch_size per process{', both views' if m.symmetric else ''}); "
+                f"encodes per pass (train.batch_size per process{', both views' if m.symmetric else ''}){local}; "
                 f"try method.bn_splits={fits}" + (" or 1" if fits > 1 else "")
             )
         projector = _mlp_without_batch_norm(
@@ -254,16 +273,21 @@ class MoCo(MomentumMethod):
         keys = self.momentum_encode(images[order])
         return keys[torch.argsort(order)]  # back to the images' order
 
-    def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.symmetric:
             # One pass for both views (faster than two); row i of keys is the other view of row i of queries.
-            queries = self.projector(self.encode(torch.cat([view1, view2])))  # (2B, D)
-            keys = self._keys(torch.cat([view2, view1]))  # (2B, D)
+            queries = self.projector(self.encode_views(view1, view2, *local_views))  # (VB, D)
+            keys = self._keys(torch.cat([view2, view1]))  # (2B, D): [k2; k1], the global views only
         else:
             queries = self.projector(self.encode(view1))  # (B, D)
             keys = self._keys(view2)  # (B, D)
-        # The mean over 2B queries is (l(q1, k2) + l(q2, k1)) / 2.
-        loss = self.loss(queries, keys, negatives=self.queue.negatives())
+        if local_views:  # every view's queries against both global views' keys, [k1; k2]
+            keys_in_order = keys.roll(view1.shape[0], dims=0)
+            loss = multi_view_infonce_loss(queries, keys_in_order, self.queue.negatives(), self.loss.temperature)
+        else:  # the mean over 2B queries is (l(q1, k2) + l(q2, k1)) / 2
+            loss = self.loss(queries, keys, negatives=self.queue.negatives())
         self.queue.enqueue(F.normalize(upcast(keys), dim=1))
         return loss
 
@@ -305,8 +329,15 @@ class MoCoV3(MomentumMethod):
     affine-free BatchNorm after the last; predictor 2 layers, ``predictor_hidden`` wide (with an
     affine-free BatchNorm after the last too in [2]'s ViT code: ``method.predictor_last_batch_norm``).
 
+    Multi-crop (``augment.local_views``): the momentum encoder sees the two global views only, the
+    query encoder every view (the local views through the backbone in a batch of their own,
+    :meth:`~sslkit.methods.base.Method.encode_views`), and the queries of every view meet the keys
+    of each global view but their own, that view's other keys the negatives:
+    :func:`~sslkit.losses.mocov3.multi_view_mocov3_loss`, twice the mean over those pairs, which for
+    two views is the loss above.
+
     Shape:
-        view1, view2: (B, C, H, W); returns a scalar loss.
+        view1, view2: (B, C, H, W); local_views: (B, C, L, L) each; returns a scalar loss.
     """
 
     # InfoNCE against the other keys of the batch. Recipes (and loss.name's default) call it
@@ -314,6 +345,7 @@ class MoCoV3(MomentumMethod):
     loss_names = ("mocov3", "ntxent", "infonce")
     min_batch_size = 2  # one image has no other key: its softmax is over the positive alone, loss 0
     Options = MoCoV3Options
+    takes_local_views = True
 
     def __init__(
         self,
@@ -358,7 +390,11 @@ class MoCoV3(MomentumMethod):
         )
         return cls(backbone, projector, predictor, loss, m.momentum, m.momentum_final)
 
-    def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        images = torch.cat([view1, view2])
-        queries = self.predictor(self.projector(self.encode(images)))  # (2B, D)
-        return self.loss(queries, self.momentum_encode(images))  # ctr(q1, k2) + ctr(q2, k1)
+    def forward(
+        self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        queries = self.predictor(self.projector(self.encode_views(view1, view2, *local_views)))  # (VB, D)
+        keys = self.momentum_encode(torch.cat([view1, view2]))  # (2B, D): the global views' keys only
+        if local_views:
+            return self.loss.multi_view(queries, keys)
+        return self.loss(queries, keys)  # ctr(q1, k2) + ctr(q2, k1)

@@ -42,11 +42,19 @@ class SimSiam(Method):
     ``predictor_hidden`` bottleneck and no BatchNorm at its output. Both views go through the
     encoder in one batch, as in :class:`~sslkit.methods.SimCLR`.
 
+    Multi-crop (``augment.local_views``): every view is predicted (the local views through the
+    backbone in a batch of their own, :meth:`~sslkit.methods.base.Method.encode_views`), the
+    targets are the stopped projections of the two global views only, and the prediction of every
+    view meets the target of each global view but its own:
+    :func:`~sslkit.losses.simsiam.multi_view_simsiam_loss`, the mean over those pairs, which for
+    two views is the loss above.
+
     Shape:
-        view1, view2: (B, C, H, W); returns a scalar loss.
+        view1, view2: (B, C, H, W); local_views: (B, C, L, L) each; returns a scalar loss.
     """
 
     loss_names = ("simsiam",)
+    takes_local_views = True
     min_batch_size = 2  # BatchNorm in the projector and predictor: one image has no batch statistics
     min_batch_reason = "normalises its projector's and predictor's features by BatchNorm over the batch"
     Options = SimSiamOptions
@@ -70,6 +78,11 @@ class SimSiam(Method):
         predictor = build_mlp(model.projector_out, m.predictor_hidden, model.projector_out, 2)
         return cls(backbone, projector, predictor, losses.build(cfg.loss.name, **cfg.loss.kwargs))
 
-    def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        projections = self.projector(self.encode(torch.cat([view1, view2])))  # (2B, D): [z1; z2]
-        return self.loss(self.predictor(projections), projections)  # the loss detaches the projections
+    def forward(
+        self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        projections = self.projector(self.encode_views(view1, view2, *local_views))  # (VB, D): [z1; z2; ...]
+        predictions = self.predictor(projections)
+        if local_views:  # the targets: the global views' projections, [z1; z2]
+            return self.loss.multi_view(predictions, projections[: 2 * view1.shape[0]])
+        return self.loss(predictions, projections)  # the loss detaches the projections

@@ -23,13 +23,25 @@ class VICReg(ProjectedViews):
     wide at ImageNet scale in [0]. Both views go through the encoder in one batch, as in
     :class:`~sslkit.methods.SimCLR`.
 
+    Multi-crop (``augment.local_views``): the local views go through the backbone in a batch of
+    their own and the expander sees every view; the loss is
+    :func:`~sslkit.losses.vicreg.multi_view_vicreg_loss`, the mean of the two-view loss over the
+    pairs of a global view with another view, (1, 2), (1, l) and (2, l), each view's variance and
+    covariance over the global batch (a global view's then count in every pair it is in); with two
+    views, the loss above.
+
     Shape:
-        view1, view2: (B, C, H, W); returns a scalar loss.
+        view1, view2: (B, C, H, W); local_views: (B, C, L, L) each; returns a scalar loss.
     """
 
     loss_names = ("vicreg",)
+    takes_local_views = True
     min_batch_reason = "takes each feature's variance and covariance over the global batch (divided by N - 1)"
 
-    def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        z1, z2 = self.project(view1, view2).chunk(2)
-        return self.loss(z1, z2)
+    def forward(
+        self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        z = self.project(view1, view2, *local_views).chunk(2 + len(local_views))
+        if local_views:
+            return self.loss.multi_view(*z)
+        return self.loss(*z)
