@@ -302,6 +302,8 @@ def test_local_views_are_queries_against_the_global_views_keys(name):
 
 
 def test_moco_enqueues_the_global_views_keys_only():
+    with pytest.raises(ValueError, match="local views need symmetric=True"):
+        build("moco", symmetric=False)(*fixed_views(), *local_views())
     method = build("moco")
     view1, view2 = fixed_views()
     torch.manual_seed(4)

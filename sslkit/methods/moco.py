@@ -276,6 +276,8 @@ class MoCo(MomentumMethod):
     def forward(
         self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if local_views and not self.symmetric:
+            raise ValueError("local views need symmetric=True: every view's queries meet both global views' keys")
         if self.symmetric:
             # One pass for both views (faster than two); row i of keys is the other view of row i of queries.
             queries = self.projector(self.encode_views(view1, view2, *local_views))  # (VB, D)
