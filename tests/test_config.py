@@ -236,6 +236,8 @@ def test_another_loss_on_the_command_line_drops_the_recipe_keys_it_does_not_take
     note = capsys.readouterr().err
     assert "dropped loss.scale=16.0, loss.margin=0.3 (proxy_anchor does not take them)" in note
     assert "\n" not in note.strip()  # one line
+    load_config(path, ["loss.name=proxy_anchor", "train.epochs=3"])  # a sweep's next point: said once is enough
+    assert capsys.readouterr().err == ""
 
 
 def test_another_loss_keeps_the_keys_it_takes_and_says_so(tmp_path, capsys):

@@ -61,6 +61,8 @@ from sslkit.config.schema import (
 )
 from sslkit.errors import UserError
 
+_PRINTED_NOTES: set[tuple[Path, str]] = set()  # the loss-replacement notes this process printed, by recipe
+
 
 def config_from_dict(raw: dict, source: str = "recipe") -> Config:
     """Build and validate a :class:`Config` from a plain dict (YAML content plus overrides)."""
@@ -77,7 +79,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     source = str(path) + (" (with command-line overrides)" if overrides else "")
     merged = apply_overrides(raw, overrides or [])
     replaced = replace_recipe_loss(raw, merged, overrides or [])
-    if replaced and os.environ.get("RANK", "0") == "0":  # once, not from every process of a launch
+    # Once, not from every process of a launch, nor for every point of a sweep that loads the recipe again.
+    if replaced and (path, replaced) not in _PRINTED_NOTES and os.environ.get("RANK", "0") == "0":
+        _PRINTED_NOTES.add((path, replaced))
         Console(stderr=True).print(replaced, highlight=False, markup=False, soft_wrap=True)
     return config_from_dict(merged, source)
 

@@ -10,7 +10,7 @@ import math
 
 from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
-from sslkit.losses.partial_fc import PartialFC, check_sample_rate, partial_fc_repr
+from sslkit.losses.partial_fc import partial_fc_repr, sharding_of
 
 
 def adacos_fixed_scale(num_classes: int) -> float:
@@ -48,8 +48,7 @@ class AdaCosHead(MarginSoftmaxHead):
         self, embedding_dim: int, num_classes: int, partial_fc: bool = False, sample_rate: float = 1.0
     ) -> None:
         num_classes = check_positive_int(num_classes, "num_classes", minimum=3)
-        partial_fc, sample_rate = check_sample_rate(partial_fc, sample_rate)
-        super().__init__(embedding_dim, num_classes, PartialFC(num_classes, sample_rate) if partial_fc else None)
+        super().__init__(embedding_dim, num_classes, sharding_of(num_classes, partial_fc, sample_rate))
         self.scale = adacos_fixed_scale(self.num_classes)
 
     def extra_repr(self) -> str:

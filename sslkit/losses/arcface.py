@@ -13,9 +13,8 @@ import math
 import torch
 
 from sslkit.losses._common import as_number, check_flag, check_positive
-from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
-from sslkit.losses.partial_fc import PartialFC, check_sample_rate, partial_fc_repr
+from sslkit.losses.partial_fc import partial_fc_repr, sharding_of
 
 # sin(theta) = sqrt(1 - cos^2) has an infinite derivative at cos = +-1; below this the sine is
 # held constant, so an embedding exactly on (or opposite) its class weight gets finite gradients.
@@ -83,9 +82,7 @@ class ArcFaceHead(MarginSoftmaxHead):
         partial_fc: bool = False,
         sample_rate: float = 1.0,
     ) -> None:
-        partial_fc, sample_rate = check_sample_rate(partial_fc, sample_rate)
-        sharding = PartialFC(check_positive_int(num_classes, "num_classes"), sample_rate) if partial_fc else None
-        super().__init__(embedding_dim, num_classes, sharding)
+        super().__init__(embedding_dim, num_classes, sharding_of(num_classes, partial_fc, sample_rate))
         self.scale = check_positive(scale, "scale")
         margin = as_number(margin, "margin")
         if not 0 <= margin < math.pi / 2:

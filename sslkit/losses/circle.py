@@ -23,7 +23,7 @@ from sslkit.losses._common import (
     pair_masks,
     upcast,
 )
-from sslkit.losses.memory import CrossBatchMemory, check_memory_size, reference_sets
+from sslkit.losses.memory import CrossBatchMemory, memory_of, reference_sets
 from sslkit.losses.miners import check_miner, mine
 
 
@@ -146,8 +146,7 @@ class CircleLoss(nn.Module):
         self.margin = _check_margin(margin)
         self.gamma = check_positive(gamma, "gamma")
         self.miner, self.epsilon = check_miner(miner, epsilon)
-        memory_size = check_memory_size(memory_size)
-        self.memory = CrossBatchMemory(memory_size) if memory_size else None
+        self.memory = memory_of(memory_size)
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:

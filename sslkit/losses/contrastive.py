@@ -23,7 +23,7 @@ from sslkit.losses._common import (
     pairwise_distance,
     upcast,
 )
-from sslkit.losses.memory import CrossBatchMemory, check_memory_size, reference_sets
+from sslkit.losses.memory import CrossBatchMemory, memory_of, reference_sets
 from sslkit.losses.miners import check_miner, mine
 
 
@@ -150,8 +150,7 @@ class ContrastiveLoss(nn.Module):
         self.squared = check_flag(squared, "squared")
         self.normalize = check_flag(normalize, "normalize")
         self.miner, self.epsilon = check_miner(miner, epsilon)
-        memory_size = check_memory_size(memory_size)
-        self.memory = CrossBatchMemory(memory_size) if memory_size else None
+        self.memory = memory_of(memory_size)
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import torch
 
 from sslkit.losses._common import as_number, check_positive
-from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
-from sslkit.losses.partial_fc import PartialFC, check_sample_rate, partial_fc_repr
+from sslkit.losses.partial_fc import partial_fc_repr, sharding_of
 
 
 def cosface_target_logit(cos_target: torch.Tensor, margin: float) -> torch.Tensor:
@@ -57,9 +56,7 @@ class CosFaceHead(MarginSoftmaxHead):
         partial_fc: bool = False,
         sample_rate: float = 1.0,
     ) -> None:
-        partial_fc, sample_rate = check_sample_rate(partial_fc, sample_rate)
-        sharding = PartialFC(check_positive_int(num_classes, "num_classes"), sample_rate) if partial_fc else None
-        super().__init__(embedding_dim, num_classes, sharding)
+        super().__init__(embedding_dim, num_classes, sharding_of(num_classes, partial_fc, sample_rate))
         self.scale = check_positive(scale, "scale")
         margin = as_number(margin, "margin")
         if not 0 <= margin < 1:

@@ -25,7 +25,7 @@ from sslkit.losses._common import (
     pairwise_distance,
     upcast,
 )
-from sslkit.losses.memory import CrossBatchMemory, check_memory_size, reference_sets
+from sslkit.losses.memory import CrossBatchMemory, memory_of, reference_sets
 from sslkit.losses.miners import check_miner, mine
 
 # Reference rows per block when the memory's own negative sums are computed: a (1024, M) temporary.
@@ -178,8 +178,7 @@ class LiftedStructureLoss(nn.Module):
         self.margin = check_nonnegative(margin, "margin")
         self.normalize = check_flag(normalize, "normalize")
         self.miner, self.epsilon = check_miner(miner, epsilon)
-        memory_size = check_memory_size(memory_size)
-        self.memory = CrossBatchMemory(memory_size) if memory_size else None
+        self.memory = memory_of(memory_size)
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:

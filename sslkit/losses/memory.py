@@ -43,6 +43,13 @@ def check_memory_size(memory_size) -> int:
     return int(memory_size)
 
 
+def memory_of(memory_size) -> CrossBatchMemory | None:
+    """A pair loss's ``memory_size`` argument, checked: a :class:`CrossBatchMemory` of that many samples, or None
+    for 0 (the batch only)."""
+    size = check_memory_size(memory_size)
+    return CrossBatchMemory(size) if size else None
+
+
 class CrossBatchMemory(nn.Module):
     """A first-in first-out memory of the ``size`` most recent embeddings and their labels.
 

@@ -24,7 +24,7 @@ from sslkit.losses._common import (
     pair_masks,
     upcast,
 )
-from sslkit.losses.memory import CrossBatchMemory, check_memory_size, reference_sets
+from sslkit.losses.memory import CrossBatchMemory, memory_of, reference_sets
 from sslkit.losses.miners import check_miner, mine
 
 
@@ -155,8 +155,7 @@ class MultiSimilarityLoss(nn.Module):
         self.alpha, self.beta = check_positive(alpha, "alpha"), check_positive(beta, "beta")
         self.base = _check_base(base)
         self.miner, self.epsilon = check_miner(miner, epsilon)
-        memory_size = check_memory_size(memory_size)
-        self.memory = CrossBatchMemory(memory_size) if memory_size else None
+        self.memory = memory_of(memory_size)
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:

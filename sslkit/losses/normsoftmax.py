@@ -9,9 +9,8 @@ References:
 from __future__ import annotations
 
 from sslkit.losses._common import check_positive
-from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import MarginSoftmaxHead
-from sslkit.losses.partial_fc import PartialFC, check_sample_rate, partial_fc_repr
+from sslkit.losses.partial_fc import partial_fc_repr, sharding_of
 
 
 class NormSoftmaxHead(MarginSoftmaxHead):
@@ -51,9 +50,7 @@ class NormSoftmaxHead(MarginSoftmaxHead):
         partial_fc: bool = False,
         sample_rate: float = 1.0,
     ) -> None:
-        partial_fc, sample_rate = check_sample_rate(partial_fc, sample_rate)
-        sharding = PartialFC(check_positive_int(num_classes, "num_classes"), sample_rate) if partial_fc else None
-        super().__init__(embedding_dim, num_classes, sharding)
+        super().__init__(embedding_dim, num_classes, sharding_of(num_classes, partial_fc, sample_rate))
         self.temperature = check_positive(temperature, "temperature")
         self.scale = 1.0 / self.temperature
 

@@ -52,6 +52,7 @@ from torch.autograd.function import once_differentiable
 from sslkit import distributed
 from sslkit.losses._common import as_number, check_flag, full_precision, upcast
 from sslkit.losses._workspace import Workspace
+from sslkit.losses.head import check_positive_int
 from sslkit.losses.margin_softmax import (
     _NORM_EPS,
     _cosines_in_workspace,
@@ -69,15 +70,20 @@ def partial_fc_repr(partial_fc: PartialFC | None) -> str:
     return f", partial_fc=True, sample_rate={partial_fc.sample_rate}" if partial_fc else ", partial_fc=False"
 
 
-def check_sample_rate(partial_fc, sample_rate) -> tuple[bool, float]:
-    """``(partial_fc, sample_rate)`` checked: a switch, and a rate in (0, 1] that only Partial FC uses."""
+def sharding_of(num_classes: int, partial_fc, sample_rate) -> PartialFC | None:
+    """A head's ``partial_fc`` switch and ``sample_rate``, checked: the :class:`PartialFC` of its
+    ``num_classes`` classes, or None without Partial FC.
+
+    Raises:
+        ValueError: a rate outside (0, 1], or a rate below 1 without ``partial_fc``.
+    """
     partial_fc = check_flag(partial_fc, "partial_fc")
     rate = as_number(sample_rate, "sample_rate")
     if not 0 < rate <= 1:
         raise ValueError(f"sample_rate must be in (0, 1] (the share of class centres kept per step), got {rate}")
     if rate != 1 and not partial_fc:
         raise ValueError(f"sample_rate={rate} samples class centres only with partial_fc=True; set both or neither")
-    return partial_fc, rate
+    return PartialFC(check_positive_int(num_classes, "num_classes"), rate) if partial_fc else None
 
 
 def shard_bounds(num_classes: int, rank: int, world: int) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from sslkit.losses._common import check_flag, check_positive, full_precision, up
 from sslkit.losses._workspace import Workspace
 from sslkit.losses.head import Head, check_proxy_inputs
 from sslkit.losses.margin_softmax import _scaled_unit_rows, cosine_margin_cross_entropy
-from sslkit.losses.partial_fc import PartialFC, check_sample_rate, partial_fc_repr
+from sslkit.losses.partial_fc import partial_fc_repr, sharding_of
 
 
 def _unchanged(cos_target: torch.Tensor) -> torch.Tensor:
@@ -157,7 +157,7 @@ class ProxyNCAHead(Head):
         sample_rate: float = 1.0,
     ) -> None:
         super().__init__(embedding_dim, num_classes)
-        partial_fc, sample_rate = check_sample_rate(partial_fc, sample_rate)
+        sharding = sharding_of(self.num_classes, partial_fc, sample_rate)
         include_positive_in_denominator = check_flag(
             include_positive_in_denominator, "include_positive_in_denominator"
         )
@@ -169,8 +169,8 @@ class ProxyNCAHead(Head):
         self.scale = check_positive(scale, "scale")
         self.proxy_lr_scale = check_positive(proxy_lr_scale, "proxy_lr_scale")
         self.include_positive_in_denominator = include_positive_in_denominator
-        if partial_fc:
-            self.partial_fc, self.sharded_parameters = PartialFC(self.num_classes, sample_rate), ("proxies",)
+        if sharding is not None:
+            self.partial_fc, self.sharded_parameters = sharding, ("proxies",)
             self.proxies = nn.Parameter(torch.empty(self.partial_fc.rows, self.embedding_dim))  # (C / W, D)
             self.partial_fc.init_rows(self.proxies, lambda rows, seeded: rows.normal_(0.0, 1 / 8, generator=seeded))
         else:

@@ -29,7 +29,7 @@ from sslkit.losses._common import (
     symmetric_pair_product,
     upcast,
 )
-from sslkit.losses.memory import CrossBatchMemory, check_memory_size, reference_sets
+from sslkit.losses.memory import CrossBatchMemory, memory_of, reference_sets
 from sslkit.losses.miners import check_miner, mine
 
 _EPS = 1e-12  # F.normalize's default: a zero embedding stays zero instead of dividing by 0
@@ -360,8 +360,7 @@ class SupConLoss(nn.Module):
             base_temperature = check_positive(base_temperature, "base_temperature")
         self.base_temperature = base_temperature
         self.miner, self.epsilon = check_miner(miner, epsilon)
-        memory_size = check_memory_size(memory_size)
-        self.memory = CrossBatchMemory(memory_size) if memory_size else None
+        self.memory = memory_of(memory_size)
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:

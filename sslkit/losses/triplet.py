@@ -25,7 +25,7 @@ from sslkit.losses._common import (
     pairwise_distance,
     upcast,
 )
-from sslkit.losses.memory import CrossBatchMemory, check_memory_size, reference_sets
+from sslkit.losses.memory import CrossBatchMemory, memory_of, reference_sets
 from sslkit.losses.miners import batch_hard_pairs, check_miner, mine, mined_triplets, semi_hard_triplets
 
 MINING = ("all", "hard", "semihard")
@@ -188,8 +188,7 @@ class TripletLoss(nn.Module):
         self.mining, self.reduction, self.miner, self.epsilon = _check_selection(mining, reduction, miner, epsilon)
         self.squared_distance = check_flag(squared_distance, "squared_distance")
         self.normalize = check_flag(normalize, "normalize")
-        memory_size = check_memory_size(memory_size)
-        self.memory = CrossBatchMemory(memory_size) if memory_size else None
+        self.memory = memory_of(memory_size)
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
