@@ -7,12 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tools.bench as a namespace package: its module names stay out of the top level
 
 from tools.bench import gpu_step  # noqa: E402
 
 
+@pytest.mark.slow
 def test_quick_run_times_both_models_and_counts_their_flops(tmp_path):
     # Its own process: the benchmark's bf16 Accelerator would fix this process's Accelerate state.
     command = [

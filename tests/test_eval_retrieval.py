@@ -248,6 +248,7 @@ def _two_process_metrics(rank, world):
     return results
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_one_process_metrics():
     by_rank = run_in_processes(_two_process_metrics)
     features, labels = tied(101, 4, 6, seed=9)

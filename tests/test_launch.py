@@ -73,6 +73,7 @@ def _threads_under_accelerate(tmp_path: Path, *launcher_args: str, omp: str | No
     return int(count), why
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="with a GPU accelerate counts one process and spreads the cores itself"
 )
@@ -83,6 +84,7 @@ def test_accelerate_launch_gets_the_cores_back(tmp_path):
         assert "accelerate launch had set OMP_NUM_THREADS=1" in why
 
 
+@pytest.mark.slow
 def test_users_one_thread_is_kept(tmp_path):
     assert _threads_under_accelerate(tmp_path, omp="1") == (1, "torch default")
     assert _threads_under_accelerate(tmp_path, "--num_cpu_threads_per_process", "1") == (1, "torch default")

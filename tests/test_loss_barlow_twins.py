@@ -108,6 +108,7 @@ def test_rejects_a_bad_weight(bad):
         BarlowTwinsLoss(off_diagonal_weight=bad)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     """Standardised and correlated over the global batch, two views and four (multi-crop): n = 1 per process
     is a valid batch of 2."""

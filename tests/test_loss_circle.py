@@ -150,6 +150,7 @@ def test_rejects_bad_labels():
         circle_loss(torch.randn(4, 8), torch.zeros(3, dtype=torch.long))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     x = torch.randn(10, 6, dtype=torch.float64)
     # rank 0 holds four anchors with pairs, rank 1 three: the normalisation must be global

@@ -516,6 +516,7 @@ def _uneven_batches(rank: int, world: int) -> dict:
     return messages
 
 
+@pytest.mark.slow
 def test_uneven_batches_across_two_processes_are_one_error_on_both_not_an_abort():
     """A last partial batch on one process (no drop_last) made gloo abort the process inside the
     gather; now every gathering loss raises the same ValueError on both, and the next even batch trains."""

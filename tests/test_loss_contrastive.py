@@ -129,6 +129,7 @@ def test_rejects_missing_or_mismatched_labels():
         loss_fn(torch.randn(4), torch.tensor([0, 1, 0, 1]))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     # Classes straddle the two halves; class 3 has a single sample.
     labels = torch.tensor([0, 1, 2, 0, 1, 3, 0, 2])

@@ -149,6 +149,7 @@ def test_rejects_bad_inputs():
         dcl_loss(torch.randn(4, 8), torch.randn(4, 8), positive_weight=torch.ones(3))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     # n = 1 per process is valid: the negatives come from the other process.
     bank = torch.randn(5, 16, dtype=torch.float64)

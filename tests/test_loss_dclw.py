@@ -153,6 +153,7 @@ def test_rejects_bad_inputs():
         loss_fn(torch.randn(1, 8), torch.randn(1, 8))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     # The weights' E_j is over the global batch: local weights would fail this comparison.
     bank = torch.randn(5, 16, dtype=torch.float64)

@@ -204,6 +204,7 @@ def _dino_worker(rank, world):
     return {sync: _two_steps(rank, world, sync) for sync in (True, False)} | {"uneven": _uneven_centre(rank, world)}
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_and_share_the_centre():
     results = run_in_processes(_dino_worker)
     loss, grad, center = _two_steps(0, 1, sync_center=True)

@@ -120,6 +120,7 @@ def test_rejects_missing_or_mismatched_labels():
         loss_fn(torch.randint(0, 3, (4, 8)), torch.tensor([0, 1, 0, 1]))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     # Positive pairs cross the halves, rank 1 holds more of them, class 3 has one sample.
     labels = torch.tensor([0, 1, 2, 3, 0, 0, 1, 2, 1, 0])

@@ -167,6 +167,7 @@ def _memory_worker(rank, world, cases, steps):
     return results
 
 
+@pytest.mark.slow
 def test_two_processes_hold_one_memory_and_train_as_one_process():
     steps = batches(steps=3, n=8)
     cases = [

@@ -276,6 +276,7 @@ def _seeded_worker(rank, world, cases, x, labels):
     return results
 
 
+@pytest.mark.slow
 def test_two_processes_mine_as_one_process_on_the_whole_batch():
     x, labels = batch(seed=1)
     cases = [

@@ -126,6 +126,7 @@ def two_process_results() -> list:
     return run_in_processes(_two_process_loss)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["two_view", "multi_view"])
 def test_two_processes_match_one_process(two_process_results, name):
     """Each process contrasts its queries (of every view, multi-view) with every process's keys: the

@@ -142,6 +142,7 @@ def test_rejects_missing_labels():
         MultiSimilarityLoss()(torch.randn(4, 8))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     # Classes straddle the halves, class 3 has one sample.
     labels = torch.tensor([0, 1, 2, 3, 0, 0, 1, 2, 1, 0])

@@ -178,6 +178,7 @@ def test_rejects_bad_inputs():
         NCELoss(normalizer=1.0)(torch.randn(4, 8), torch.randn(4, 8), negatives=torch.randn(3, 8))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     bank = torch.randn(5, 16, dtype=torch.float64)
     cases = [

@@ -142,6 +142,7 @@ def test_rejects_missing_or_mismatched_labels():
         loss_fn(torch.randn(4), torch.tensor([0, 1, 0, 1]))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     # Pairs within rank 0 (class 0), within rank 1 (class 4), across ranks (classes 1, 3);
     # class 2 has one sample; class 0's third sample (on rank 1) is unused.

@@ -202,6 +202,7 @@ def two_and_multi_view_worker(rank, world, z1, z2, views):
     return two_view, (loss.detach(), *(view.grad for view in local))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     """Two views, and three (multi-view): there image i of one process and image i of the other are
     different images, negatives of each other."""

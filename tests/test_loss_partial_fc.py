@@ -69,6 +69,7 @@ def _rate_one_worker(rank, world, cases, states, x, labels):
     return out
 
 
+@pytest.mark.slow
 def test_rate_one_in_two_processes_is_the_full_head(two_processes):
     x, labels = _batch()
     fulls = [_full_head(cls, kwargs) for cls, kwargs in CASES]
@@ -165,6 +166,7 @@ def _sampled_batch():
     return x, labels
 
 
+@pytest.mark.slow
 def test_sampled_classes_in_two_processes_match_the_restricted_loop(two_processes):
     x, labels = _sampled_batch()
     fulls = [_full_head(cls, kwargs, num_classes=C_SAMPLED) for cls, kwargs in CASES]
@@ -250,6 +252,7 @@ def _optimizer_worker(rank, world, state, x, labels):
     return saved, head.state_dict(), reloaded.state.get(other.weight)["exp_avg"], optimizer.state[head.weight]
 
 
+@pytest.mark.slow
 def test_head_and_optimizer_state_move_between_one_and_two_processes(two_processes):
     x, labels = _batch()
     full = _full_head(ArcFaceHead, {})
@@ -298,6 +301,7 @@ def _ddp_worker(rank, world, state, x, labels):
     return ignored, model.neck.weight.detach(), model.neck.weight.grad, model.loss.weight.grad
 
 
+@pytest.mark.slow
 def test_ddp_leaves_the_blocks_alone_and_averages_the_rest_to_the_one_process_gradient(two_processes):
     x, labels = _batch()
     state = _ddp_state()

@@ -136,6 +136,7 @@ def test_rejects_bad_labels():
         soft_nearest_neighbors_loss(torch.randn(4, 8), torch.zeros(4))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     x = torch.randn(10, 6, dtype=torch.float64)
     # rank 0 holds four anchors with a partner, rank 1 three: the normalisation must be global

@@ -216,6 +216,7 @@ def test_rejects_bad_labels():
         supcon_loss(torch.randn(4, 8, 2), torch.zeros(4, dtype=torch.long))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     x = torch.randn(10, 16, dtype=torch.float64)
     # rank 0 holds four anchors with a positive, rank 1 three: the normalisation must be global

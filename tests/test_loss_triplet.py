@@ -161,6 +161,7 @@ def test_rejects_missing_or_mismatched_labels():
 CASES = [(mining, reduction) for mining in MINING for reduction in ("mean", "mean_nonzero")]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     # Classes straddle the halves, rank 1 holds more triplets than rank 0, class 3 has one sample.
     labels = torch.tensor([0, 1, 2, 3, 0, 0, 1, 2, 1, 0])

@@ -118,6 +118,7 @@ def test_rejects_a_bad_weight(argument):
         VICRegLoss(**{argument: -1.0})
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_whole_batch():
     """Variance and covariance over the global batch, two views and four (multi-crop): n = 1 per process is a
     valid batch of 2."""

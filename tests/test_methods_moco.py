@@ -369,6 +369,7 @@ def _two_process_checks(rank: int, world: int) -> dict:
     return {"bank": method.bank}
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_bank():
     results = run_in_processes(_two_process_checks)
     assert torch.equal(results[0]["bank"], results[1]["bank"])
@@ -420,6 +421,7 @@ def ddp_results() -> dict:
     return {name: [r[name] for r in by_rank] for name in ("moco", "nce")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["moco", "nce"])
 def test_ddp_leaves_the_queue_and_bank_alone_and_they_stay_equal_on_every_process(ddp_results, name):
     """MoCo's queue and NPID's bank are equal everywhere by construction, so DDP no longer re-sends them

@@ -54,6 +54,7 @@ def _enqueue_per_rank(rank: int, world: int) -> dict:
     return {"keys": queue.keys, "ptr": int(queue.ptr), "filled": int(queue.filled)}
 
 
+@pytest.mark.slow
 def test_two_processes_enqueue_the_same_global_keys_in_rank_order():
     results = run_in_processes(_enqueue_per_rank)
     # Global keys in order: step 0: 0, 1 (rank 0), 10, 11 (rank 1); step 1: 100, 101, 110, 111; step 2: 200, ...

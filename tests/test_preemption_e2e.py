@@ -170,6 +170,7 @@ stop_workers_before_exit(loader)
 """
 
 
+@pytest.mark.slow
 def test_a_process_whose_persistent_workers_ignore_sigterm_still_exits():
     """multiprocessing stops daemonic children at exit with SIGTERM, which the workers ignore: without
     stop_workers_before_exit this process waits for them forever."""

@@ -101,6 +101,7 @@ def two_processes() -> list[dict]:
     return run_in_processes(_both)
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process_on_the_whole_batch(two_processes):
     results = [r["steps"] for r in two_processes]
     full = one_process(2)
@@ -116,6 +117,7 @@ def test_two_processes_equal_one_process_on_the_whole_batch(two_processes):
         torch.testing.assert_close(results[0]["eval_out"], full["eval_out"])
 
 
+@pytest.mark.slow
 def test_float32_statistics_stay_exact_far_from_zero(two_processes):
     reference = small_net()(batch(offset=1000.0)[0].float().double())  # float64, one process, the whole batch
     torch.testing.assert_close(torch.cat([r["float32"] for r in two_processes]).double(), reference, rtol=0, atol=2e-3)
