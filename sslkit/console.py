@@ -34,6 +34,21 @@ def results_table(rows: dict[str, dict[str, float]], title: str = "results") -> 
     return table
 
 
+def print_table(table: Table) -> None:
+    """Print ``table`` at its own width when the terminal (or a log's 80 columns) is narrower.
+
+    rich otherwise squeezes the columns to fit, and a summary of mean ± std over seeds comes out
+    as ``0.…`` in every cell; a long line in a log file still reads, a cut number does not.
+    """
+    needed = console.measure(table, options=console.options.update_width(1000)).maximum
+    width = console.width
+    console.width = max(width, needed)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
 def print_user_error(error: Exception) -> None:
     """One line, no traceback: a user's mistake, and what to do about it."""
     message = str(error).strip()

@@ -61,7 +61,7 @@ from rich.table import Table
 
 from sslkit.cli import sweep
 from sslkit.config import find_recipe, flatten, load_config, to_dict
-from sslkit.console import console, print_user_error
+from sslkit.console import console, print_table, print_user_error
 from sslkit.errors import UserError
 from sslkit.report import PLOT_HINT, new_figure
 
@@ -515,7 +515,7 @@ def run_sweep(
     summary = write_tables(out, records, keys, header)
     metrics = metric_names(records)
     # The headline metrics on the terminal; results.csv and summary.csv have them all.
-    console.print(summary_table(summary, keys, [m for m in shown if m in metrics] or metrics))
+    print_table(summary_table(summary, keys, [m for m in shown if m in metrics] or metrics))
     plotted = [m for m in shown if m in metrics and plot_metric(summary, keys, m, out / f"{m}.png") is not None]
     console.print(
         f"results: {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.json'}"

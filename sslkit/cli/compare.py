@@ -59,7 +59,7 @@ from rich.table import Table
 from sslkit.cli import label_efficiency, sweep
 from sslkit.cli.label_efficiency import SAME_AS_PRETRAINED
 from sslkit.config import Config, find_recipe, flatten, load_config, to_dict
-from sslkit.console import console, print_user_error
+from sslkit.console import console, print_table, print_user_error
 from sslkit.errors import UserError
 
 WARMUP_STEPS = 10  # untimed steps of a calibration
@@ -599,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     if records is None:
         return 130
     summary = tables(records)
-    console.print(summary_table(summary, args.minutes, args.fraction))
+    print_table(summary_table(summary, args.minutes, args.fraction))
     console.print(
         f"results: {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.json'}",
         markup=False,

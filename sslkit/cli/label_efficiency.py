@@ -80,7 +80,7 @@ from rich.table import Table
 
 from sslkit.cli import sweep
 from sslkit.config import Config, find_recipe, flatten, load_config, to_dict
-from sslkit.console import console, error_console, print_user_error
+from sslkit.console import console, error_console, print_table, print_user_error
 from sslkit.errors import UserError
 from sslkit.report import PLOT_HINT, new_figure
 
@@ -912,9 +912,9 @@ def run_all(runs: list[Run], plan: Plan, header: dict) -> int:
         return 130
 
     summary = tables(records)
-    console.print(summary_table(summary, _pretrain(records)))
+    print_table(summary_table(summary, _pretrain(records)))
     if gains := paired_gains(point_rows(records, plan.scratch_factor > 1)):
-        console.print(gains_table(gains))
+        print_table(gains_table(gains))
     figure = plot(summary, seeds, out / PLOT_FILE, plan.scratch_factor)
     console.print(
         f"results: {out / 'points.csv'}, {out / 'summary.csv'}, {out / 'gains.csv'}, {out / 'points.json'}"
