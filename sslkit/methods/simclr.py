@@ -23,7 +23,9 @@ class ProjectedViews(Method):
     One pass is faster than two, and BatchNorm sees both views together, as in SimCLR's
     implementation. Local views (multi-crop) go through the backbone in a second batch, since
     they are smaller, and the projector sees every view's features in one batch (as DINO's
-    multi-crop wrapper). A subclass says in ``forward`` how the (VB, D) projections meet its loss.
+    multi-crop wrapper). The loss takes the views' projections, ``loss(z1, z2)``, or with local
+    views its multi-view form, ``loss.multi_view(z1, z2, l1, ...)``; a subclass whose loss takes
+    them otherwise (SupCon's labels) says so in its own ``forward``.
     """
 
     min_batch_size = 2  # the negatives are the batch's other images: one image alone gives a loss of exactly 0
@@ -41,6 +43,14 @@ class ProjectedViews(Method):
     def project(self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor) -> torch.Tensor:
         """``g([f([v1; v2]); f([l1; ...])])``: (VB, D), view by view, the first view's rows first."""
         return self.projector(self.encode_views(view1, view2, *local_views))
+
+    def forward(
+        self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        z = self.project(view1, view2, *local_views).chunk(2 + len(local_views))
+        if local_views:
+            return self.loss.multi_view(*z)
+        return self.loss(*z)
 
 
 class SimCLR(ProjectedViews):
@@ -63,11 +73,3 @@ class SimCLR(ProjectedViews):
                 f"{source}: method 'simclr' with local views (augment.local_views={cfg.augment.local_views}) "
                 f"contrasts every view with every other by NT-Xent: set loss.name=ntxent, got '{cfg.loss.name}'"
             )
-
-    def forward(
-        self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        z = self.project(view1, view2, *local_views).chunk(2 + len(local_views))
-        if local_views:
-            return self.loss.multi_view(*z)
-        return self.loss(*z)

@@ -7,8 +7,6 @@ References:
 
 from __future__ import annotations
 
-import torch
-
 from sslkit.methods.simclr import ProjectedViews
 
 
@@ -37,11 +35,3 @@ class VICReg(ProjectedViews):
     loss_names = ("vicreg",)
     takes_local_views = True
     min_batch_reason = "takes each feature's variance and covariance over the global batch (divided by N - 1)"
-
-    def forward(
-        self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        z = self.project(view1, view2, *local_views).chunk(2 + len(local_views))
-        if local_views:
-            return self.loss.multi_view(*z)
-        return self.loss(*z)
