@@ -71,11 +71,17 @@ class StopSignals:
         """Whether any process has received a stop signal (every process calls it after the same step)."""
         if not self.signals:
             return False
-        if dist.is_available() and dist.is_initialized():
-            flag = torch.tensor([self.received], dtype=torch.int32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-            self.received = int(flag.item())  # the same signal named on every process
-        return bool(self.received)
+        if not (dist.is_available() and dist.is_initialized()):
+            return bool(self.received)
+        flag = torch.tensor([self.received], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        # The answer is what every process contributed before the all-reduce. A signal handled while it ran
+        # (a process waits there for the others most of the time) is not in it: ``received`` keeps it for the
+        # next step's agreement instead of being overwritten with the agreed 0.
+        agreed = int(flag.item())
+        if agreed:
+            self.received = agreed  # the same signal named on every process
+        return bool(agreed)
 
     @property
     def name(self) -> str:
