@@ -51,6 +51,15 @@ def _covariance(z: torch.Tensor) -> torch.Tensor:
     return (cov.square().sum() - cov.diagonal().square().sum()) / z.shape[1]
 
 
+def _checked_weights(invariance: float, variance: float, covariance: float) -> tuple[float, float, float]:
+    """``(lambda, mu, nu)``, each checked to be a non-negative number."""
+    return (
+        check_nonnegative(invariance, "invariance_weight"),
+        check_nonnegative(variance, "variance_weight"),
+        check_nonnegative(covariance, "covariance_weight"),
+    )
+
+
 def vicreg_loss(
     z1: torch.Tensor,
     z2: torch.Tensor,
@@ -87,14 +96,7 @@ def vicreg_loss(
     torch.Size([])
     """
     check_two_views(z1, z2)
-    weights = [
-        check_nonnegative(value, name)
-        for value, name in [
-            (invariance_weight, "invariance_weight"),
-            (variance_weight, "variance_weight"),
-            (covariance_weight, "covariance_weight"),
-        ]
-    ]
+    weights = _checked_weights(invariance_weight, variance_weight, covariance_weight)
     gather_distributed = check_flag(gather_distributed, "gather_distributed")
     with full_precision(z1.device):
         dtype = torch.promote_types(upcast(z1).dtype, upcast(z2).dtype)
@@ -142,14 +144,7 @@ def multi_view_vicreg_loss(
     torch.Size([])
     """
     check_views(views)
-    weights = [
-        check_nonnegative(value, name)
-        for value, name in [
-            (invariance_weight, "invariance_weight"),
-            (variance_weight, "variance_weight"),
-            (covariance_weight, "covariance_weight"),
-        ]
-    ]
+    weights = _checked_weights(invariance_weight, variance_weight, covariance_weight)
     gather_distributed = check_flag(gather_distributed, "gather_distributed")
     pairs = global_view_view_pairs(len(views))
     with full_precision(views[0].device):
@@ -199,9 +194,9 @@ class VICRegLoss(nn.Module):
         gather_distributed: bool = True,
     ) -> None:
         super().__init__()
-        self.invariance_weight = check_nonnegative(invariance_weight, "invariance_weight")
-        self.variance_weight = check_nonnegative(variance_weight, "variance_weight")
-        self.covariance_weight = check_nonnegative(covariance_weight, "covariance_weight")
+        self.invariance_weight, self.variance_weight, self.covariance_weight = _checked_weights(
+            invariance_weight, variance_weight, covariance_weight
+        )
         self.gather_distributed = check_flag(gather_distributed, "gather_distributed")
 
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
