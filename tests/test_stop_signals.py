@@ -1,4 +1,4 @@
-"""StopSignals' agreement in two real processes: a signal is never lost, whenever it is handled."""
+"""StopSignals: a signal is never lost, whenever it is handled, and only a process on its way out ignores it after."""
 
 from __future__ import annotations
 
@@ -34,3 +34,22 @@ def _signal_during_the_agreement(rank: int, world: int) -> list[bool]:
 @pytest.mark.slow
 def test_a_signal_handled_during_the_all_reduce_stops_every_process_after_the_next_step():
     assert run_in_processes(_signal_during_the_agreement) == [[False, True], [False, True]]
+
+
+@pytest.mark.parametrize("ignore_after_stop", [False, True])
+def test_after_a_stop_the_signal_is_ignored_only_by_a_process_on_its_way_out(ignore_after_stop):
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        with StopSignals(["SIGUSR2"], ignore_after_stop=ignore_after_stop) as stop:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert stop.agreed() and stop.name == "SIGUSR2"
+        assert signal.getsignal(signal.SIGUSR2) is (signal.SIG_IGN if ignore_after_stop else previous)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_without_a_stop_the_previous_handlers_come_back():
+    previous = signal.getsignal(signal.SIGUSR2)
+    with StopSignals(["SIGUSR2"], ignore_after_stop=True) as stop:
+        assert signal.getsignal(signal.SIGUSR2) is not previous and not stop.agreed()
+    assert signal.getsignal(signal.SIGUSR2) is previous

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = None
     try:
         cfg = load_config(args.recipe, args.overrides)
-        train(cfg)
+        train(cfg, exit_after_stop=True)  # this process exits with 75 once the run has stopped
     except UserError as error:
         print_user_error(error)
         return 2

@@ -347,13 +347,17 @@ def prepare_run(cfg: Config) -> tuple[Run, dict | None]:
     return run, start_state
 
 
-def train(cfg: Config) -> dict:
-    """Pretrain an encoder as ``cfg`` says; returns the final evaluation results."""
+def train(cfg: Config, exit_after_stop: bool = False) -> dict:
+    """Pretrain an encoder as ``cfg`` says; returns the final evaluation results.
+
+    Stopped by one of ``train.stop_signals``, it saves and raises :class:`sslkit.errors.Preempted`;
+    ``exit_after_stop`` (a process that then exits, as the command line) leaves those signals ignored.
+    """
     run, start_state = prepare_run(cfg)
 
     # ------------------------------------------------------------------ loop
     run.method.train()
-    with compile_failures(cfg), StopSignals(cfg.train.stop_signals) as stop:
+    with compile_failures(cfg), StopSignals(cfg.train.stop_signals, ignore_after_stop=exit_after_stop) as stop:
         if train_epochs(run, stop):  # preempted: save (a second signal meanwhile is only recorded) and stop
             saved = run.checkpoints.save_unless_saved(run.progress)
             run.accelerator.end_training()

@@ -11,7 +11,7 @@ The run then saves a checkpoint and raises :class:`sslkit.errors.Preempted`; the
 :data:`sslkit.errors.REQUEUE_EXIT_STATUS` (75), and ``run.resume=auto`` continues exactly where it stopped.
 
 A second signal while the checkpoint is written changes nothing: the handler only records it
-(and once the run has stopped, the signals are ignored until the process exits),
+(and once the run has stopped, the command line ignores the signals until the process exits),
 and the checkpoint itself is written into a hidden directory renamed once complete
 (:mod:`sslkit.checkpoint`), so even a SIGKILL mid-save leaves the previous checkpoint whole.
 """
@@ -35,11 +35,15 @@ class StopSignals:
     """Catches ``names`` while it is entered; :meth:`agreed` says whether every process should stop now.
 
     Used as a context manager around the loop, in the main thread (where Python runs signal
-    handlers); the previous handlers come back on exit.
+    handlers); the previous handlers come back on exit. ``ignore_after_stop`` is for a process that exits
+    once the run has stopped (the command line): stopped by a signal, it leaves ``names`` ignored instead,
+    so that a repeated notice cannot turn its exit status 75 into a death by signal. A program that goes on
+    after a stopped run (a notebook, a sweep in one process) gets its own handlers back either way.
     """
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], ignore_after_stop: bool = False) -> None:
         self.signals = [signal_of(name) for name in names]
+        self.ignore_after_stop = ignore_after_stop
         self.received = 0  # 1 + the index in self.signals of the first signal received; 0: none
         self.previous: dict[signal.Signals, object] = {}
         self.group = None
@@ -56,10 +60,9 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc) -> None:
+        stopped_and_exiting = bool(self.received) and self.ignore_after_stop
         for sig, handler in self.previous.items():
-            # Stopped by one: the process is on its way out with a saved checkpoint, and a repeated notice
-            # must not turn its exit status 75 into a death by signal.
-            signal.signal(sig, signal.SIG_IGN if self.received else handler)
+            signal.signal(sig, signal.SIG_IGN if stopped_and_exiting else handler)
         self.previous.clear()
 
     def _record(self, signum: int, frame) -> None:
