@@ -42,7 +42,7 @@ def print_table(table: Table) -> None:
     """
     needed = console.measure(table, options=console.options.update_width(1000)).maximum
     width = console.width
-    console.width = max(width, needed)
+    console.width = max(width, needed)  # not print(width=...): rich clamps that to the console's width
     try:
         console.print(table)
     finally:
