@@ -18,10 +18,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sslkit import checkpoint
 from sslkit.config import load_config
 from sslkit.errors import UserError
-from sslkit.loop import train
+from sslkit.loop import run_directory, train
+from sslkit.models.weights import PROGRESS_FILE, list_checkpoints
 
 TINY = ["model.width=4", "model.projector_hidden=32", "model.projector_out=16", "augment.image_size=8"]
 TINY += ["train.batch_size=64", "train.threads=1", "eval.linear_epochs=0", "eval.compare_random_init=false"]
@@ -45,12 +45,12 @@ def copy_of(run_dir: Path, tmp_path: Path) -> Path:
 
 
 def test_every_file_of_a_checkpoint_has_its_size_and_checksum(finished):
-    newest = checkpoint.list_checkpoints(finished)[-1]
-    recorded = json.loads((newest / checkpoint.CHECKSUM_FILE).read_text())
+    newest = list_checkpoints(finished)[-1]
+    recorded = json.loads((newest / run_directory.CHECKSUM_FILE).read_text())
     assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl"} <= recorded.keys()
-    assert checkpoint.PROGRESS_FILE not in recorded
+    assert PROGRESS_FILE not in recorded
     assert recorded["model.safetensors"]["bytes"] == (newest / "model.safetensors").stat().st_size
-    assert checkpoint.damage(newest) is None
+    assert run_directory.damage(newest) is None
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_every_file_of_a_checkpoint_has_its_size_and_checksum(finished):
 )
 def test_a_damaged_checkpoint_is_named_and_the_one_before_it_taken(finished, tmp_path, harm, words):
     run_dir = copy_of(finished, tmp_path)
-    older, newest = checkpoint.list_checkpoints(run_dir)
+    older, newest = list_checkpoints(run_dir)
     weights = newest / "model.safetensors"
     data = weights.read_bytes()
     if harm == "truncate":  # a copy cut short
@@ -72,19 +72,19 @@ def test_a_damaged_checkpoint_is_named_and_the_one_before_it_taken(finished, tmp
         weights.write_bytes(data[:-100] + bytes([data[-100] ^ 1]) + data[-99:])
     else:
         weights.unlink()
-    found, notes = checkpoint.resolve_resume("auto", run_dir)
+    found, notes = run_directory.resolve_resume("auto", run_dir)
     assert found == older
     assert len(notes) == 1 and str(newest) in notes[0] and all(word in notes[0] for word in words), notes
     with pytest.raises(UserError, match="is damaged"):  # named outright, it is not swapped for another
-        checkpoint.resolve_resume(str(newest), run_dir)
+        run_directory.resolve_resume(str(newest), run_dir)
 
 
 def test_only_damaged_checkpoints_are_one_line_naming_each(finished, tmp_path):
     run_dir = copy_of(finished, tmp_path)
-    for step in checkpoint.list_checkpoints(run_dir):
+    for step in list_checkpoints(run_dir):
         (step / "optimizer.bin").write_bytes(b"")
     with pytest.raises(UserError) as raised:
-        checkpoint.resolve_resume("auto", run_dir)
+        run_directory.resolve_resume("auto", run_dir)
     message = str(raised.value)
     assert "\n" not in message and "no intact checkpoint" in message and "another run.name" in message
     assert "step-00000002 is damaged" in message and "step-00000004 is damaged" in message
@@ -92,15 +92,15 @@ def test_only_damaged_checkpoints_are_one_line_naming_each(finished, tmp_path):
 
 def test_a_checkpoint_without_checksums_is_taken_as_it_is(finished, tmp_path):
     run_dir = copy_of(finished, tmp_path)
-    newest = checkpoint.list_checkpoints(run_dir)[-1]
-    (newest / checkpoint.CHECKSUM_FILE).unlink()
-    assert checkpoint.resolve_resume("auto", run_dir) == (newest, [])
+    newest = list_checkpoints(run_dir)[-1]
+    (newest / run_directory.CHECKSUM_FILE).unlink()
+    assert run_directory.resolve_resume("auto", run_dir) == (newest, [])
 
 
 @pytest.mark.slow
 def test_resume_auto_past_a_truncated_checkpoint_finishes_with_the_same_weights(finished, tmp_path, capsys):
     run_dir = copy_of(finished, tmp_path)
-    newest = checkpoint.list_checkpoints(run_dir)[-1]
+    newest = list_checkpoints(run_dir)[-1]
     weights = newest / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # what once stopped resume with a safetensors traceback
     (run_dir / "backbone.safetensors").unlink()
@@ -111,7 +111,7 @@ def test_resume_auto_past_a_truncated_checkpoint_finishes_with_the_same_weights(
     assert f"{newest} is damaged" in out and "resumed from" in out and "step 2" in out
     again, before = load_file(run_dir / "backbone.safetensors"), load_file(finished / "backbone.safetensors")
     assert again.keys() == before.keys() and all(torch.equal(again[k], before[k]) for k in again)
-    assert checkpoint.damage(checkpoint.list_checkpoints(run_dir)[-1]) is None  # step 4 written anew
+    assert run_directory.damage(list_checkpoints(run_dir)[-1]) is None  # step 4 written anew
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_previous_checkpoint
     assert "out of space" in message and "a checkpoint takes " in message and "step-00000002 is intact" in message
     assert "run.resume=auto" in message
     assert [p.name for p in small_filesystem.iterdir()] == ["step-00000002"]  # no half-written .tmp-* left
-    assert checkpoint.damage(small_filesystem / "step-00000002") is None
+    assert run_directory.damage(small_filesystem / "step-00000002") is None
     assert not (run_dir / "backbone.safetensors").exists()
     del raised
 
@@ -151,8 +151,8 @@ def test_a_resume_keeps_its_global_batch_whatever_the_process_count(finished, tm
 
     run_dir = copy_of(finished, tmp_path)
     recorded = load_config(run_dir / "config.yaml")
-    assert checkpoint.check_run_directory(run_dir, "auto", to_dict(recorded)) == []
+    assert run_directory.check_run_directory(run_dir, "auto", to_dict(recorded)) == []
     for key, value in (("train.batch_size", 128), ("train.grad_accum_steps", 2)):
         changed = load_config(run_dir / "config.yaml", [f"{key}={value}"])
         with pytest.raises(UserError, match=f"{key}=.* but this command sets {key}={value}"):
-            checkpoint.check_run_directory(run_dir, "auto", to_dict(changed))
+            run_directory.check_run_directory(run_dir, "auto", to_dict(changed))

@@ -11,8 +11,8 @@ import torch
 from torchvision.transforms import RandomResizedCrop
 
 from sslkit.augment import TwoViewAugment
+from sslkit.augment.crops import centre_boxes, random_resized_boxes
 from sslkit.config import AugmentConfig
-from sslkit.crops import centre_boxes, random_resized_boxes
 from sslkit.datasets.batches import ImageBatch, pad_images
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)

@@ -14,10 +14,9 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as TF
 
-from sslkit import decode
 from sslkit.augment import EvalTransform, crop_padded, resized_crop
 from sslkit.config import Config
-from sslkit.datasets import build_dataset, folders
+from sslkit.datasets import build_dataset, decode, folders
 from sslkit.datasets.batches import EncodedBatch, ImageBatch, pad_images
 from sslkit.errors import UserError
 

@@ -1,6 +1,6 @@
 """The process count is read from accelerate launch's own command line."""
 
-from sslkit.launch import _launcher_int
+from sslkit.loop.launch import _launcher_int
 
 
 def test_launcher_options_in_every_spelling():
@@ -13,7 +13,7 @@ def test_launcher_options_in_every_spelling():
 
 # --------------------------------------------------------------------------- CPU threads
 # `accelerate launch` on a machine with no GPU and no --num_processes sets OMP_NUM_THREADS=1
-# (sslkit/launch.py); cpu_threads() gives the process its cores back, unless the user chose.
+# (sslkit/loop/launch.py); cpu_threads() gives the process its cores back, unless the user chose.
 
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -23,7 +23,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from sslkit.launch import _option_given, cpu_threads  # noqa: E402
+from sslkit.loop.launch import _option_given, cpu_threads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
@@ -52,7 +52,7 @@ def _threads_under_accelerate(tmp_path: Path, *launcher_args: str, omp: str | No
     script = tmp_path / "threads.py"
     script.write_text(
         f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-        "from sslkit.launch import cpu_threads\n"
+        "from sslkit.loop.launch import cpu_threads\n"
         "n, why = cpu_threads(None)\n"
         "print(f'THREADS {n} {why}')\n"
     )

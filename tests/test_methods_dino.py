@@ -199,7 +199,7 @@ def test_a_multi_crop_run_resumes_exactly_and_exports(tmp_path):
     run("straight")
     shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step-00000004")
-    for name in ("backbone.safetensors", "results.json", "report.md"):
+    for name in ("backbone.safetensors", "results.json"):
         (tmp_path / "resumed" / name).unlink()
     run("resumed", "run.resume=auto")
     assert len(losses("straight")) == 4 and losses("resumed") == losses("straight")

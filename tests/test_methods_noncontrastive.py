@@ -310,7 +310,7 @@ def test_byol_trains_resumes_exactly_and_exports_the_online_backbone(tmp_path):
     # stopped after its step-2 checkpoint, then resumed
     shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step-00000004")
-    for name in ("backbone.safetensors", "results.json", "report.md"):
+    for name in ("backbone.safetensors", "results.json"):
         (tmp_path / "resumed" / name).unlink()
     run("resumed", "method.predictor_hidden=16", "run.resume=auto")
     assert losses("resumed") == losses("straight")

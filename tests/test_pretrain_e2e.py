@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sslkit import checkpoint
+from sslkit.loop import run_directory
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN = ["-m", "sslkit.cli.pretrain"]  # as `accelerate launch -m` and the sweep tools start it
@@ -98,7 +98,7 @@ def test_one_process_run_writes_everything(tmp_path):
     assert [(r["step"], r["epoch"]) for r in records if "knn_top1" in r] == [(1437 // 64, 1)]  # after epoch 1 of 2
     # The last step also ends the last epoch: the final record and checkpoint count it (they said epoch 1).
     assert [(r["step"], r["epoch"]) for r in records if "final_knn_top1" in r] == [(2 * (1437 // 64), 2)]
-    from sslkit.checkpoint import read_progress
+    from sslkit.loop.run_directory import read_progress
 
     final = json.loads((run / "results.json").read_text())["checkpoint"]
     assert {k: read_progress(Path(final))[k] for k in ("step", "epoch", "batch_in_epoch")} == {
@@ -146,8 +146,8 @@ def test_evaluate_a_run_next_to_raw_pixels(tmp_path):
 def _tiny_backbone_file(tmp_path: Path) -> tuple[Path, Path]:
     """A width-4 ResNet-18 (CIFAR stem, 1 channel: digits) exported as a run exports it, and a copy of
     the quick-start recipe in a folder of its own (so nothing lands in the source tree)."""
-    from sslkit.checkpoint import export_backbone
     from sslkit.models import build_backbone
+    from sslkit.models.weights import export_backbone
 
     backbone = export_backbone(
         build_backbone("resnet18", width=4, cifar_stem=True, in_channels=1), tmp_path / "bb.safetensors"
@@ -279,7 +279,7 @@ def test_two_processes_with_accelerate_launch(tmp_path):
     run = tmp_path / "two"
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]  # written once, by the main process
-    assert "2 processes" in result.stdout  # really two (accelerate alone would start one: sslkit/launch.py)
+    assert "2 processes" in result.stdout  # really two (accelerate alone would start one: sslkit/loop/launch.py)
     assert (run / "backbone.safetensors").is_file()
 
 
@@ -541,8 +541,8 @@ def test_nan_loss_stops_with_checkpoint_intact(tmp_path):
 
 def test_a_run_directory_under_a_file_is_one_line_before_any_work(tmp_path):
     """mkdir under a file failed with a traceback once the data and model were built."""
-    from sslkit.checkpoint import check_run_directory
     from sslkit.errors import UserError
+    from sslkit.loop.run_directory import check_run_directory
 
     (tmp_path / "afile").write_text("")
     for resume in (None, "auto"):
@@ -554,9 +554,9 @@ def test_a_run_directory_under_a_file_is_one_line_before_any_work(tmp_path):
 
 
 def test_ctrl_c_before_the_first_checkpoint_does_not_promise_one(tmp_path):
-    from sslkit.checkpoint import PROGRESS_FILE
     from sslkit.cli.pretrain import interrupted_message
     from sslkit.config import config_from_dict
+    from sslkit.models.weights import PROGRESS_FILE
 
     cfg = config_from_dict({"run": {"name": "early", "output_dir": str(tmp_path)}})
     assert interrupted_message(cfg).startswith("interrupted before the first checkpoint: nothing to continue from")
@@ -572,7 +572,7 @@ def test_ctrl_c_before_the_first_checkpoint_does_not_promise_one(tmp_path):
 def test_trim_metrics_keeps_the_steps_up_to_the_checkpoint_and_drops_the_final_record(tmp_path):
     lines = [{"step": 10, "loss": 1.0}, {"step": 20, "loss": 0.5}, {"step": 20, "final_knn_top1": 0.9}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 2')  # torn
-    checkpoint.trim_metrics(tmp_path, 20)
+    run_directory.trim_metrics(tmp_path, 20)
     assert [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == lines[:2]
-    checkpoint.trim_metrics(tmp_path, 10)
+    run_directory.trim_metrics(tmp_path, 10)
     assert [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == lines[:1]

@@ -1,4 +1,4 @@
-"""sslkit.report and sslkit-report on run directories the tests write in the trainer's formats:
+"""sslkit.experiments.report and sslkit-report on run directories the tests write in the trainer's formats:
 ``config.yaml`` (``save_config``), ``metrics.jsonl`` (step, epoch and final records) and
 ``results.json``; with matplotlib, without it (its import blocked), and for unfinished runs.
 """
@@ -14,7 +14,7 @@ import pytest
 
 from sslkit.config import Config, save_config
 from sslkit.errors import UserError
-from sslkit.report import read_metrics, write_report
+from sslkit.experiments.report import read_metrics, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -226,7 +226,8 @@ def test_retrieval_only_evaluation_uses_the_gallery(tmp_path):
 @pytest.mark.parametrize("source", ["torchvision", "timm"])
 def test_init_from_an_imagenet_state_dict_on_disk(tmp_path, source):
     """A torchvision .pth or a timm .safetensors state dict starts the backbone (ResNet-18 here: small)."""
-    from sslkit import checkpoint, models
+    from sslkit import models
+    from sslkit.models import weights
 
     if source == "torchvision":
         torchvision = pytest.importorskip("torchvision")
@@ -244,7 +245,7 @@ def test_init_from_an_imagenet_state_dict_on_disk(tmp_path, source):
         save_file(state, str(path))
     cfg = config_from_dict({"model": {"backbone": backbone, "cifar_stem": False, "width": 64}})
     model = models.backbone_from_config(cfg.model, 3)
-    assert checkpoint.init_backbone(model, path) == ["fc.bias", "fc.weight"]  # the classifier, reported unused
+    assert weights.init_backbone(model, path) == ["fc.bias", "fc.weight"]  # the classifier, reported unused
     assert torch.equal(model.state_dict()["layer4.1.conv2.weight"], state["layer4.1.conv2.weight"])
 
 
@@ -256,15 +257,16 @@ def test_each_benchmark_recipe_fits_torchvision_resnet50_weights(recipe):
 
     import torchvision
 
-    from sslkit import checkpoint, models
+    from sslkit import models
     from sslkit.config import load_config
+    from sslkit.models import weights
 
     cfg = load_config(Path(__file__).parents[1] / "recipes" / f"{recipe}.yaml")
     assert recipe.startswith(cfg.data.name) and cfg.data.sampler == "m_per_class" and cfg.train.batch_size % 5 == 0
     with torch.device("meta"):  # shapes only, no memory
         own = models.backbone_from_config(cfg.model, 3).state_dict()
         imagenet = torchvision.models.resnet50().state_dict()
-    wrong_shape, missing, unused = checkpoint.state_differences(imagenet, own)
+    wrong_shape, missing, unused = weights.state_differences(imagenet, own)
     assert not wrong_shape and not missing and sorted(unused) == ["fc.bias", "fc.weight"]
 
 

@@ -106,7 +106,7 @@ def test_readers_that_augment_give_a_resumed_epoch_the_views_of_an_uninterrupted
 
 READER = """
 import json, sys
-from sslkit.launch import relaunch_cpu_processes
+from sslkit.loop.launch import relaunch_cpu_processes
 if (code := relaunch_cpu_processes()) is not None:  # accelerate's --cpu launcher alone starts one process
     sys.exit(code)
 from accelerate import Accelerator

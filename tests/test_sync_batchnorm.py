@@ -17,7 +17,7 @@ from sslkit.config import config_from_dict
 from sslkit.errors import UserError
 from sslkit.methods import build_method
 from sslkit.models import build_backbone
-from sslkit.sync_batchnorm import GlobalBatchNorm, convert_sync_batchnorm
+from sslkit.models.sync_batchnorm import GlobalBatchNorm, convert_sync_batchnorm
 
 BATCH = 8  # global; each of two processes gets 4
 
@@ -183,7 +183,7 @@ def test_every_batchnorm_of_a_method_is_converted_and_moco_split_batchnorm_is_re
 def test_torch_sync_devices_without_torchs_private_backend_name_getter(monkeypatch):
     """The PrivateUse1 backend's device type comes from a private torch getter, guarded: without it
     the public default name is used, the name the getter gives while no plugin renames the backend."""
-    from sslkit import sync_batchnorm
+    from sslkit.models import sync_batchnorm
 
     private = sync_batchnorm._privateuse1_backend_name()
     assert sync_batchnorm._TORCH_SYNC_DEVICES == ("cuda", "xpu", "hpu", private)

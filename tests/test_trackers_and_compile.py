@@ -116,7 +116,7 @@ def test_a_compiled_method_trains_like_the_eager_one_and_resumes_exactly(tmp_pat
     # stopped after its step-2 checkpoint, then resumed (compiled again)
     shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step-00000004")
-    for name in ("backbone.safetensors", "results.json", "report.md"):
+    for name in ("backbone.safetensors", "results.json"):
         (tmp_path / "resumed" / name).unlink()
     run(tmp_path, "resumed", *common, *compiled, "run.resume=auto")
     assert losses("resumed") == losses("straight")

@@ -63,7 +63,7 @@ from sslkit.cli import sweep
 from sslkit.config import find_recipe, flatten, load_config, to_dict
 from sslkit.console import console, print_table, print_user_error
 from sslkit.errors import UserError
-from sslkit.report import PLOT_HINT, new_figure
+from sslkit.experiments.report import PLOT_HINT, new_figure
 
 PLOTTED_METRICS = ("knn_top1", "linear_top1")
 # Set per point by this tool; a user's override of them would break the sweep's bookkeeping.

@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def saved_config_for(target: Path) -> Path | None:
     """The run's config.yaml for a run directory, a checkpoint in one, or a file in one."""
-    from sslkit.checkpoint import run_directory_of
+    from sslkit.models.weights import run_directory_of
 
     run_dir = run_directory_of(target)
     return run_dir / "config.yaml" if run_dir is not None else None
@@ -58,7 +58,7 @@ def default_out(target: Path) -> Path:
     and the step in the name keeps the results of several checkpoints apart. A backbone file
     ``X.safetensors`` / ``X.pt`` gets ``X.eval.json`` beside it.
     """
-    from sslkit.checkpoint import PROGRESS_FILE
+    from sslkit.models.weights import PROGRESS_FILE
 
     if target.is_dir():
         if (target / PROGRESS_FILE).is_file():
@@ -72,12 +72,12 @@ def _shape(tensor) -> str:
 
 
 def state_mismatch(state: dict, own: dict) -> str | None:
-    """:func:`~sslkit.checkpoint.state_differences` in words: None when the file's weights fit the
+    """:func:`~sslkit.models.weights.state_differences` in words: None when the file's weights fit the
     model; otherwise the first difference (a shape, then a weight the file lacks, then one the
     model lacks) with how many more there are, e.g. ``conv1.weight is [16, 3, 3, 3] in the file,
     [32, 3, 3, 3] in the model``.
     """
-    from sslkit.checkpoint import state_differences
+    from sslkit.models.weights import state_differences
 
     wrong_shape, missing, extra = state_differences(state, own)
     problems = [f"{key} is {_shape(state[key])} in the file, {_shape(own[key])} in the model" for key in wrong_shape]
@@ -91,11 +91,10 @@ def state_mismatch(state: dict, own: dict) -> str | None:
 
 def load_backbone(backbone, target: Path, cfg) -> None:
     """Load ``target``'s backbone weights into ``backbone``, or raise one line saying why they do not fit."""
-    from sslkit import checkpoint
     from sslkit.errors import UserError
-    from sslkit.models import describe
+    from sslkit.models import describe, weights
 
-    state = checkpoint.load_backbone_state(target)
+    state = weights.load_backbone_state(target)
     model = describe(cfg.model)
     own = backbone.state_dict()
     if (problem := state_mismatch(state, own)) is not None:
@@ -132,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print_user_error(error)
         return 2
     args = parse_args(argv)
-    from sslkit.launch import cpu_threads, relaunch_cpu_processes
+    from sslkit.loop.launch import cpu_threads, relaunch_cpu_processes
 
     if argv is None and (code := relaunch_cpu_processes()) is not None:
         return code
@@ -169,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         accelerator = Accelerator(mixed_precision="no")
         if accelerator.device.type == "cpu":
-            cpu_threads(None)  # accelerate launch may have pinned one thread (sslkit/launch.py)
+            cpu_threads(None)  # accelerate launch may have pinned one thread (sslkit/loop/launch.py)
         # As in training: held-out classes for retrieval, and the run's own labelled subset (label_subset.json
         # beside its config.yaml) unless eval.label_fraction / eval.labels_per_class ask for another.
         run_dir = saved.parent if (saved := saved_config_for(target)) is not None else None

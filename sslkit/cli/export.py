@@ -63,18 +63,19 @@ def default_out(run_dir: Path, fmt: str) -> Path:
 
 def load_trained_backbone(target: Path):
     """The run's config and its backbone with the trained weights, in eval mode, on the CPU."""
-    from sslkit import checkpoint, models
+    from sslkit import models
     from sslkit.cli.evaluate import load_backbone
     from sslkit.config import load_config
     from sslkit.errors import UserError
+    from sslkit.models import weights
 
     if not target.exists():
         raise UserError(f"'{target}' not found; give a run directory (runs/<name>) or a checkpoint directory in one")
-    run_dir = checkpoint.run_directory_of(target)
+    run_dir = weights.run_directory_of(target)
     if run_dir is None or not target.is_dir():
         raise UserError(f"'{target}' is not a run or checkpoint directory (no config.yaml by it); give runs/<name>")
     cfg = load_config(run_dir / "config.yaml")
-    state = checkpoint.load_backbone_state(target)
+    state = weights.load_backbone_state(target)
     backbone = models.backbone_from_config(cfg.model, input_channels(state))
     load_backbone(backbone, target, cfg)
     return cfg, run_dir, backbone.eval()
@@ -106,7 +107,8 @@ def timm_model_args(cfg, backbone) -> tuple[str, dict]:
 
 
 def write_safetensors(cfg, backbone, path: Path) -> None:
-    from sslkit import checkpoint, models
+    from sslkit import models
+    from sslkit.models import weights
 
     name, args = models.timm_name(cfg.model.backbone), {"in_chans": backbone.in_channels}
     metadata = {
@@ -115,7 +117,7 @@ def write_safetensors(cfg, backbone, path: Path) -> None:
         "architecture": name or cfg.model.backbone,
         "model_args": json.dumps({**args, **cfg.model.kwargs} if name else {**args, "width": cfg.model.width}),
     }
-    checkpoint.export_backbone(backbone, path, metadata)
+    weights.export_backbone(backbone, path, metadata)
 
 
 def write_timm(cfg, backbone, folder: Path) -> None:

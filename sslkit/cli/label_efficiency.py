@@ -82,7 +82,7 @@ from sslkit.cli import sweep
 from sslkit.config import Config, find_recipe, flatten, load_config, to_dict
 from sslkit.console import console, error_console, print_table, print_user_error
 from sslkit.errors import UserError
-from sslkit.report import PLOT_HINT, new_figure
+from sslkit.experiments.report import PLOT_HINT, new_figure
 
 PLOT_FILE = "label_efficiency.png"
 

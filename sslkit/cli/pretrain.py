@@ -43,17 +43,19 @@ def main(argv: list[str] | None = None) -> int:
         print_user_error(error)
         return 2
     args = parse_args(argv)
-    from sslkit.launch import relaunch_cpu_processes
+    from sslkit.loop.launch import relaunch_cpu_processes
 
     if argv is None and (code := relaunch_cpu_processes()) is not None:
         return code
     from sslkit.config import load_config
-    from sslkit.loop import train
+    from sslkit.loop import make_run_dir, train
 
     cfg = None
     try:
         cfg = load_config(args.recipe, args.overrides)
         train(cfg, exit_after_stop=True)  # this process exits with 75 once the run has stopped
+        if os.environ.get("RANK", "0") == "0":
+            print_run_directory(make_run_dir(cfg))
     except UserError as error:
         print_user_error(error)
         return 2
@@ -77,10 +79,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def print_run_directory(run_dir) -> None:
+    """The run's report, written beside what training left, and one line naming the directory's contents."""
+    from sslkit.console import console
+    from sslkit.experiments.report import write_report
+
+    report = write_report(run_dir)
+    console.print(
+        f"run directory: {run_dir}  (report: {report.name}; "
+        f"backbone.safetensors, checkpoints/, metrics.jsonl, config.yaml, results.json)"
+    )
+
+
 def interrupted_message(cfg) -> str:
     """What Ctrl-C leaves: a checkpoint to continue from, or (before the first one) nothing to resume."""
-    from sslkit.checkpoint import list_checkpoints
     from sslkit.loop import make_run_dir
+    from sslkit.models.weights import list_checkpoints
 
     if cfg is not None and list_checkpoints(make_run_dir(cfg)):
         return "interrupted: continue from the last checkpoint with run.resume=auto"

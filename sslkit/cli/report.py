@@ -3,7 +3,7 @@
     sslkit-report runs/quickstart [RUN_DIR ...]
     sslkit-report runs/ablate-quickstart-loss.temperature/runs/*
 
-Each RUN_DIR gets ``RUN_DIR/report.md`` (see :mod:`sslkit.report`); with matplotlib installed
+Each RUN_DIR gets ``RUN_DIR/report.md`` (see :mod:`sslkit.experiments.report`); with matplotlib installed
 (``pip install sslkit[plot]``) the curves are PNGs next to it. A run still training gets a
 partial report. A directory that is not a run prints one line and the exit status is 2.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sslkit.console import console, print_user_error
 from sslkit.errors import UserError
-from sslkit.report import have_matplotlib, is_run_dir, write_report
+from sslkit.experiments.report import have_matplotlib, is_run_dir, write_report
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

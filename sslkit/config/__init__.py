@@ -332,7 +332,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         raise UserError(
             f"{source}: 'eval.recall_ks' must be a non-empty list of integers >= 1 such as [1, 2, 4, 8], got {ks}"
         )
-    if cfg.train.threads is not None:  # null: automatic (see sslkit/launch.py)
+    if cfg.train.threads is not None:  # null: automatic (see sslkit/loop/launch.py)
         _check_range(cfg.train.threads, "train.threads", source, 1)
     if cfg.train.max_steps is not None:  # null: no limit (0 would train nothing and report it as trained)
         _check_range(cfg.train.max_steps, "train.max_steps", source, 1)

@@ -223,7 +223,7 @@ class ModelConfig:
         projector_layers: Linear layers in the projection head (1: a single linear map).
         channels_last: Run the model in channels-last (NHWC) memory format, the layout GPU convolutions prefer.
         sync_batchnorm: BatchNorm statistics over the global batch of every process (SimCLR's global BN,
-            MoCo v3's SyncBN; :mod:`sslkit.sync_batchnorm`); the same as plain BatchNorm in one process.
+            MoCo v3's SyncBN; :mod:`sslkit.models.sync_batchnorm`); the same as plain BatchNorm in one process.
         freeze_patch_embed: Patch-embedding models (ViT, ...): keep the patch projection at its random
             initialisation, never trained (MoCo v3's stability trick, Chen et al. 2021 section 4.2).
     """
@@ -349,7 +349,7 @@ class TrainConfig:
             ``max-autotune``.
         threads: ``torch.set_num_threads`` per process; ``null``: torch's default, except where
             ``accelerate launch`` on a machine without a GPU pinned one thread: then each process gets its
-            share of the cores (:mod:`sslkit.launch`).
+            share of the cores (:mod:`sslkit.loop.launch`).
         stop_signals: Signals that stop a run cleanly (a cluster's preemption notice, SLURM's ``--signal``):
             every process finishes its step, all agree on one step, a checkpoint is saved and the run exits
             with status 75 so that a batch script can requeue it (``run.resume=auto`` continues exactly).

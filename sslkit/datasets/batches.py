@@ -4,7 +4,7 @@ The in-memory datasets hand the accelerator one uint8 tensor ``(B, C, H, W)``. I
 files (:mod:`sslkit.datasets.folders`, :mod:`sslkit.datasets.shards`) keep their own size and aspect ratio, so a
 batch of them is an :class:`ImageBatch`: the images pasted into the top-left corner of one
 zero tensor as large as the largest, with each image's valid ``(height, width)``. The random
-resized crops (:mod:`sslkit.crops`) are then drawn on each image's valid region and cut from
+resized crops (:mod:`sslkit.augment.crops`) are then drawn on each image's valid region and cut from
 its original pixels. When the accelerator decodes (a CUDA device), the loader hands over an
 :class:`EncodedBatch` of file bytes instead, and :meth:`EncodedBatch.decode` turns it into an
 :class:`ImageBatch` on the device.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sslkit import decode
+from sslkit.datasets.decode import decode_on_device
 
 
 def pad_images(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +87,7 @@ class ImageBatch:
 
 @dataclass
 class EncodedBatch:
-    """File bytes of a batch, to be decoded on the accelerator (:func:`sslkit.decode.decode_on_device`).
+    """File bytes of a batch, to be decoded on the accelerator (:func:`sslkit.datasets.decode.decode_on_device`).
 
     ``to(device)`` only records where to decode: nvJPEG reads the bytes from host memory.
 
@@ -117,7 +117,7 @@ class EncodedBatch:
 
     def decode(self) -> ImageBatch:
         """The decoded batch on ``target``; a corrupt file is replaced by the batch's previous good image."""
-        images = decode.decode_on_device(self.data, self.target, self.max_size)
+        images = decode_on_device(self.data, self.target, self.max_size)
         good = [i for i, image in enumerate(images) if image is not None]
         if not good:
             raise ValueError(f"no image of this batch could be decoded: {', '.join(self.names[:3])}")

@@ -12,9 +12,9 @@
 Files are listed by extension (:data:`IMAGE_EXTENSIONS`, any case); other files and hidden
 files and folders are ignored. Images keep their own size and aspect ratio (reduced to
 ``data.max_size`` if set): a batch is an :class:`~sslkit.datasets.batches.ImageBatch` of padded images, and
-the crops are drawn on each original image (:mod:`sslkit.crops`).
+the crops are drawn on each original image (:mod:`sslkit.augment.crops`).
 
-Decoding (:mod:`sslkit.decode`) runs in the DataLoader workers, or, when the accelerator is a
+Decoding (:mod:`sslkit.datasets.decode`) runs in the DataLoader workers, or, when the accelerator is a
 CUDA device and ``data.decode`` allows it, on the device: workers then only read bytes.
 
 A corrupt or truncated file never stops a batch: it is replaced by the next readable file of the
@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 from torchvision.transforms.v2 import functional as TF
 
-from sslkit import decode
 from sslkit.datasets.base import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, ImageDataset
 from sslkit.datasets.batches import AugmentedViews, EncodedBatch, ImageBatch, pad_images
+from sslkit.datasets.decode import decode_rgb
 from sslkit.errors import UserError
 
 # What torchvision.io or Pillow decodes; every other file in the folder is ignored.
@@ -109,7 +109,7 @@ class ImageFiles(ImageDataset):
         for step in range(len(self.paths)):
             i = (index + step) % len(self.paths)
             data = self._read(i)
-            image = data if data is None or self.decode_on_device else decode.decode_rgb(data, self.max_size)
+            image = data if data is None or self.decode_on_device else decode_rgb(data, self.max_size)
             if image is not None:
                 return i, image, bad
             bad.append(str(self.paths[i]))
@@ -130,7 +130,7 @@ class ImageFiles(ImageDataset):
         """One decoded image ``(3, H, W)`` uint8 (the next good one if this is corrupt) and its label."""
         i, image, _ = self._load(index)
         if self.decode_on_device:
-            image = decode.decode_rgb(image, self.max_size)
+            image = decode_rgb(image, self.max_size)
         return image, self.labels[i]
 
     def subset(self, indices: Sequence[int] | torch.Tensor) -> ImageFiles:
@@ -354,7 +354,7 @@ class ImageFolderDataset(ImageDataset):
 
 
 def decode_and_resize(path: str, image_size: int) -> torch.Tensor:
-    """Decode an image file to RGB uint8 (:func:`sslkit.decode.decode_rgb`) and resize it to a square.
+    """Decode an image file to RGB uint8 (:func:`sslkit.datasets.decode.decode_rgb`) and resize it to a square.
 
     Resizing every image to one size is loading, not augmentation: it is what lets a folder of
     differently sized images form a batch. The aspect ratio is not kept.
@@ -366,7 +366,7 @@ def decode_and_resize(path: str, image_size: int) -> torch.Tensor:
         returns: (3, image_size, image_size), uint8.
     """
     try:
-        image = decode.decode_rgb(torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8))
+        image = decode_rgb(torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8))
     except (OSError, ValueError) as error:  # unreadable, or an empty file (frombuffer of no bytes)
         raise UserError(f"cannot read image {path} ({error}); remove or fix this file") from None
     if image is None:

@@ -24,7 +24,7 @@ after ``b`` batches has each worker pass over its first batches without decoding
 continues with the same batches, in the same order, as a run that never stopped.
 
 The workers decode the images, or only read their bytes when they are decoded on a CUDA
-accelerator (``data.decode``, :mod:`sslkit.decode`). With ``data.augment_in_workers`` they also
+accelerator (``data.decode``, :mod:`sslkit.datasets.decode`). With ``data.augment_in_workers`` they also
 augment each batch, seeded by ``(seed, epoch, slot, batch of the slot)``
 (:mod:`sslkit.datasets.augmented`), so a resumed run sees the same views.
 
@@ -47,10 +47,10 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from sslkit import decode
 from sslkit.datasets.augmented import Augment, augment_batch, batch_seed
 from sslkit.datasets.base import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, collate_batch
 from sslkit.datasets.batches import EncodedBatch, ImageBatch, pad_images
+from sslkit.datasets.decode import decode_rgb
 from sslkit.datasets.folders import IMAGE_EXTENSIONS
 from sslkit.errors import UserError
 
@@ -170,7 +170,7 @@ class ShardStream(IterableDataset):
         encoded = [self._encoded(sample) for sample in samples]
         if self.decode_on_device:
             return EncodedBatch([data for data, _ in encoded], [name for _, name in encoded], self.max_size), labels
-        decoded = [(decode.decode_rgb(data, self.max_size), name) for data, name in encoded]
+        decoded = [(decode_rgb(data, self.max_size), name) for data, name in encoded]
         good = [image for image, _ in decoded if image is not None]
         if not good:
             raise UserError(f"webdataset: no image of a batch could be decoded, e.g. {decoded[0][1]}")

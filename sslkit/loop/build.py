@@ -17,7 +17,7 @@ from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwa
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from sslkit import checkpoint, distributed, methods, models, optim
+from sslkit import distributed, methods, models, optim
 from sslkit.config import Config
 from sslkit.console import console
 from sslkit.datasets import Splits, WithIndices, collate_batch, shards, training_sampler
@@ -25,7 +25,8 @@ from sslkit.datasets.augmented import Augment, AugmentInWorkers, KeyedSampler
 from sslkit.errors import UserError
 from sslkit.loop.signals import signal_of
 from sslkit.losses.partial_fc import keep_optimizer_state_in_class_order
-from sslkit.sync_batchnorm import convert_sync_batchnorm
+from sslkit.models import weights
+from sslkit.models.sync_batchnorm import convert_sync_batchnorm
 
 
 def make_run_dir(cfg: Config) -> Path:
@@ -134,7 +135,7 @@ def make_backbone(cfg: Config, in_channels: int, main: bool) -> torch.nn.Module:
     """The recipe's backbone, with ``run.init_from``'s weights when it names a run."""
     backbone = models.backbone_from_config(cfg.model, in_channels)
     if cfg.run.init_from:
-        unused = checkpoint.init_backbone(backbone, cfg.run.init_from)
+        unused = weights.init_backbone(backbone, cfg.run.init_from)
         if main:
             console.print(
                 f"backbone initialised from {cfg.run.init_from}"

@@ -1,6 +1,6 @@
 """Saving a run's checkpoints from the loop: never of non-finite weights, remembering the last good one.
 
-The files themselves (atomic writes, resume look-up, backbone export) are :mod:`sslkit.checkpoint`'s.
+The files themselves (atomic writes, resume look-up, backbone export) are :mod:`sslkit.loop.run_directory`'s.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from sslkit import checkpoint
 from sslkit.errors import UserError
+from sslkit.loop.run_directory import read_progress, save_checkpoint
 from sslkit.loop.state import LoopState
 
 
@@ -33,11 +33,11 @@ class Checkpointer:
                 f"the weights became non-finite at step {progress.step} (epoch {progress.epoch}); training stopped, "
                 f"{self.where()}; try a lower optim.lr or train.mixed_precision=no"
             )
-        self.last_good = checkpoint.save_checkpoint(self.accelerator, self.run_dir, vars(progress), self.keep)
+        self.last_good = save_checkpoint(self.accelerator, self.run_dir, vars(progress), self.keep)
         return self.last_good
 
     def save_unless_saved(self, progress: LoopState) -> Path:
         """The run's final checkpoint: saved unless the last one is already of this step."""
-        if self.last_good is None or checkpoint.read_progress(self.last_good)["step"] != progress.step:
+        if self.last_good is None or read_progress(self.last_good)["step"] != progress.step:
             self.save(progress)
         return self.last_good

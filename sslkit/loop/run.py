@@ -29,7 +29,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import Sampler
 
-from sslkit import checkpoint, distributed, launch, methods, models
+from sslkit import distributed, methods, models
 from sslkit.augment import EvalTransform, TwoViewAugment
 from sslkit.config import Config, save_config, to_dict
 from sslkit.console import console, print_config, results_table
@@ -49,12 +49,14 @@ from sslkit.loop.build import (
     stop_workers_before_exit,
 )
 from sslkit.loop.checkpointer import Checkpointer
+from sslkit.loop.launch import cpu_threads
 from sslkit.loop.logs import LogWindow, MetricsLog, ProgressBar
+from sslkit.loop.run_directory import check_run_directory, read_progress, resolve_resume, trim_metrics
 from sslkit.loop.signals import StopSignals
 from sslkit.loop.state import LoopState, Schedule
 from sslkit.loop.step import FiniteLoss, TrainingStep, compile_failures
 from sslkit.loop.trackers import start_trackers
-from sslkit.report import write_report
+from sslkit.models import weights
 
 
 @dataclass
@@ -139,12 +141,12 @@ def announce(cfg: Config, run_dir: Path, accelerator: Accelerator, notes: list[s
 def resume(cfg: Config, run_dir: Path, accelerator: Accelerator, total_steps: int) -> tuple[LoopState, Path | None]:
     """Load ``run.resume``'s checkpoint into the prepared objects; returns the loop state and that checkpoint."""
     main, progress = accelerator.is_main_process, LoopState()
-    resume_from, damaged = checkpoint.resolve_resume(cfg.run.resume, run_dir)
+    resume_from, damaged = resolve_resume(cfg.run.resume, run_dir)
     for line in damaged if main else []:
         console.print(f"note: {line}: resuming from the checkpoint before it", markup=False, highlight=False)
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
-        progress = LoopState(**checkpoint.read_progress(resume_from))
+        progress = LoopState(**read_progress(resume_from))
         if main:
             finished = f"; the run had already finished (total {total_steps} steps): evaluating it again"
             console.print(
@@ -153,9 +155,9 @@ def resume(cfg: Config, run_dir: Path, accelerator: Accelerator, total_steps: in
                 + (finished if progress.step >= total_steps else "")
             )
     elif cfg.run.resume == "auto" and main:
-        console.print(f"no checkpoint in {checkpoint.checkpoint_dir(run_dir)}: starting fresh")
+        console.print(f"no checkpoint in {weights.checkpoint_dir(run_dir)}: starting fresh")
     if main and (resume_from is not None or cfg.run.resume == "auto"):
-        checkpoint.trim_metrics(run_dir, progress.step)  # lines past the checkpoint will be logged again
+        trim_metrics(run_dir, progress.step)  # lines past the checkpoint will be logged again
     return progress, resume_from
 
 
@@ -262,7 +264,7 @@ def final_evaluation(cfg: Config, evaluator: RunEvaluator, method, start_state: 
 
 
 def write_results(cfg: Config, run_dir: Path, results: dict, progress: LoopState, last_good: Path) -> None:
-    """results.json, the results table and the run's report (main process)."""
+    """results.json and the results table (main process)."""
     backbone_file = run_dir / "backbone.safetensors"
     summary = {"results": results, "step": progress.step, "checkpoint": str(last_good), "backbone": str(backbone_file)}
     (run_dir / "results.json").write_text(json.dumps(summary, indent=2))
@@ -270,11 +272,6 @@ def write_results(cfg: Config, run_dir: Path, results: dict, progress: LoopState
     backbone = m.backbone if models.timm_name(m.backbone) else f"{m.backbone} (width {m.width})"
     if any(results.values()):
         console.print(results_table(results, f"{cfg.run.name}: {cfg.data.name}, {backbone}"))
-    report = write_report(run_dir)
-    console.print(
-        f"run directory: {run_dir}  (report: {report.name}; "
-        f"backbone.safetensors, checkpoints/, metrics.jsonl, config.yaml, results.json)"
-    )
 
 
 def prepare_run(cfg: Config) -> tuple[Run, dict | None]:
@@ -284,11 +281,11 @@ def prepare_run(cfg: Config) -> tuple[Run, dict | None]:
     """
     # ------------------------------------------------------------------ set-up
     run_dir = make_run_dir(cfg)
-    notes = checkpoint.check_run_directory(run_dir, cfg.run.resume, to_dict(cfg))  # one run per directory
+    notes = check_run_directory(run_dir, cfg.run.resume, to_dict(cfg))  # one run per directory
     accelerator = make_accelerator(cfg, run_dir)
     # train.threads applies on any device (data and host work); the automatic count only matters on the CPU.
     on_cpu, main = accelerator.device.type == "cpu", accelerator.is_main_process
-    threads = launch.cpu_threads(cfg.train.threads) if cfg.train.threads or on_cpu else (None, "")
+    threads = cpu_threads(cfg.train.threads) if cfg.train.threads or on_cpu else (None, "")
     set_seed(cfg.run.seed, device_specific=True)
 
     # ------------------------------------------------------------------ data
@@ -367,7 +364,7 @@ def train(cfg: Config, exit_after_stop: bool = False) -> dict:
     progress, unwrapped = run.progress, run.unwrapped
     last_good = run.checkpoints.save_unless_saved(progress)
     if run.main:
-        checkpoint.export_backbone(unwrapped.backbone, run.run_dir / "backbone.safetensors")
+        weights.export_backbone(unwrapped.backbone, run.run_dir / "backbone.safetensors")
     distributed.broadcast_buffers(unwrapped)  # every process evaluates the network the checkpoint holds
     results = final_evaluation(cfg, run.evaluator, unwrapped, start_state, run.augment.out_channels)
     final = {f"final_{k}": v for k, v in results["trained"].items()}

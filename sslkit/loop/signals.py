@@ -13,7 +13,7 @@ The run then saves a checkpoint and raises :class:`sslkit.errors.Preempted`; the
 A second signal while the checkpoint is written changes nothing: the handler only records it
 (and once the run has stopped, the command line ignores the signals until the process exits),
 and the checkpoint itself is written into a hidden directory renamed once complete
-(:mod:`sslkit.checkpoint`), so even a SIGKILL mid-save leaves the previous checkpoint whole.
+(:mod:`sslkit.loop.run_directory`), so even a SIGKILL mid-save leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torch import nn
 
-from sslkit import checkpoint, losses, models
+from sslkit import losses, models
 from sslkit.config.schema import coerce, parse_config, read_yaml
 from sslkit.errors import UserError
 from sslkit.methods.barlow_twins import BarlowTwins
@@ -30,6 +30,7 @@ from sslkit.methods.simsiam import SimSiam
 from sslkit.methods.supcon import SupCon
 from sslkit.methods.supervised import Supervised
 from sslkit.methods.vicreg import VICReg
+from sslkit.models import weights
 
 METHODS: dict[str, type[Method]] = {
     "simclr": SimCLR,
@@ -160,7 +161,7 @@ def load_teacher(source: str | None, num_classes: int, in_channels: int) -> Meth
             "method.name=distill needs method.teacher: the run directory of a fine-tuned run "
             "(method.name=finetune) whose predictions the student learns"
         )
-    run_dir = checkpoint.run_directory_of(source) if Path(source).exists() else None
+    run_dir = weights.run_directory_of(source) if Path(source).exists() else None
     if run_dir is None:
         raise UserError(
             f"method.teacher '{source}' is not a run directory (no config.yaml); give the run directory of a "
@@ -177,7 +178,7 @@ def load_teacher(source: str | None, num_classes: int, in_channels: int) -> Meth
         )
     teacher = build_method(cfg, models.backbone_from_config(cfg.model, in_channels), num_classes)
     try:
-        teacher.load_state_dict(checkpoint.load_method_state(source))
+        teacher.load_state_dict(weights.load_method_state(source))
     except RuntimeError as error:
         raise UserError(
             f"method.teacher '{source}' does not fit its own recipe for this data ({num_classes} classes, "

@@ -26,10 +26,10 @@ import dataclasses
 import torch
 from torch import nn
 
-from sslkit import checkpoint, losses
+from sslkit import losses
 from sslkit.errors import UserError
 from sslkit.methods.base import Method
-from sslkit.models import build_mlp
+from sslkit.models import build_mlp, weights
 
 
 def build_head(cfg, embedding_dim: int, num_classes: int) -> nn.Module:
@@ -117,12 +117,12 @@ class FineTune(Method):
         if not len(self.projector):
             return
         try:
-            state = checkpoint.load_method_state(source)
+            state = weights.load_method_state(source)
         except UserError:
             state = {}
         own = self.projector.state_dict()
-        theirs = checkpoint.submodule_state(state, "projector")
-        wrong_shape, missing, _ = checkpoint.state_differences(theirs, own)
+        theirs = weights.submodule_state(state, "projector")
+        wrong_shape, missing, _ = weights.state_differences(theirs, own)
         if not theirs or missing:
             raise UserError(
                 f"method.finetune_from_projector_layer={len(self.projector) // 3} needs the pretrained projector, "

@@ -19,7 +19,7 @@ appendix A; BYOL [1] table 6 for the asymmetric blur and solarize)::
 kornia draws every random parameter (crop boxes with torchvision's RandomResizedCrop sampling,
 jitter factors and order, blur sigmas) and does the grayscale, blur and solarize. Images of
 different sizes (a padded :class:`~sslkit.datasets.batches.ImageBatch` from an image folder or tar shards)
-get their crop boxes from :mod:`sslkit.crops` instead, each drawn on its own image's size and
+get their crop boxes from :mod:`sslkit.augment.crops` instead, each drawn on its own image's size and
 aspect ratio and cut from its original pixels (:func:`crop_padded`). Three
 pieces are written here, each for a reason measured and given in its docstring and each tested
 against a reference: the crop (:func:`resized_crop`, one ``F.grid_sample`` or antialiased
@@ -77,11 +77,12 @@ from collections.abc import Callable, Sequence
 import kornia.augmentation as K
 import torch
 import torch.nn.functional as F
-from kornia.augmentation.random_generator import ColorJitterGenerator, ResizedCropGenerator
+from kornia.augmentation.random_generator import ResizedCropGenerator
 from torch import nn
 from torchvision.ops import roi_align
 
-from sslkit import crops
+from sslkit.augment.colour import ColorJitter
+from sslkit.augment.crops import centre_boxes, random_resized_boxes
 from sslkit.config import AugmentConfig
 from sslkit.datasets.batches import EncodedBatch, ImageBatch, as_image_batch
 
@@ -118,116 +119,6 @@ def _check_images(images: torch.Tensor, channels: int) -> None:
 
 def _to_unit_float(images: torch.Tensor) -> torch.Tensor:
     return images.to(torch.float32).div_(255.0)
-
-
-# torchvision's luma weights (``rgb_to_grayscale``), so the colour steps match it to rounding.
-_LUMA = (0.2989, 0.587, 0.114)
-
-
-def _luma(images: torch.Tensor) -> torch.Tensor:
-    red, green, blue = images.unbind(1)
-    return (_LUMA[0] * red + _LUMA[1] * green + _LUMA[2] * blue).unsqueeze(1)  # (N, 1, H, W)
-
-
-def _per_sample(factor: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
-    return factor.to(images.device, images.dtype, non_blocking=True).view(-1, 1, 1, 1)  # (N, 1, 1, 1)
-
-
-def adjust_brightness(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """torchvision's brightness: ``clamp(x * f)``. Shape: images (N, C, H, W); factor (N,)."""
-    return (images * _per_sample(factor, images)).clamp_(0.0, 1.0)
-
-
-def adjust_contrast(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """torchvision's contrast: blend with the mean luma of each image. Shape: images (N, C, H, W); factor (N,)."""
-    grey = _luma(images) if images.shape[1] == 3 else images
-    mean = grey.mean(dim=(1, 2, 3), keepdim=True)  # (N, 1, 1, 1)
-    return torch.lerp(mean, images, _per_sample(factor, images)).clamp_(0.0, 1.0)
-
-
-def adjust_saturation(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """torchvision's saturation: blend with the luma image. Shape: images (N, 3, H, W); factor (N,)."""
-    return torch.lerp(_luma(images), images, _per_sample(factor, images)).clamp_(0.0, 1.0)
-
-
-def adjust_hue(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """torchvision's hue: rotate the HSV hue of image i by ``factor[i]`` turns of the colour circle.
-
-    A hue rotation keeps each pixel's max ``M`` and min ``m``. With ``C = M - m`` and the hue
-    ``h`` in sextants, HSV -> RGB is ``channel_n = M - C * clamp(min(k, 4 - k), 0, 1)`` with
-    ``k = (n + h) mod 6`` and n = 5, 3, 1 for R, G, B, so no HSV image is built.
-
-    Shape:
-        images: (N, 3, H, W) in [0, 1]; factor: (N,) in [-0.5, 0.5]; returns (N, 3, H, W).
-    """
-    red, green, blue = images.unbind(1)  # (N, H, W) each
-    top = images.amax(1)
-    chroma = top - images.amin(1)
-    # Hue in sextants, in [-1, 5]: the channel holding the max picks the sector, red first on
-    # ties, as in torchvision's RGB -> HSV. The sectors are blended with 0/1 masks because
-    # torch.where measured 3.5x slower than a cast and a lerp on a CPU.
-    hue = torch.lerp(
-        torch.add(red - green, chroma, alpha=4),
-        torch.add(blue - red, chroma, alpha=2),
-        (top == green).to(images.dtype),
-    )
-    hue = torch.lerp(hue, green - blue, (top == red).to(images.dtype))
-    # A grey pixel has chroma 0 and numerator 0: the clamp turns 0/0 into hue 0 (it comes out as M).
-    hue = hue.div_(chroma.clamp_min(1e-12)).add_(6 * _per_sample(factor, images).view(-1, 1, 1))
-    out = torch.empty_like(images)
-    for channel, offset in enumerate((5.0, 3.0, 1.0)):
-        k = torch.remainder(hue + offset, 6.0)
-        weight = torch.minimum(k, 4.0 - k).clamp_(0.0, 1.0)
-        torch.addcmul(top, chroma, weight, value=-1, out=out[:, channel])
-    return out
-
-
-class ColorJitter(nn.Module):
-    """torchvision's ColorJitter on a batch, with per-sample factors.
-
-    kornia's ``ColorJitterGenerator`` draws the factors (brightness, contrast and saturation in
-    ``[max(0, 1 - x), 1 + x]``, hue in ``[-x, x]`` turns) and the order of the four steps; the
-    steps are torchvision's formulas (:func:`adjust_brightness`, :func:`adjust_contrast`,
-    :func:`adjust_saturation`, :func:`adjust_hue`), tested against
-    ``torchvision.transforms.v2.functional`` image by image. As in kornia, the order is drawn
-    once per call (torchvision draws it per image): each image still sees every order with the
-    same probability. A step whose strength is 0 is not run, so brightness and contrast alone
-    work on one-channel images.
-
-    Why the steps are written here rather than taken from ``kornia.augmentation.ColorJitter``:
-    colour jitter is most of the augmentation's time on a CPU, and kornia's (same draw, same
-    formulas) measured 2.8x slower on 512 32x32 images: its hue step converts to HSV and back
-    through a dozen full-size intermediates, and it clamps and copies the batch between steps.
-
-    Shape:
-        images: (N, C, H, W) in [0, 1], C = 3 when saturation or hue is set; returns the same shape.
-    """
-
-    def __init__(
-        self, brightness: float = 0.0, contrast: float = 0.0, saturation: float = 0.0, hue: float = 0.0
-    ) -> None:
-        super().__init__()
-        self.draw = ColorJitterGenerator(brightness, contrast, saturation, hue)
-        self.draw.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
-        steps = (
-            ("brightness_factor", brightness, adjust_brightness),
-            ("contrast_factor", contrast, adjust_contrast),
-            ("saturation_factor", saturation, adjust_saturation),
-            ("hue_factor", hue, adjust_hue),
-        )
-        # Indexed as kornia's ``order``: 0 brightness, 1 contrast, 2 saturation, 3 hue; None: not run.
-        self.steps = [(key, adjust) if strength > 0 else None for key, strength, adjust in steps]
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        params = self.draw(images.shape)
-        for index in params["order"].tolist():
-            if self.steps[index] is not None:
-                key, adjust = self.steps[index]
-                images = adjust(images, params[key])
-        return images
-
-    def extra_repr(self) -> str:
-        return repr(self.draw)
 
 
 def resized_crop(images: torch.Tensor, boxes: torch.Tensor, image_index: torch.Tensor, size: int) -> torch.Tensor:
@@ -465,7 +356,7 @@ class ViewGroup(nn.Module):
         """:meth:`_crop_and_flip` for images of different sizes: each box drawn on its image's own size.
 
         The boxes follow torchvision's ``RandomResizedCrop`` on each original image
-        (:func:`sslkit.crops.random_resized_boxes`) and are cut from its original pixels; the
+        (:func:`sslkit.augment.crops.random_resized_boxes`) and are cut from its original pixels; the
         flip then mirrors the chosen views (the folded flip needs one image width).
 
         Shape:
@@ -474,7 +365,7 @@ class ViewGroup(nn.Module):
         views, count = self.count, len(images)
         sizes = images.sizes.repeat(views // len(self.crop_scales), 1)  # (VB, 2), or one share per scale
         ratio = tuple(self.cfg.crop_ratio)
-        boxes = torch.cat([crops.random_resized_boxes(sizes, scale, ratio) for scale in self.crop_scales])
+        boxes = torch.cat([random_resized_boxes(sizes, scale, ratio) for scale in self.crop_scales])
         image_index = torch.arange(count).repeat(views)  # (VB,): view 1 of every image, then view 2, ...
         x = crop_padded(images, boxes, image_index, self.size)
         flip = (torch.rand(views * count) < self.cfg.hflip_p).nonzero().squeeze(1)  # (n,)
@@ -605,7 +496,7 @@ class EvalTransform(nn.Module):
     Resizes the whole image to S x S (bilinear, antialiased when shrinking), keeps the channel
     count as :class:`TwoViewAugment` does, and normalises. Images of different sizes
     (:class:`~sslkit.datasets.batches.ImageBatch`) get the standard resize-shorter-side-to-S and
-    centre-crop-S instead (:func:`sslkit.crops.centre_boxes`), keeping their aspect ratio.
+    centre-crop-S instead (:func:`sslkit.augment.crops.centre_boxes`), keeping their aspect ratio.
 
     Shape:
         images: (B, C, H, W) uint8, or a batch of B images of different sizes;
@@ -627,7 +518,7 @@ class EvalTransform(nn.Module):
         if isinstance(images, (ImageBatch, EncodedBatch)):
             images = as_image_batch(images)
             _check_images(images.pixels, self.channels)
-            boxes = crops.centre_boxes(images.sizes)
+            boxes = centre_boxes(images.sizes)
             x = crop_padded(images, boxes, torch.arange(len(images)), self.image_size)
             return self.normalize(x) if self.normalize is not None else x
         _check_images(images, self.channels)
