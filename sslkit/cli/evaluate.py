@@ -41,14 +41,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
-def saved_config_for(target: Path) -> Path | None:
-    """The run's config.yaml for a run directory, a checkpoint in one, or a file in one."""
-    from sslkit.models.weights import run_directory_of
-
-    run_dir = run_directory_of(target)
-    return run_dir / "config.yaml" if run_dir is not None else None
-
-
 def default_out(target: Path) -> Path:
     """Where the results go without ``--out``: next to what is evaluated, never next to ``--recipe``.
 
@@ -65,59 +57,6 @@ def default_out(target: Path) -> Path:
             return target.parent / f"{target.name}.eval.json"
         return target / "eval.json"
     return target.parent / f"{target.stem}.eval.json"
-
-
-def _shape(tensor) -> str:
-    return f"[{', '.join(str(n) for n in tensor.shape)}]"
-
-
-def state_mismatch(state: dict, own: dict) -> str | None:
-    """:func:`~sslkit.models.weights.state_differences` in words: None when the file's weights fit the
-    model; otherwise the first difference (a shape, then a weight the file lacks, then one the
-    model lacks) with how many more there are, e.g. ``conv1.weight is [16, 3, 3, 3] in the file,
-    [32, 3, 3, 3] in the model``.
-    """
-    from sslkit.models.weights import state_differences
-
-    wrong_shape, missing, extra = state_differences(state, own)
-    problems = [f"{key} is {_shape(state[key])} in the file, {_shape(own[key])} in the model" for key in wrong_shape]
-    problems += [f"{key} ({_shape(own[key])}) is in the model but not in the file" for key in missing]
-    problems += [f"the file has {key} ({_shape(state[key])}), which the model lacks" for key in extra]
-    if not problems:
-        return None
-    more = len(problems) - 1
-    return problems[0] + (f", and {more} more difference{'s' if more > 1 else ''}" if more else "")
-
-
-def load_backbone(backbone, target: Path, cfg) -> None:
-    """Load ``target``'s backbone weights into ``backbone``, or raise one line saying why they do not fit."""
-    from sslkit.errors import UserError
-    from sslkit.models import describe, weights
-
-    state = weights.load_backbone_state(target)
-    model = describe(cfg.model)
-    own = backbone.state_dict()
-    if (problem := state_mismatch(state, own)) is not None:
-        ours, theirs = own.get("conv1.weight"), state.get("conv1.weight")
-        if (
-            ours is not None
-            and theirs is not None
-            and theirs.dim() == 4
-            and ours.shape[1] != theirs.shape[1]
-            and (theirs.shape[0], *theirs.shape[2:]) == (ours.shape[0], *ours.shape[2:])
-        ):
-            # Only the input channels differ: the data, not the model settings, is what changed.
-            advice = (
-                f"the backbone was trained on {theirs.shape[1]}-channel images, data.name={cfg.data.name} has "
-                f"{ours.shape[1]}-channel ones; evaluate it on a dataset with {theirs.shape[1]}-channel images"
-            )
-        else:
-            advice = "pass the model.* values the backbone was trained with, or --recipe with its recipe"
-        raise UserError(f"the weights in '{target}' do not fit {model} ({problem}); {advice}")
-    try:
-        backbone.load_state_dict(state)
-    except RuntimeError as error:  # keys and shapes fit, yet torch refused: its whole message, on one line
-        raise UserError(f"the weights in '{target}' do not fit {model}: {' '.join(str(error).split())}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     from sslkit.console import console, results_table
     from sslkit.datasets import build_splits
     from sslkit.evaluation import RunEvaluator
+    from sslkit.evaluation.encoder import load_backbone, saved_config_for
 
     try:
         target = Path(args.target)

@@ -61,33 +61,6 @@ def default_out(run_dir: Path, fmt: str) -> Path:
     return run_dir / {"safetensors": "export.safetensors", "timm": "export-timm", "onnx": "export.onnx"}[fmt]
 
 
-def load_trained_backbone(target: Path):
-    """The run's config and its backbone with the trained weights, in eval mode, on the CPU."""
-    from sslkit import models
-    from sslkit.cli.evaluate import load_backbone
-    from sslkit.config import load_config
-    from sslkit.errors import UserError
-    from sslkit.models import weights
-
-    if not target.exists():
-        raise UserError(f"'{target}' not found; give a run directory (runs/<name>) or a checkpoint directory in one")
-    run_dir = weights.run_directory_of(target)
-    if run_dir is None or not target.is_dir():
-        raise UserError(f"'{target}' is not a run or checkpoint directory (no config.yaml by it); give runs/<name>")
-    cfg = load_config(run_dir / "config.yaml")
-    state = weights.load_backbone_state(target)
-    backbone = models.backbone_from_config(cfg.model, input_channels(state))
-    load_backbone(backbone, target, cfg)
-    return cfg, run_dir, backbone.eval()
-
-
-def input_channels(state: dict) -> int:
-    """The channels a backbone's weights take: the input side of its first convolution (the stem comes first in
-    the ``state_dict`` of torchvision's ResNets, timm's ViTs (``patch_embed.proj``), ConvNeXts, ...)."""
-    first_conv = next(v for v in state.values() if v.dim() == 4)
-    return int(first_conv.shape[1])
-
-
 def timm_model_args(cfg, backbone) -> tuple[str, dict]:
     """The timm architecture and ``create_model`` arguments that rebuild ``backbone`` (``num_classes=0``)."""
     from sslkit import models
@@ -199,6 +172,7 @@ def export(target: Path, fmt: str, out: Path | None = None) -> tuple[Path, float
     """Write ``target``'s backbone as ``fmt`` and check it reproduces the network; returns the path and the
     largest feature difference (None: not checked, no runtime). Nothing is left behind when it fails."""
     from sslkit.errors import UserError
+    from sslkit.evaluation.encoder import load_trained_backbone
 
     cfg, run_dir, backbone = load_trained_backbone(target)
     out = out or default_out(run_dir, fmt)

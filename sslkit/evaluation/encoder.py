@@ -1,0 +1,90 @@
+"""A trained encoder from where a run left it: a run directory, a checkpoint in one, or a backbone file.
+
+:func:`load_trained_backbone` rebuilds a run's backbone from its ``config.yaml`` and loads its
+weights; :func:`load_backbone` loads a file's weights into a backbone built from any recipe and
+says in one line why they do not fit when they do not (a different width, stem or channel count).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sslkit import models
+from sslkit.config import load_config
+from sslkit.errors import UserError
+from sslkit.models import weights
+
+
+def saved_config_for(target: Path) -> Path | None:
+    """The run's config.yaml for a run directory, a checkpoint in one, or a file in one."""
+    run_dir = weights.run_directory_of(target)
+    return run_dir / "config.yaml" if run_dir is not None else None
+
+
+def _shape(tensor) -> str:
+    return f"[{', '.join(str(n) for n in tensor.shape)}]"
+
+
+def state_mismatch(state: dict, own: dict) -> str | None:
+    """:func:`~sslkit.models.weights.state_differences` in words: None when the file's weights fit the
+    model; otherwise the first difference (a shape, then a weight the file lacks, then one the
+    model lacks) with how many more there are, e.g. ``conv1.weight is [16, 3, 3, 3] in the file,
+    [32, 3, 3, 3] in the model``.
+    """
+    wrong_shape, missing, extra = weights.state_differences(state, own)
+    problems = [f"{key} is {_shape(state[key])} in the file, {_shape(own[key])} in the model" for key in wrong_shape]
+    problems += [f"{key} ({_shape(own[key])}) is in the model but not in the file" for key in missing]
+    problems += [f"the file has {key} ({_shape(state[key])}), which the model lacks" for key in extra]
+    if not problems:
+        return None
+    more = len(problems) - 1
+    return problems[0] + (f", and {more} more difference{'s' if more > 1 else ''}" if more else "")
+
+
+def load_backbone(backbone, target: Path, cfg) -> None:
+    """Load ``target``'s backbone weights into ``backbone``, or raise one line saying why they do not fit."""
+    state = weights.load_backbone_state(target)
+    model = models.describe(cfg.model)
+    own = backbone.state_dict()
+    if (problem := state_mismatch(state, own)) is not None:
+        ours, theirs = own.get("conv1.weight"), state.get("conv1.weight")
+        if (
+            ours is not None
+            and theirs is not None
+            and theirs.dim() == 4
+            and ours.shape[1] != theirs.shape[1]
+            and (theirs.shape[0], *theirs.shape[2:]) == (ours.shape[0], *ours.shape[2:])
+        ):
+            # Only the input channels differ: the data, not the model settings, is what changed.
+            advice = (
+                f"the backbone was trained on {theirs.shape[1]}-channel images, data.name={cfg.data.name} has "
+                f"{ours.shape[1]}-channel ones; evaluate it on a dataset with {theirs.shape[1]}-channel images"
+            )
+        else:
+            advice = "pass the model.* values the backbone was trained with, or --recipe with its recipe"
+        raise UserError(f"the weights in '{target}' do not fit {model} ({problem}); {advice}")
+    try:
+        backbone.load_state_dict(state)
+    except RuntimeError as error:  # keys and shapes fit, yet torch refused: its whole message, on one line
+        raise UserError(f"the weights in '{target}' do not fit {model}: {' '.join(str(error).split())}") from None
+
+
+def load_trained_backbone(target: Path):
+    """The run's config and its backbone with the trained weights, in eval mode, on the CPU."""
+    if not target.exists():
+        raise UserError(f"'{target}' not found; give a run directory (runs/<name>) or a checkpoint directory in one")
+    run_dir = weights.run_directory_of(target)
+    if run_dir is None or not target.is_dir():
+        raise UserError(f"'{target}' is not a run or checkpoint directory (no config.yaml by it); give runs/<name>")
+    cfg = load_config(run_dir / "config.yaml")
+    state = weights.load_backbone_state(target)
+    backbone = models.backbone_from_config(cfg.model, input_channels(state))
+    load_backbone(backbone, target, cfg)
+    return cfg, run_dir, backbone.eval()
+
+
+def input_channels(state: dict) -> int:
+    """The channels a backbone's weights take: the input side of its first convolution (the stem comes first in
+    the ``state_dict`` of torchvision's ResNets, timm's ViTs (``patch_embed.proj``), ConvNeXts, ...)."""
+    first_conv = next(v for v in state.values() if v.dim() == 4)
+    return int(first_conv.shape[1])
