@@ -5,16 +5,27 @@ from __future__ import annotations
 import yaml
 from rich.console import Console
 from rich.markup import escape
-from rich.syntax import Syntax
 from rich.table import Table
 
 console = Console()
 error_console = Console(stderr=True)
 
 
-def print_config(config_dict: dict, title: str = "resolved config") -> None:
+def print_config(config_dict: dict, defaults: dict, title: str, saved_at: str) -> None:
+    """The settings that differ from sslkit's defaults, one line per section, and where the full config went.
+
+    The whole resolved config is about 150 lines; a reader of a log wants what this run chose.
+    """
     console.rule(f"[bold]{title}")
-    console.print(Syntax(yaml.safe_dump(config_dict, sort_keys=False), "yaml", background_color="default"))
+    changed: dict[str, list[str]] = {}
+    for key, value in config_dict.items():
+        if key not in defaults or defaults[key] != value:
+            section, name = key.split(".", 1)
+            changed.setdefault(section, []).append(f"{name}={yaml.safe_dump(value, default_flow_style=True).strip()}")
+    for section, settings in changed.items():
+        # trailing "..." is safe_dump's end-of-document marker for a bare scalar
+        console.print(f"[bold]{section}[/]: " + escape(", ".join(settings).replace("\n...", "")), highlight=False)
+    console.print(f"(other settings at their defaults; the full config is in {escape(saved_at)})", highlight=False)
 
 
 def results_table(rows: dict[str, dict[str, float]], title: str = "results") -> Table:

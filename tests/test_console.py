@@ -18,3 +18,19 @@ def test_a_table_wider_than_the_console_prints_whole_and_the_width_comes_back(ca
     assert out.count("0.8444 ± 0.0012") == 3 and "fashion_mnist_simclr_multicrop" in out and "…" not in out
     assert max(len(line) for line in out.splitlines()) > width  # wider than the console, not squeezed into it
     assert console.width == width
+
+
+def test_a_run_prints_what_its_recipe_changed_and_where_the_full_config_is(capsys):
+    from accelerate import Accelerator
+
+    from sslkit.config import flatten, load_config, to_dict
+    from sslkit.console import print_config
+    from sslkit.loop.run import _defaults, _precision
+
+    cfg = load_config("quickstart", ["train.epochs=3", "method.name=moco", "method.queue_size=512"])
+    print_config(flatten(to_dict(cfg)), _defaults(cfg), "sslkit pretrain — runs/x", "runs/x/config.yaml")
+    out = capsys.readouterr().out
+    assert "epochs=3" in out and "queue_size=512" in out and "name=digits" in out and "name=moco" in out
+    assert "momentum=" not in out  # MoCo's own default momentum is not a change
+    assert "runs/x/config.yaml" in out and len(out.splitlines()) < 25  # not the 150 lines of the whole config
+    assert _precision(Accelerator(cpu=True, mixed_precision="no")) == "fp32"

@@ -20,6 +20,7 @@ from a checkpoint therefore continues with the same batches, augmentations and u
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from torch.utils.data import Sampler
 
 from sslkit import distributed, methods, models
 from sslkit.augment import EvalTransform, TwoViewAugment
-from sslkit.config import Config, save_config, to_dict
+from sslkit.config import Config, flatten, save_config, to_dict
 from sslkit.console import console, print_config, results_table
 from sslkit.datasets import Splits, augmented, build_splits, folders, label_subset, shards
 from sslkit.datasets.batches import AugmentedViews
@@ -108,7 +109,7 @@ def announce(cfg: Config, run_dir: Path, accelerator: Accelerator, notes: list[s
         )
     if cfg.method.name == "finetune" and not cfg.run.init_from:
         notes.append("method.name=finetune without run.init_from trains from scratch (random init)")
-    print_config(to_dict(cfg), f"sslkit pretrain — {run_dir}")
+    print_config(flatten(to_dict(cfg)), _defaults(cfg), f"sslkit pretrain — {run_dir}", str(run_dir / "config.yaml"))
     t, world = cfg.train, accelerator.num_processes
     if t.freeze_backbone_epochs >= t.epochs:
         notes.append(
@@ -126,7 +127,8 @@ def announce(cfg: Config, run_dir: Path, accelerator: Accelerator, notes: list[s
         console.print(f"note: {note}", markup=False, highlight=False)
     count, source = threads
     console.print(
-        f"{world} process{'es' if world > 1 else ''} on {accelerator.device} ({accelerator.distributed_type.value}), "
+        f"{world} process{'es' if world > 1 else ''} on {accelerator.device}{_backend(accelerator)}, "
+        f"{_precision(accelerator)}, "
         f"{t.batch_size // world} images per process per batch, global batch {t.batch_size}"
         + (f", {t.grad_accum_steps} batches accumulated per step" if t.grad_accum_steps > 1 else "")
         + (f", {count} CPU thread{'s' if count > 1 else ''} per process ({source})" if count else "")
@@ -272,6 +274,32 @@ def write_results(cfg: Config, run_dir: Path, results: dict, progress: LoopState
     backbone = m.backbone if models.timm_name(m.backbone) else f"{m.backbone} (width {m.width})"
     if any(results.values()):
         console.print(results_table(results, f"{cfg.run.name}: {cfg.data.name}, {backbone}"))
+
+
+def _defaults(cfg: Config) -> dict:
+    """sslkit's default of every setting, dotted; a ``method.*`` option's is the chosen method's own, where it
+    has the option, else the default of the first method that does (as ``methods.check_config`` fills them)."""
+    defaults = flatten(to_dict(Config()))
+    own = {item.name: item for item in dataclasses.fields(methods.METHODS[cfg.method.name].Options)}
+    for name, item in {**methods.option_fields(), **own}.items():
+        missing = item.default_factory is dataclasses.MISSING
+        defaults[f"method.{name}"] = item.default if missing else item.default_factory()
+    for always_shown in ("data.name", "model.backbone", "method.name", "loss.name"):  # what was trained, on what
+        del defaults[always_shown]
+    return defaults
+
+
+def _backend(accelerator) -> str:
+    """`` (gloo)`` and the like for several processes; nothing for one."""
+    return f" ({torch.distributed.get_backend()})" if accelerator.num_processes > 1 else ""
+
+
+def _precision(accelerator) -> str:
+    """The precision the steps really run in (Accelerate ignores fp16 on the CPU)."""
+    mode = accelerator.mixed_precision
+    if mode == "no" or (mode == "fp16" and accelerator.device.type == "cpu"):
+        return "fp32"
+    return f"{mode} autocast"
 
 
 def prepare_run(cfg: Config) -> tuple[Run, dict | None]:
