@@ -34,3 +34,20 @@ def test_a_run_prints_what_its_recipe_changed_and_where_the_full_config_is(capsy
     assert "momentum=" not in out  # MoCo's own default momentum is not a change
     assert "runs/x/config.yaml" in out and len(out.splitlines()) < 25  # not the 150 lines of the whole config
     assert _precision(Accelerator(cpu=True, mixed_precision="no")) == "fp32"
+
+
+def test_the_progress_bar_shows_no_loss_or_speed_before_the_first_logged_step():
+    from rich.progress import TextColumn
+
+    from sslkit.loop.logs import ProgressBar
+    from sslkit.loop.state import LoopState
+
+    bar = ProgressBar(LoopState(), total_steps=10, main=True)
+    task = bar.bar.tasks[0]
+
+    def shown() -> str:
+        return " ".join(str(c.render(task)) for c in bar.bar.columns if isinstance(c, TextColumn))
+
+    assert "first steps" in shown() and "nan" not in shown() and "0 img/s" not in shown()
+    bar.update(2, 0, {"loss": 6.25, "lr": 1e-3, "ips": 120.4})
+    assert "loss 6.2500 lr 1.00e-03 120 img/s" in shown() and task.completed == 2

@@ -80,15 +80,14 @@ class ProgressBar:
             TextColumn("[bold]epoch {task.fields[epoch]}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]:.4f}"),
-            TextColumn("lr {task.fields[lr]:.2e}"),
-            TextColumn("{task.fields[ips]:.0f} img/s"),
+            TextColumn("{task.fields[figures]}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             console=console,
             disable=not main or progress.step >= total_steps,
         )
-        fields = {"epoch": progress.epoch, "loss": float("nan"), "lr": 0.0, "ips": 0.0}
+        # Until the first logged step there is no loss or speed to show, and "loss nan 0 img/s" reads as a fault.
+        fields = {"epoch": progress.epoch, "figures": "first steps..."}
         self.task = self.bar.add_task("train", total=total_steps, completed=progress.step, **fields)
 
     def __enter__(self) -> ProgressBar:
@@ -98,5 +97,9 @@ class ProgressBar:
     def __exit__(self, *exc) -> None:
         self.bar.__exit__(*exc)
 
-    def update(self, **fields) -> None:
-        self.bar.update(self.task, **fields)
+    def update(self, completed: int | None = None, epoch: int | None = None, figures: dict | None = None) -> None:
+        """Move the bar to step ``completed`` of ``epoch``; ``figures`` (loss, lr, ips) from a logged step."""
+        fields = {} if epoch is None else {"epoch": epoch}
+        if figures is not None:
+            fields["figures"] = f"loss {figures['loss']:.4f} lr {figures['lr']:.2e} {figures['ips']:.0f} img/s"
+        self.bar.update(self.task, completed=completed, **fields)

@@ -187,7 +187,7 @@ def log_step(run: Run, window: LogWindow, bar: ProgressBar) -> LogWindow:
     window.finite.check(progress)  # before the line: a non-finite loss stops the run rather than being logged
     r = window.record(progress, run.step.optimizer, run.cfg.train.batch_size, run.accelerator)
     run.log(r, progress.step)
-    bar.update(completed=progress.step, epoch=r["epoch"], loss=r["loss"], lr=r["lr"], ips=r["images_per_s"])
+    bar.update(progress.step, r["epoch"], {"loss": r["loss"], "lr": r["lr"], "ips": r["images_per_s"]})
     if run.main and not console.is_terminal:  # a log file gets a line, a terminal the bar
         console.print(
             f"step {progress.step}/{total}  epoch {r['epoch']}  loss {r['loss']:.4f}  lr {r['lr']:.3g}  "
