@@ -15,6 +15,11 @@ from pathlib import Path
 REQUEUE_EXIT_STATUS = 75
 
 
+def install_hint(extra: str) -> str:
+    """How to add an optional part of sslkit, the same everywhere: quoted, so zsh leaves the brackets alone."""
+    return f'pip install "sslkit[{extra}]"'
+
+
 class UserError(Exception):
     """A mistake in a recipe, a path or a command line, explained in one line."""
 

@@ -135,3 +135,14 @@ def test_relative_links_and_images_in_the_docs_exist():
             if path and not re.match(r"[a-z]+://", path) and not (page.parent / path).exists():
                 missing.append(f"{page.relative_to(ROOT)}: {target}")
     assert not missing, "\n".join(missing)
+
+
+def test_install_hints_are_quoted_for_every_shell():
+    """``pip install sslkit[plot]`` fails in zsh (the brackets are a glob): every hint is ``"sslkit[extra]"``."""
+    sources = [*(ROOT / "sslkit").rglob("*.py"), *(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
+    unquoted = [
+        f"{path.relative_to(ROOT)}: pip install {argument}"
+        for path in sources
+        for argument in re.findall(r"pip install ([^\s`'\"{]*\[[^\]]*\])", path.read_text())
+    ]
+    assert not unquoted, unquoted

@@ -4,7 +4,7 @@
     sslkit-report runs/ablate-quickstart-loss.temperature/runs/*
 
 Each RUN_DIR gets ``RUN_DIR/report.md`` (see :mod:`sslkit.experiments.report`); with matplotlib installed
-(``pip install sslkit[plot]``) the curves are PNGs next to it. A run still training gets a
+(``pip install "sslkit[plot]"``) the curves are PNGs next to it. A run still training gets a
 partial report. A directory that is not a run prints one line and the exit status is 2.
 """
 
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from sslkit.console import console, print_user_error
-from sslkit.errors import UserError
+from sslkit.errors import UserError, install_hint
 from sslkit.experiments.report import have_matplotlib, is_run_dir, write_report
 
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             print_user_error(error)
             status = 2
     if written and not have_matplotlib():
-        console.print("plots are text tables: pip install sslkit[plot] adds PNG curves", markup=False, highlight=False)
+        console.print(f"plots are text tables: {install_hint('plot')} adds PNG curves", markup=False, highlight=False)
     return status
 
 

@@ -52,7 +52,7 @@ from sslkit.datasets.base import IMAGENET_MEAN, IMAGENET_STD, DatasetInfo, colla
 from sslkit.datasets.batches import EncodedBatch, ImageBatch, pad_images
 from sslkit.datasets.decode import decode_rgb
 from sslkit.datasets.folders import IMAGE_EXTENSIONS
-from sslkit.errors import UserError
+from sslkit.errors import UserError, install_hint
 
 SHUFFLE_BUFFER = 1000  # samples held by each slot's shuffle buffer (webdataset's default)
 _EXTENSIONS = tuple(extension.lstrip(".") for extension in IMAGE_EXTENSIONS)
@@ -60,7 +60,7 @@ _EXTENSIONS = tuple(extension.lstrip(".") for extension in IMAGE_EXTENSIONS)
 
 def _webdataset():
     if importlib.util.find_spec("webdataset") is None:
-        raise UserError("data.name=webdataset needs the webdataset package: pip install 'sslkit[shards]'")
+        raise UserError(f"data.name=webdataset needs the webdataset package: {install_hint('shards')}")
     import webdataset
 
     return webdataset

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from sslkit.errors import UserError
+from sslkit.errors import UserError, install_hint
 
-PLOT_INSTALL = 'pictures need matplotlib: pip install "sslkit[plot]"'
+PLOT_INSTALL = f"pictures need matplotlib: {install_hint('plot')}"
 
 
 def _figure(width: float, height: float) -> Any:

@@ -5,7 +5,8 @@ PCA and t-SNE are scikit-learn's (a dependency already); UMAP (McInnes et al. 20
 distances; PCA keeps the two directions of largest variance and is exact and fast. Rows are
 L2-normalised first, as every other embeddings command compares them by cosine.
 
->>> points = project_2d(vectors, "pca")  # (N, 2) float32
+>>> project_2d(np.random.default_rng(0).standard_normal((50, 8)), "pca").shape
+(50, 2)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import importlib.util
 
 import numpy as np
 
-from sslkit.errors import UserError
+from sslkit.errors import UserError, install_hint
 
 METHODS = ("pca", "tsne", "umap")
 
@@ -47,7 +48,7 @@ def project_2d(vectors: np.ndarray, method: str = "pca", seed: int = 0) -> np.nd
         tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed, metric="cosine")
         return tsne.fit_transform(unit).astype(np.float32)
     if importlib.util.find_spec("umap") is None:
-        raise UserError('the umap map needs umap-learn: pip install "sslkit[umap]"; or use --method pca or tsne')
+        raise UserError(f"the umap map needs umap-learn: {install_hint('umap')}; or use --method pca or tsne")
     import umap
 
     # n_jobs=1: a fixed random_state makes UMAP single-threaded anyway, and it warns unless told so.

@@ -15,7 +15,8 @@ seconds to parse. Rows are read memory-mapped, so a folder larger than memory ca
 A folder is complete once ``meta.json`` says ``"complete": true``; a writer that stops part-way
 leaves ``complete: false`` and :func:`read_embeddings` refuses it with one line.
 
->>> write_embeddings(folder, np.eye(3, dtype=np.float32), ["a.png", "b.png", "c.png"], np.array([0, 1, 1]))
+>>> import tempfile
+>>> folder = write_embeddings(tempfile.mkdtemp(), np.eye(3, dtype=np.float32), ["a.png", "b.png", "c.png"])
 >>> read_embeddings(folder).vectors.shape
 (3, 3)
 """

@@ -27,9 +27,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from sslkit.errors import UserError
+from sslkit.errors import UserError, install_hint
 
-PLOT_HINT = "`pip install sslkit[plot]` adds the plots (matplotlib)."
+PLOT_HINT = f"`{install_hint('plot')}` adds the plots (matplotlib)."
 TEXT_TABLE_ROWS = 20  # rows a text table keeps when matplotlib is missing
 
 
