@@ -58,6 +58,16 @@ def test_the_tool_writes_every_image_once_and_patterns_name_the_shards(pattern):
         assert sorted(tar.getnames())[:2] == ["000000.path", "000000.png"]
 
 
+def test_writing_shards_of_unequal_size_warns_with_sizes_that_divide_evenly(tmp_path, capsys):
+    for i in range(12):
+        Image.new("RGB", (4, 4), (i, 0, 0)).save(tmp_path / f"{i:02d}.png")
+    assert write_shards([str(tmp_path), str(tmp_path / "out" / "s-%06d.tar"), "--per-shard", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: the last shard holds 2 of 5 images" in out and "--per-shard 4 or 6" in out
+    assert write_shards([str(tmp_path), str(tmp_path / "even" / "s-%06d.tar"), "--per-shard", "4"]) == 0
+    assert "warning" not in capsys.readouterr().out
+
+
 def test_patterns_that_match_nothing_are_one_line(tmp_path, pattern):
     for root, words in (
         (str(tmp_path / "none-{0..3}.tar"), "no shard matches"),

@@ -10,9 +10,11 @@ hold ``--per-shard`` images each (the last one the rest) and are written by webd
     sslkit-pretrain recipes/simclr.yaml data.name=webdataset \\
         data.root='shards/photos-{000000..000009}.tar'
 
-For every sample to be read once an epoch, make the number of shards a multiple of
-processes x ``data.num_workers`` and ``--per-shard`` a multiple of the per-process batch size
-(see ``sslkit/datasets/shards.py``). The command prints the brace pattern of what it wrote.
+Every sample is read once an epoch when the shards hold equal numbers of images, their number is
+a multiple of processes x ``data.num_workers`` (the readers), and each reader's share is a
+multiple of the per-process batch size: every reader must yield the same number of full batches,
+so the images past a reader's last full batch are skipped that epoch. The command prints the
+brace pattern of what it wrote, and warns when its last shard is smaller than the others.
 """
 
 from __future__ import annotations
@@ -63,7 +65,34 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     last = len(written) - 1
     print(f"wrote {len(written)} shards: data.root='{args.pattern.replace('%06d', f'{{000000..{last:06d}}}')}'")
+    if (note := uneven_note(count_images(args.folder.expanduser()), args.per_shard)) is not None:
+        print(f"warning: {note}")
     return 0
+
+
+def count_images(folder: Path) -> int:
+    from sslkit.datasets import folders
+
+    return len(folders.list_images(folder))
+
+
+def uneven_note(images: int, per_shard: int) -> str | None:
+    """What a smaller last shard costs at training time, and ``--per-shard`` values that divide ``images`` evenly."""
+    rest = images % per_shard
+    if images <= per_shard or rest == 0:
+        return None
+    even = [d for d in range(max(1, per_shard // 2), min(images, 2 * per_shard) + 1) if images % d == 0]
+    nearest = sorted(even, key=lambda d: abs(d - per_shard))[:2]
+    advice = (
+        f"--per-shard {' or '.join(map(str, sorted(nearest)))} makes shards of equal size"
+        if nearest
+        else "a --per-shard that divides the number of images makes shards of equal size"
+    )
+    return (
+        f"the last shard holds {rest} of {per_shard} images; training reads only what gives every reader (process x "
+        f"data.num_workers) the same number of full batches, so shards of unequal size skip images each epoch; "
+        f"{advice} (see sslkit-write-shards --help)"
+    )
 
 
 if __name__ == "__main__":

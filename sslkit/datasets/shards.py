@@ -258,8 +258,10 @@ def stream_loader(
         from sslkit.console import console
 
         console.print(
-            f"note: {skipped} of the {len(stream)} samples are skipped each epoch (the shards do not split into "
-            f"equal full batches for {stream.slots} readers); see sslkit/datasets/shards.py",
+            f"note: {skipped} of the {len(stream)} samples are skipped each epoch: each of the {stream.slots} readers "
+            f"(processes x data.num_workers) yields the same number of full batches of {batch_size}; shards of equal "
+            f"size, a multiple of {stream.slots} of them, each reader's share a multiple of {batch_size}, read "
+            f"every sample (sslkit-write-shards --help)",
             markup=False,
             highlight=False,
         )
