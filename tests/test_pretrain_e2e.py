@@ -362,9 +362,10 @@ def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     process.send_signal(signal.SIGINT)
     stderr = process.communicate(timeout=60)[1]
     assert process.returncode == 130
-    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith(
-        "interrupted: continue from the last"
-    ), stderr
+    last_line = stderr.strip().splitlines()[-1]
+    assert "Traceback" not in stderr and last_line.startswith("interrupted: run.resume=auto continues from "), stderr
+    newest = sorted((tmp_path / "stopped" / "checkpoints").glob("step-*"))[-1]
+    assert last_line.endswith(f"{newest.relative_to(tmp_path)} (step {int(newest.name.split('-')[1])})"), stderr
     resumed = pretrain_here(
         tmp_path, "run.name=stopped", "run.resume=auto", "train.epochs=2", "train.checkpoint_every_steps=2"
     )
@@ -565,8 +566,8 @@ def test_ctrl_c_before_the_first_checkpoint_does_not_promise_one(tmp_path):
     )  # the recipe was still loading
     step = tmp_path / "early" / "checkpoints" / "step-00000002"
     step.mkdir(parents=True)
-    (step / PROGRESS_FILE).write_text("{}")
-    assert interrupted_message(cfg) == "interrupted: continue from the last checkpoint with run.resume=auto"
+    (step / PROGRESS_FILE).write_text('{"step": 2, "epoch": 1, "batch_in_epoch": 0}')
+    assert interrupted_message(cfg) == f"interrupted: run.resume=auto continues from {step} (step 2)"
 
 
 def test_trim_metrics_keeps_the_steps_up_to_the_checkpoint_and_drops_the_final_record(tmp_path):

@@ -11,6 +11,7 @@ with status 2; nothing half-done is written.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":  # one line, not one per process
             from sslkit.console import error_console
 
-            error_console.print(interrupted_message(cfg), highlight=False)
+            error_console.print(interrupted_message(cfg), highlight=False, soft_wrap=True)
         return 130
     return 0
 
@@ -92,12 +93,20 @@ def print_run_directory(run_dir) -> None:
 
 
 def interrupted_message(cfg) -> str:
-    """What Ctrl-C leaves: a checkpoint to continue from, or (before the first one) nothing to resume."""
+    """What Ctrl-C leaves: the checkpoint ``run.resume=auto`` continues from, or (before the first one) nothing."""
+    from sslkit.errors import UserError
     from sslkit.loop import make_run_dir
-    from sslkit.models.weights import list_checkpoints
+    from sslkit.loop.run_directory import newest_intact
+    from sslkit.loop.state import LoopState
+    from sslkit.models.weights import PROGRESS_FILE
 
-    if cfg is not None and list_checkpoints(make_run_dir(cfg)):
-        return "interrupted: continue from the last checkpoint with run.resume=auto"
+    try:
+        newest = newest_intact(make_run_dir(cfg))[0] if cfg is not None else None
+    except UserError as error:  # every checkpoint damaged: that is what the user needs to hear
+        return f"interrupted: {error}"
+    if newest is not None:
+        step = LoopState(**json.loads((newest / PROGRESS_FILE).read_text())).step
+        return f"interrupted: run.resume=auto continues from {newest} (step {step})"
     return (
         "interrupted before the first checkpoint: nothing to continue from; run.resume=auto starts the run over "
         "in the same directory (train.checkpoint_every_steps saves sooner)"
