@@ -2,7 +2,8 @@
 
 The package is organised one idea per module:
 
-- :mod:`sslkit.config`      YAML recipe -> typed dataclasses, dotted overrides, validation.
+- :mod:`sslkit.schema`      the recipe's typed dataclasses: YAML and dotted overrides in, plain data out.
+- :mod:`sslkit.config`      loading a recipe for a user, checked against every registry (``load_config``).
 - :mod:`sslkit.datasets`    datasets, their samplers and splits: uint8 image batches for the accelerator.
 - :mod:`sslkit.augment`     kornia two-view augmentation on the accelerator's device.
 - :mod:`sslkit.models`      torchvision ResNet and timm backbones, MLP heads, weights on disk.

@@ -83,8 +83,8 @@ from torchvision.ops import roi_align
 
 from sslkit.augment.colour import ColorJitter
 from sslkit.augment.crops import centre_boxes, random_resized_boxes
-from sslkit.config import AugmentConfig
 from sslkit.datasets.batches import EncodedBatch, ImageBatch, as_image_batch
+from sslkit.schema import AugmentConfig
 
 SUPPORTED_CHANNELS = (1, 3)
 

@@ -1,21 +1,22 @@
-"""Recipes: YAML -> typed dataclasses, with dotted ``key=value`` overrides, checked before anything runs.
+"""Recipes for users: load one, with dotted ``key=value`` overrides, and check it before anything runs.
 
 A recipe is a YAML file whose top-level sections match the dataclasses of
-:mod:`sslkit.config.schema`. Loading is strict, because a typo that is silently ignored costs
-a user a whole training run:
+:mod:`sslkit.schema`, which reads it strictly (an unknown key or a value of the wrong type is an
+error naming the key and the file). Loading it here also checks it against every registry,
+because a typo that is silently ignored costs a user a whole training run:
 
-- an unknown key is an error naming the key, the file and the valid keys;
-- a value of the wrong type is an error naming the key, the expected type and the file;
-- an unknown name (dataset, backbone, loss, optimizer, method) is an error listing the choices.
+- an unknown name (dataset, backbone, loss, optimizer, method) is an error listing the choices;
+- a number out of its range is an error naming the key and the valid range;
+- a method's own options, its loss and its batch are checked by the method
+  (:func:`sslkit.methods.check_config`), a loss's arguments by the loss.
 
 All of these raise :class:`sslkit.errors.UserError` with one line; entry points print it
 without a traceback. Nothing rewrites a value silently: derived values (the scaled learning
 rate, the per-process batch) are computed in the trainer and logged.
 
-The schema (:mod:`sslkit.config.schema`) knows the sections and their types; :func:`validate`
-here checks names against the registries, and a method's own options with the method
-(:func:`sslkit.methods.check_config`). The registries import this package's schema, never
-the other way round.
+This package sits above the registries it checks against (datasets, losses, methods, models,
+optim) and imports them; they import the schema (:mod:`sslkit.schema`), never this package. It
+re-exports the schema, so ``from sslkit.config import Config, load_config`` is all a user needs.
 
 The recipes in ``recipes/`` ship inside the package (``sslkit/recipes``), so a bare name works
 from any directory once sslkit is installed (:func:`find_recipe`):
@@ -32,9 +33,12 @@ import sys
 import typing
 from pathlib import Path
 
+import torch
 from rich.console import Console
 
-from sslkit.config.schema import (
+from sslkit import datasets, losses, methods, models, optim
+from sslkit.errors import UserError
+from sslkit.schema import (
     BUNDLED_RECIPES,
     AugmentConfig,
     Config,
@@ -54,12 +58,11 @@ from sslkit.config.schema import (
     find_recipe,
     flatten,
     parse_config,
+    parse_override,
     read_yaml,
-    replace_recipe_loss,
     save_config,
     to_dict,
 )
-from sslkit.errors import UserError
 
 _PRINTED_NOTES: set[tuple[Path, str]] = set()  # the loss-replacement notes this process printed, by recipe
 
@@ -84,6 +87,40 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         _PRINTED_NOTES.add((path, replaced))
         Console(stderr=True).print(replaced, highlight=False, markup=False, soft_wrap=True)
     return config_from_dict(merged, source)
+
+
+def replace_recipe_loss(recipe: dict, merged: dict, overrides: list[str]) -> str:
+    """When the command line names another loss, drop the recipe's ``loss.*`` keys that loss does not take.
+
+    The recipe's loss keys were written for the recipe's loss (``temperature`` for NT-Xent,
+    ``margin`` for ArcFace): switching ``loss.name=arcface`` on the command line would
+    otherwise fail on ``loss.temperature``, and an ablation over ``loss.name`` could not run.
+    Keys the new loss also takes are kept (``ntxent`` -> ``dcl`` keeps the temperature); keys
+    given on the command line are kept too, and checked as usual. Edits ``merged`` in place and
+    returns a note saying what was kept and dropped (a kept ``margin`` may mean something else
+    for the new loss: ArcFace's is an angle, CosFace's a cosine), or "" if the loss is unchanged.
+    """
+    recipe_loss = recipe.get("loss") if isinstance(recipe.get("loss"), dict) else {}
+    merged_loss = merged.get("loss")
+    if not isinstance(merged_loss, dict):
+        return ""
+    old, name = recipe_loss.get("name", LossConfig.name), merged_loss.get("name", LossConfig.name)
+    if name == old or not isinstance(name, str) or name not in losses.LOSSES:
+        return ""  # same loss, or an unknown name that validate() reports with the choices
+    accepted = losses.loss_arguments(name)
+    given = {tuple(keys) for keys, _ in map(parse_override, overrides)}
+    from_recipe = [key for key in recipe_loss if key not in ("name", "kwargs") and ("loss", key) not in given]
+    if not from_recipe:
+        return ""
+    kept = [f"loss.{key}={merged_loss[key]}" for key in from_recipe if key in accepted]
+    dropped = [f"loss.{key}={merged_loss.pop(key)}" for key in from_recipe if key not in accepted]
+    parts = [f"note: loss.name={name} replaces the recipe's loss '{old}'"]
+    if kept:
+        values = "the value suits" if len(kept) == 1 else "the values suit"
+        parts.append(f"kept {', '.join(kept)} from the recipe, which {name} also takes (check {values} {name})")
+    if dropped:
+        parts.append(f"dropped {', '.join(dropped)} ({name} does not take {'it' if len(dropped) == 1 else 'them'})")
+    return "; ".join(parts)
 
 
 def check_command_line(argv: list[str], options: typing.Iterable[str]) -> None:
@@ -114,8 +151,6 @@ def check_command_line(argv: list[str], options: typing.Iterable[str]) -> None:
 
 def recipe_keys() -> list[str]:
     """Every key a recipe can set, as overrides spell them: the sections' and every method's options."""
-    from sslkit import methods
-
     return [*flatten(to_dict(Config())), *(f"method.{key}" for key in methods.option_fields())]
 
 
@@ -209,8 +244,6 @@ def _check_stop_signals(names: list[str], source: str) -> None:
 
 def _check_compile(backend: str, source: str) -> None:
     """A backend ``torch.compile`` knows, on a torch and Python that it supports."""
-    import torch
-
     _check_choice(backend, torch.compiler.list_backends(exclude_tags=()), "train.compile_backend", source)
     # torch.compile raises on Python versions its dynamo does not support yet (a new Python before its torch).
     # A private function, without a public one; where it is gone, the first compiled step is the check.
@@ -239,9 +272,6 @@ def _check_image_files(cfg: Config, source: str, datasets: typing.Iterable[str])
 
 def validate(cfg: Config, source: str = "recipe") -> None:
     """Check names against the registries and numbers against their valid ranges."""
-    # Imported here: the registries import torch-heavy modules that plain YAML parsing does not need.
-    from sslkit import datasets, losses, methods, models, optim
-
     name = cfg.run.name
     if not name or name in (".", "..") or "/" in name or os.sep in name:  # it is joined to run.output_dir
         raise UserError(

@@ -19,7 +19,7 @@ With ``eval.data`` set, or training data that has no labels (an unlabelled image
 shards), ``memory`` and ``test`` are the ``train`` and ``test`` splits of the evaluation set
 (``eval.data``), or None when there is none: the run then trains without evaluation.
 
->>> from sslkit.config import Config
+>>> from sslkit.schema import Config
 >>> splits = build_splits(Config())
 >>> len(splits.train), len(splits.test), splits.unseen is None
 (1437, 360, True)

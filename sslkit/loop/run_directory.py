@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from sslkit.config.schema import flatten
 from sslkit.errors import UserError
 from sslkit.models.weights import PROGRESS_FILE, checkpoint_dir, list_checkpoints
+from sslkit.schema import flatten
 
 CHECKSUM_FILE = "checksums.json"
 

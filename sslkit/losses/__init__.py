@@ -57,6 +57,7 @@ from sslkit.losses.sphereface import SphereFaceHead
 from sslkit.losses.supcon import SupConLoss, supcon_loss
 from sslkit.losses.triplet import TripletLoss
 from sslkit.losses.vicreg import VICRegLoss, vicreg_loss
+from sslkit.schema import coerce
 
 # The registry, by call form: the one place a loss is added. LOSSES and KIND are views of it.
 BY_KIND: dict[str, dict[str, type[nn.Module]]] = {
@@ -197,19 +198,14 @@ def check_loss_kwargs(name: str, kwargs: dict, source: str = "recipe") -> dict:
         default = valid[key].default
         if default is inspect.Parameter.empty or default is None:
             continue
-        expected = float if isinstance(default, float) else type(default)
-        if expected is float and isinstance(value, str):
-            try:
-                value = kwargs[key] = float(value)
-            except ValueError:
-                pass
-        elif expected is float and isinstance(value, int) and not isinstance(value, bool):
-            value = kwargs[key] = float(value)
-        ok = isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            ok = True
-        if not ok:
-            raise UserError(f"{source}: 'loss.{key}' must be {expected.__name__} (default {default!r}), got {value!r}")
+        # Checked against the default's type (every default is a bool, int, float or str); an argument without
+        # a default, or with None, is the constructor's to check.
+        try:
+            kwargs[key] = coerce(value, type(default), f"loss.{key}", source)
+        except UserError:  # the same refusal, naming the default: it shows what a value looks like
+            raise UserError(
+                f"{source}: 'loss.{key}' must be {type(default).__name__} (default {default!r}), got {value!r}"
+            ) from None
     try:
         build_for_check = {k: v for k, v in kwargs.items()}
         if KIND[name] == "head":

@@ -15,7 +15,6 @@ from pathlib import Path
 from torch import nn
 
 from sslkit import losses, models
-from sslkit.config.schema import coerce, parse_config, read_yaml
 from sslkit.errors import UserError
 from sslkit.methods.barlow_twins import BarlowTwins
 from sslkit.methods.base import Method
@@ -31,6 +30,7 @@ from sslkit.methods.supcon import SupCon
 from sslkit.methods.supervised import Supervised
 from sslkit.methods.vicreg import VICReg
 from sslkit.models import weights
+from sslkit.schema import coerce, parse_config, read_yaml
 
 METHODS: dict[str, type[Method]] = {
     "simclr": SimCLR,
