@@ -97,7 +97,7 @@ def test_finished_run_without_matplotlib_has_text_tables(tmp_path, monkeypatch):
     block_matplotlib(monkeypatch)
     text = write_report(run).read_text()
     assert not list(run.glob("*.png")) and ".png" not in text
-    assert "`pip install sslkit[plot]` adds the plots" in text
+    assert '`pip install "sslkit[plot]"` adds the plots' in text
     assert "| trained | 0.8125 | 0.8438 |" in text
     loss_rows = [
         line for line in text.splitlines() if line.startswith("| ") and line.count("|") == 5 and line[2].isdigit()
@@ -165,5 +165,5 @@ def test_command_without_matplotlib_installed(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "pip install sslkit[plot]" in result.stdout
-    assert not list(run.glob("*.png")) and "pip install sslkit[plot]" in (run / "report.md").read_text()
+    assert 'pip install "sslkit[plot]"' in result.stdout
+    assert not list(run.glob("*.png")) and 'pip install "sslkit[plot]"' in (run / "report.md").read_text()
