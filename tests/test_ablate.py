@@ -1,7 +1,7 @@
 """sslkit-ablate: a real tiny sweep on digits (every point a ``python -m sslkit.cli.pretrain`` subprocess),
 resume after an unfinished point, a point that diverges, and the mistakes that must fail up front.
 
-The sweep is driven through ``ablate.main(argv)`` in this process (its points are real
+The sweep is driven through ``sslkit.cli.ablate.main(argv)`` in this process (its points are real
 subprocesses); one test runs the command itself to check the one-line error and exit status.
 Points are tiny (a width-4 ResNet-18 on 8x8 crops, 2 steps), so each costs about one Python
 start-up with torch; the file runs 5 of them. Aggregation and plotting are checked on
@@ -10,9 +10,6 @@ hand-written records, where the expected means and standard deviations are known
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import io
 import json
 import math
 import os
@@ -23,10 +20,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from command_utils import block_matplotlib, read_csv, run_main
 
-from sslkit.cli import ablate
+from sslkit.cli.ablate import main
 from sslkit.config import load_config
 from sslkit.errors import UserError
+from sslkit.experiments import ablate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,23 +48,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def run_ablate(*argv: str, recipe: str = QUICKSTART) -> tuple[int, str, str]:
-    """``ablate.main(argv)`` with one-thread points; returns (status, stdout, stderr)."""
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        patch.setenv("OMP_NUM_THREADS", "1")
-        status = ablate.main([recipe, *TINY, *argv])
-    return status, stdout.getvalue(), stderr.getvalue()
-
-
-def read_csv(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def block_matplotlib(monkeypatch) -> None:
-    """Make ``import matplotlib`` (and its submodules, even if already loaded) raise ImportError."""
-    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")] + ["matplotlib"]:
-        monkeypatch.setitem(sys.modules, name, None)
+    """``sslkit-ablate RECIPE TINY ARGV`` in this process with one-thread points; returns (status, stdout, stderr)."""
+    result = run_main(main, [recipe, *TINY, *argv], OMP_NUM_THREADS="1")
+    return result.returncode, result.stdout, result.stderr
 
 
 # --------------------------------------------------------------------------- a real sweep

@@ -99,7 +99,7 @@ def test_the_wheel_holds_every_command_the_recipes_and_no_tools(installed):
     for command, target in console_scripts().items():
         assert f"{command} = {target}" in declared, command
         assert f"{target.split(':')[0].replace('.', '/')}.py" in names, target
-    assert "sslkit/recipes/quickstart.yaml" in names and "sslkit/cli/sweep.py" in names
+    assert "sslkit/recipes/quickstart.yaml" in names and "sslkit/experiments/runner.py" in names
     assert not [n for n in names if n.startswith(("tools/", "tests/"))]
 
 

@@ -2,28 +2,25 @@
 scratch), its resume, and the mistakes that must fail before anything runs.
 
 The runs are the commands the comparison builds (``python -m sslkit.cli.pretrain ...``), executed in
-this process by calling the module's ``main`` with the same arguments, so that the file costs no
-Python start-ups: the subprocess runner itself is tested in tests/test_sweep.py.
+this process by calling the module's ``main`` with the same arguments (tests/command_utils.py), so that
+the file costs no Python start-ups: the subprocess runner itself is tested in tests/test_runner.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import importlib
-import io
 import json
 import re
 import shlex
 import shutil
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from command_utils import jobs_in_this_process, read_csv, run_main
 
-from sslkit.cli import compare, label_efficiency, sweep
+from sslkit.cli.compare import main
+from sslkit.experiments import compare
+from sslkit.experiments.runs import default_recipe, trained_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -55,37 +52,11 @@ ARGV = [
 ]
 
 
-def in_process(command: list[str], log_dir: Path, name: str) -> tuple[int, str | None, float]:
-    """:func:`sweep.run_process` without the process: ``python -m MODULE ARGS`` as ``MODULE.main(ARGS)``."""
-    assert command[:2] == [sys.executable, "-m"], command
-    log_dir.mkdir(parents=True, exist_ok=True)
-    out, err = io.StringIO(), io.StringIO()
-    start = time.perf_counter()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = importlib.import_module(command[2]).main(command[3:])
-    (log_dir / f"{name}.out").write_text(out.getvalue())
-    (log_dir / f"{name}.err").write_text(err.getvalue())
-    return status, None if status == 0 else sweep.error_line(err.getvalue(), status), time.perf_counter() - start
-
-
 def run_compare(*argv: str, runs: list[str] | None = None) -> tuple[int, str, str]:
-    """``compare.main(argv)``, its runs in this process (their names appended to ``runs``)."""
-
-    def run(command, log_dir, name):
-        if runs is not None:
-            runs.append(name)
-        return in_process(command, log_dir, name)
-
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        patch.setattr(sweep, "run_process", run)
-        status = compare.main(list(argv))
-    return status, stdout.getvalue(), stderr.getvalue()
-
-
-def read_csv(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    """``sslkit-compare ARGV``, its runs in this process (their names appended to ``runs``)."""
+    with jobs_in_this_process(runs):
+        result = run_main(main, list(argv))
+    return result.returncode, result.stdout, result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -146,10 +117,10 @@ def test_the_fine_tune_and_scratch_runs_are_label_efficiencys_roads(comparison):
     out, _, _, _ = comparison
     saved = {r["name"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
     runs_dir = out / "runs"
-    finetune = label_efficiency.trained_run(
+    finetune = trained_run(
         "finetune-quickstart-s1",
         "finetune",
-        label_efficiency.default_recipe("finetune", "digits").resolve(),
+        default_recipe("finetune", "digits").resolve(),
         [*TINY, "train.epochs=1"],
         runs_dir,
         None,

@@ -22,6 +22,7 @@ from sslkit.augment import EvalTransform
 from sslkit.cli.evaluate import main as evaluate_main
 from sslkit.cli.pretrain import main as pretrain_main
 from sslkit.config import load_config
+from sslkit.evaluation import evaluate_encoder
 from sslkit.methods import METHODS, build_method
 
 PRETRAIN = "sslkit.cli.pretrain"
@@ -124,7 +125,14 @@ def test_resume_and_evaluate_read_the_saved_subset_back(pretrained, tmp_path):
     pretrain(*args, "train.epochs=2", "run.resume=auto")
     assert json.loads(saved_file.read_text())["indices"] == edited
     assert evaluate_main([str(tmp_path / "r"), "--out", str(tmp_path / "e.json"), "eval.batch_size=64"]) == 0
-    assert json.loads((tmp_path / "e.json").read_text())["label_subset"]["indices"] == edited
+    written = json.loads((tmp_path / "e.json").read_text())
+    assert written["label_subset"]["indices"] == edited
+    # The command's evaluation from Python: the same figures (kNN alone here), its JSON where asked.
+    out = tmp_path / "k.json"
+    evaluation = evaluate_encoder(tmp_path / "r", overrides=["eval.batch_size=64"], out=out, linear=False)
+    assert evaluation.results["encoder"]["knn_top1"] == written["results"]["knn_top1"]
+    assert "linear_top1" not in evaluation.report["results"]
+    assert json.loads(out.read_text()) == evaluation.report
 
 
 def test_distill_student_learns_from_a_finetuned_teacher(pretrained, tmp_path):

@@ -2,31 +2,31 @@
 (mean and std over seeds, best of the two scratch runs, tables and plot), and one real tiny comparison
 on digits with the bundled quick-start recipes, rerun to check it resumes.
 
-The comparison is driven through ``label_efficiency.main(argv)`` in this process, and so is every run
-it plans: each ``python -m MODULE ARGS`` command through ``MODULE.main(ARGS)``, its output to the logs
-the sweep writes (an interpreter start with torch costs more than a tiny run; the sweep's own processes
-are tested in test_sweep.py and test_ablate.py). One test runs the command itself to check the one-line
-error and the exit status.
+The comparison is driven through ``sslkit.cli.label_efficiency.main(argv)`` in this process, and so is
+every run it plans: each ``python -m MODULE ARGS`` command through ``MODULE.main(ARGS)``, its output to
+the logs the runner writes (tests/command_utils.py: an interpreter start with torch costs more than a
+tiny run; the runner's own processes are tested in test_runner.py and test_ablate.py). One test runs the
+command itself to check the one-line error and the exit status.
 """
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import importlib
-import io
 import json
 import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from command_utils import block_matplotlib, jobs_in_this_process, read_csv, run_main
 
-from sslkit.cli import label_efficiency as le
-from sslkit.cli import sweep
+from sslkit.cli.label_efficiency import main
+from sslkit.config import find_recipe
+from sslkit.errors import UserError
+from sslkit.experiments import label_efficiency as le
+from sslkit.experiments import runner
+from sslkit.experiments.runs import Run, fraction_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,38 +63,11 @@ COMPARISON = [
 ]
 
 
-def run_here(command: list[str], log_dir: Path, name: str) -> tuple[int, str | None, float]:
-    """``sweep.run_process`` in this process: ``python -m MODULE ARGS`` as ``MODULE.main(ARGS)``."""
-    python, flag, module, *args = command
-    assert (python, flag) == (sys.executable, "-m"), command
-    log_dir.mkdir(parents=True, exist_ok=True)
-    err_path = log_dir / f"{name}.err"
-    start = time.perf_counter()
-    with open(log_dir / f"{name}.out", "w") as out, open(err_path, "w") as err:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = importlib.import_module(module).main(args)
-    wall = time.perf_counter() - start
-    return status, (None if status == 0 else sweep.error_line(err_path.read_text(), status)), wall
-
-
 def run_tool(*argv: str, recipe: str = "quickstart") -> tuple[int, str, str]:
-    """``label_efficiency.main(argv)``, its runs in this process; returns (status, stdout, stderr)."""
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        patch.setattr(sweep, "run_process", run_here)
-        status = le.main([recipe, *argv])
-    return status, stdout.getvalue(), stderr.getvalue()
-
-
-def read_csv(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def block_matplotlib(monkeypatch) -> None:
-    """Make ``import matplotlib`` (and its submodules, even if already loaded) raise ImportError."""
-    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")] + ["matplotlib"]:
-        monkeypatch.setitem(sys.modules, name, None)
+    """``sslkit-label-efficiency RECIPE ARGV``, its runs in this process; returns (status, stdout, stderr)."""
+    with jobs_in_this_process():
+        result = run_main(main, [recipe, *argv])
+    return result.returncode, result.stdout, result.stderr
 
 
 # --------------------------------------------------------------------------- a real tiny comparison
@@ -350,7 +323,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     assert by["pretrain"].command == [
         python,
         "-m",
-        sweep.PRETRAIN,
+        runner.PRETRAIN,
         "/r/pre.yaml",
         "train.threads=2",
         "train.epochs=7",
@@ -362,7 +335,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     assert frozen.command == [
         python,
         "-m",
-        sweep.EVALUATE,
+        runner.EVALUATE,
         str(pre),
         "train.threads=2",
         "eval.label_fraction=0.01",
@@ -416,7 +389,7 @@ def test_pretrained_run_no_distill_factor_one_and_launcher(tmp_path):
     assert [r.name for r in runs] == [
         f"{kind}-f{f}-s{seed}" for f in ("0.01", "1") for seed in (3, 4) for kind in ("frozen", "finetune", "scratch")
     ]
-    assert runs[0].command[:5] == ["accelerate", "launch", "--cpu", "-m", sweep.EVALUATE]
+    assert runs[0].command[:5] == ["accelerate", "launch", "--cpu", "-m", runner.EVALUATE]
     assert runs[0].command[5] == str(pretrained) and runs[0].needs == ()
     assert f"run.init_from={pretrained}" in runs[1].command and runs[1].needs == ()
 
@@ -442,14 +415,14 @@ def test_a_scratch_recipe_of_its_own_sets_the_scratch_runs_and_their_longer_epoc
 
 
 def test_a_pretraining_with_labels_gets_a_note(tmp_path):
-    assert le.labels_note(make_plan(tmp_path, recipe=le.find_recipe("quickstart"), pretrain_overrides=[])) is None
-    note = le.labels_note(make_plan(tmp_path, recipe=le.find_recipe("supcon"), pretrain_overrides=[]))
+    assert le.labels_note(make_plan(tmp_path, recipe=find_recipe("quickstart"), pretrain_overrides=[])) is None
+    note = le.labels_note(make_plan(tmp_path, recipe=find_recipe("supcon"), pretrain_overrides=[]))
     assert note.startswith("note: the pretraining (method.name=supcon) trains with labels, all of them")
 
 
 def test_pretrained_must_be_a_finished_run(tmp_path):
     (tmp_path / "config.yaml").write_text("data: {name: digits}\n")
-    with pytest.raises(le.UserError, match="has not finished"):
+    with pytest.raises(UserError, match="has not finished"):
         le.pretrained_run(tmp_path)
     (tmp_path / "results.json").write_text("{}")
     assert le.pretrained_run(tmp_path) == tmp_path.resolve()
@@ -457,15 +430,15 @@ def test_pretrained_must_be_a_finished_run(tmp_path):
 
 def test_parse_fractions_sorts_and_names_them_plainly():
     assert le.parse_fractions("1,0.01, 0.1") == [0.01, 0.1, 1.0]
-    assert [le.fraction_text(f) for f in le.parse_fractions("1.0,0.001")] == ["0.001", "1"]
+    assert [fraction_text(f) for f in le.parse_fractions("1.0,0.001")] == ["0.001", "1"]
     assert le.run_name("scratch-long", 1.0, 0) == "scratch-long-f1-s0"
 
 
 def test_a_run_is_a_job_that_reads_its_own_result():
-    frozen = le.Run("frozen-f0.1-s0", "frozen", 0.1, 0, ["x"], Path("p.json"), needs=("pretrain",)).job()
+    frozen = Run("frozen-f0.1-s0", "frozen", 0.1, 0, ["x"], Path("p.json"), needs=("pretrain",)).job()
     assert (frozen.metrics_at, frozen.needs) == (("results",), ("pretrain",))
     assert frozen.shown == ("linear_top1", "knn_top1")
-    finetune = le.Run("finetune-f0.1-s0", "finetune", 0.1, 0, ["x"], Path("r/results.json")).job()
+    finetune = Run("finetune-f0.1-s0", "finetune", 0.1, 0, ["x"], Path("r/results.json")).job()
     assert finetune.metrics_at == ("results", "trained") and finetune.shown == ("finetune_top1",)
     assert finetune.fields == {"kind": "finetune", "fraction": 0.1, "seed": 0}
 

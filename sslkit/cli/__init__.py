@@ -17,5 +17,5 @@ command                         what it does                                modu
 ``python -m sslkit.cli.<module>`` is the same command. A launcher starts the training commands
 as modules: ``accelerate launch -m sslkit.cli.pretrain RECIPE`` (or ``torchrun -m``), and
 ``sslkit-ablate``, ``sslkit-label-efficiency`` and ``sslkit-compare`` start every run they make that way, through one
-runner (:mod:`sslkit.cli.sweep`).
+runner (:mod:`sslkit.experiments.runner`).
 """

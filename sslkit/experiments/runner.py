@@ -1,5 +1,5 @@
-"""Run many sslkit commands one after another, each in its own process, resumably: the runner of
-``sslkit-ablate`` and ``sslkit-label-efficiency``.
+"""Run many sslkit commands one after another, each in its own process, resumably: the runner of the
+ablation, the label-efficiency comparison and the recipe comparison.
 
 Every job is the user's own command started as a module (``python -m sslkit.cli.pretrain ...``, or
 the launcher with ``-m``), so a job that crashes or diverges cannot take the others down. A job
@@ -7,7 +7,8 @@ whose result file holds its metrics is skipped ("done, skipped"); any other runs
 pretraining run continues from its last checkpoint with ``run.resume=auto``). A job that fails is
 recorded with its error line, the jobs that need it are recorded as not run, and the others go on.
 The caller's tables are rewritten after every job, and Ctrl-C stops the sweep where the same
-command continues it.
+command continues it. The runner shows its progress as it goes; what an experiment has to say at
+its end (its tables, where they are, what failed) is an :class:`Outcome` for the command to print.
 
 >>> command("sslkit.cli.pretrain", ["quickstart", "train.epochs=1"], "accelerate launch --cpu")
 ['accelerate', 'launch', '--cpu', '-m', 'sslkit.cli.pretrain', 'quickstart', 'train.epochs=1']
@@ -30,6 +31,8 @@ from typing import Any
 import yaml
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
 
 from sslkit.config import flatten
 from sslkit.console import console
@@ -201,18 +204,41 @@ def outcome(record: dict, shown: tuple[str, ...]) -> str:
     return f"ok in {record['wall_s']:.0f} s" + (f": {figures}" if figures else "")
 
 
-def exit_status(records: list[dict], out: Path, noun: str) -> int:
-    """0 when every job succeeded; else 1, after a line saying how many failed and where their logs are."""
+@dataclass
+class Outcome:
+    """How an experiment ended: its jobs' records, what it has to show, and the command's exit status.
+
+    Attributes:
+        records: every job's record, in order; None when Ctrl-C stopped the experiment.
+        tables: its summary tables, to print in order.
+        notes: the lines after them: where the results are, how many jobs failed.
+        exit_status: 0 when every job succeeded, 1 when any failed, 130 when Ctrl-C stopped it.
+    """
+
+    records: list[dict] | None
+    tables: list[Table] = field(default_factory=list)
+    notes: list[Text] = field(default_factory=list)
+    exit_status: int = 0
+
+
+def interrupted() -> Outcome:
+    """The outcome of an experiment Ctrl-C stopped (:func:`run_jobs` has said how to continue it)."""
+    return Outcome(None, exit_status=130)
+
+
+def finished(records: list[dict], out: Path, noun: str, tables: list[Table], results: str) -> Outcome:
+    """The outcome of an experiment that ran every job: its tables, then ``results`` (where they are written) and,
+    when any job failed, a line saying how many and where their logs are (exit status 1)."""
     failed = [r for r in records if r["status"] == "failed"]
-    if not failed:
-        return 0
-    console.print(
-        f"[red]{len(failed)} of {len(records)} {noun} failed[/]; rerunning the same command retries them "
-        f"(logs in {escape(str(out / 'logs'))})",
-        highlight=False,
-        soft_wrap=True,
-    )
-    return 1
+    notes = [Text(results)]
+    if failed:
+        notes.append(
+            Text.from_markup(
+                f"[red]{len(failed)} of {len(records)} {noun} failed[/]; rerunning the same command retries them "
+                f"(logs in {escape(str(out / 'logs'))})"
+            )
+        )
+    return Outcome(records, tables, notes, 1 if failed else 0)
 
 
 def refuse_changed_run(run_dir: Path, wanted: dict, path_keys: tuple[str, ...], what: str) -> None:
@@ -273,8 +299,3 @@ def previous_wall_times(path: Path, records_key: str) -> dict[str, float]:
         return {**saved.get("wall_times", {}), **timed}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
-
-
-def csv_number(value: float | None) -> str:
-    """A metric in a CSV cell: six significant digits, empty for None."""
-    return "" if value is None else f"{value:.6g}"

@@ -1,4 +1,4 @@
-"""sslkit.cli.sweep, the runner of sslkit-ablate and sslkit-label-efficiency: a job's record when it
+"""sslkit.experiments.runner, the runner of the experiments: a job's record when it
 succeeds, fails, is skipped or waits on a failed job; the error line; the refusal of a run directory
 made with other settings. Jobs are tiny ``python -c`` processes; the tools' own tests run real sweeps."""
 
@@ -10,16 +10,16 @@ import sys
 import pytest
 import yaml
 
-from sslkit.cli import sweep
 from sslkit.errors import UserError
+from sslkit.experiments import runner
 
 PATHS = ("run.init_from", "method.teacher")
 
 
-def job(tmp_path, name: str, code: str, **changes) -> sweep.Job:
+def job(tmp_path, name: str, code: str, **changes) -> runner.Job:
     """A job whose command is ``python -c code``, its result ``tmp_path/<name>.json``."""
     result = tmp_path / f"{name}.json"
-    return sweep.Job(name, [sys.executable, "-c", code.format(result=str(result))], result, **changes)
+    return runner.Job(name, [sys.executable, "-c", code.format(result=str(result))], result, **changes)
 
 
 WRITES = (
@@ -31,41 +31,47 @@ FAILS = "import sys; print('error: the teacher ran away', file=sys.stderr); sys.
 
 def test_a_job_that_writes_its_result_is_ok_and_a_rerun_skips_it(tmp_path):
     ok = job(tmp_path, "a", WRITES, fields={"seed": 3})
-    record = sweep.run_or_skip(ok, tmp_path / "logs", None, {})
+    record = runner.run_or_skip(ok, tmp_path / "logs", None, {})
     assert (record["status"], record["skipped"], record["seed"]) == ("ok", False, 3) and record["wall_s"] > 0
     assert record["metrics"] == {"knn_top1": 0.5, "steps": 3.0}  # numbers only, booleans left out
-    again = sweep.run_or_skip(ok, tmp_path / "logs", 12.5, {})
+    again = runner.run_or_skip(ok, tmp_path / "logs", 12.5, {})
     assert (again["skipped"], again["wall_s"], again["metrics"]) == (True, 12.5, record["metrics"])
     assert (tmp_path / "logs" / "a.out").is_file()
 
 
 def test_a_failing_job_is_recorded_with_its_error_and_what_needs_it_is_not_run(tmp_path):
-    record = sweep.run_or_skip(job(tmp_path, "teacher", FAILS), tmp_path / "logs", None, {})
+    record = runner.run_or_skip(job(tmp_path, "teacher", FAILS), tmp_path / "logs", None, {})
     assert (record["status"], record["error"], record["skipped"]) == ("failed", "the teacher ran away", False)
     assert record["wall_s"] > 0 and "the teacher ran away" in (tmp_path / "logs" / "teacher.err").read_text()
     child = job(tmp_path, "student", WRITES, needs=("teacher",))
-    record = sweep.run_or_skip(child, tmp_path / "logs", None, {"teacher": "the teacher ran away"})
+    record = runner.run_or_skip(child, tmp_path / "logs", None, {"teacher": "the teacher ran away"})
     assert (record["status"], record["error"], record["wall_s"]) == ("failed", "not run: teacher failed", None)
     assert not (tmp_path / "logs" / "student.err").exists()
-    silent = sweep.run_or_skip(job(tmp_path, "silent", "pass"), tmp_path / "logs", None, {})
+    silent = runner.run_or_skip(job(tmp_path, "silent", "pass"), tmp_path / "logs", None, {})
     assert (silent["status"], silent["error"]) == ("failed", "finished without writing silent.json")
 
 
 def test_run_jobs_calls_back_after_each_and_keeps_wall_times(tmp_path, capsys):
     jobs = [job(tmp_path, "a", WRITES), job(tmp_path, "b", FAILS), job(tmp_path, "c", WRITES, needs=("b",))]
     seen, previous = [], {"old": 1.0}
-    records = sweep.run_jobs(jobs, tmp_path, previous, lambda records: seen.append(len(records)), "points")
+    records = runner.run_jobs(jobs, tmp_path, previous, lambda records: seen.append(len(records)), "points")
     assert seen == [1, 2, 3] and [r["status"] for r in records] == ["ok", "failed", "failed"]
     assert set(previous) == {"old", "a", "b"}  # c never ran
-    assert sweep.exit_status(records, tmp_path, "points") == 1
     out = capsys.readouterr().out
     assert "[1/3] a: ok in" in out and "knn_top1 0.5000" in out and "not run: b failed" in out
-    assert "2 of 3 points failed" in out
+    outcome = runner.finished(records, tmp_path, "points", [], "results: here")
+    assert outcome.exit_status == 1 and outcome.records is records
+    assert [note.plain for note in outcome.notes] == [
+        "results: here",
+        f"2 of 3 points failed; rerunning the same command retries them (logs in {tmp_path / 'logs'})",
+    ]
+    assert runner.finished(records[:1], tmp_path, "points", [], "results: here").exit_status == 0
+    assert runner.interrupted().exit_status == 130
 
 
 def test_command_is_python_or_the_launcher_with_m():
-    assert sweep.command("sslkit.cli.evaluate", ["runs/x"]) == [sys.executable, "-m", "sslkit.cli.evaluate", "runs/x"]
-    assert sweep.command(sweep.PRETRAIN, ["r.yaml"], "torchrun --nproc_per_node 2") == [
+    assert runner.command("sslkit.cli.evaluate", ["runs/x"]) == [sys.executable, "-m", "sslkit.cli.evaluate", "runs/x"]
+    assert runner.command(runner.PRETRAIN, ["r.yaml"], "torchrun --nproc_per_node 2") == [
         "torchrun",
         "--nproc_per_node",
         "2",
@@ -80,41 +86,41 @@ def test_error_line_prefers_sslkits_own_line_over_a_launchers_traceback():
         'error: loss became nan at step 3\nTraceback (most recent call last):\n  File "x"\n'
         "subprocess.CalledProcessError: Command '...' returned non-zero exit status 2.\n"
     )
-    assert sweep.error_line(stderr, 1) == "loss became nan at step 3"
-    assert sweep.error_line("Traceback ...\nRuntimeError: boom\n\n", 1) == "RuntimeError: boom"
-    assert sweep.error_line("", -9) == "killed by SIGKILL"
-    assert sweep.error_line("", 3) == "exited with status 3 and printed nothing on stderr"
+    assert runner.error_line(stderr, 1) == "loss became nan at step 3"
+    assert runner.error_line("Traceback ...\nRuntimeError: boom\n\n", 1) == "RuntimeError: boom"
+    assert runner.error_line("", -9) == "killed by SIGKILL"
+    assert runner.error_line("", 3) == "exited with status 3 and printed nothing on stderr"
 
 
 def test_config_differences_compare_paths_resolved_and_runs_of_the_sweep_by_name(tmp_path):
     wanted = {"run.init_from": str(tmp_path / "a" / ".." / "pre"), "run.output_dir": "x", "optim.lr": 0.1, "new": 1}
     saved = {"run.init_from": str(tmp_path / "pre"), "run.output_dir": "/abs/x", "optim.lr": 0.1}
-    assert sweep.config_differences(wanted, saved, PATHS) == []
-    assert sweep.config_differences(wanted, saved) == ["run.init_from"]  # not a path key: compared as text
-    assert sweep.config_differences({**wanted, "optim.lr": 0.2}, saved, PATHS) == ["optim.lr"]
-    assert sweep.config_differences({**wanted, "run.init_from": "null"}, saved, PATHS) == ["run.init_from"]
-    assert sweep.config_differences({"run.init_from": "null"}, {"run.init_from": None}, PATHS) == []
+    assert runner.config_differences(wanted, saved, PATHS) == []
+    assert runner.config_differences(wanted, saved) == ["run.init_from"]  # not a path key: compared as text
+    assert runner.config_differences({**wanted, "optim.lr": 0.2}, saved, PATHS) == ["optim.lr"]
+    assert runner.config_differences({**wanted, "run.init_from": "null"}, saved, PATHS) == ["run.init_from"]
+    assert runner.config_differences({"run.init_from": "null"}, {"run.init_from": None}, PATHS) == []
     # the sweep's folder moved from old/ to new/: its runs still start from its own pretraining and teacher
     moved = {"run.output_dir": "/new/runs", "run.init_from": "/new/runs/pretrain", "method.teacher": "/new/runs/ft"}
     before = {"run.output_dir": "/old/runs", "run.init_from": "/old/runs/pretrain", "method.teacher": "/old/runs/ft"}
-    assert sweep.config_differences(moved, before, PATHS) == []
-    assert sweep.config_differences({**moved, "method.teacher": "/new/runs/ft2"}, before, PATHS) == ["method.teacher"]
-    assert sweep.config_differences({**moved, "run.init_from": "/old/runs/pretrain"}, before, PATHS) == [
+    assert runner.config_differences(moved, before, PATHS) == []
+    assert runner.config_differences({**moved, "method.teacher": "/new/runs/ft2"}, before, PATHS) == ["method.teacher"]
+    assert runner.config_differences({**moved, "run.init_from": "/old/runs/pretrain"}, before, PATHS) == [
         "run.init_from"
     ]
 
 
 def test_a_run_directory_made_with_other_settings_is_refused_in_one_line(tmp_path):
-    sweep.refuse_changed_run(tmp_path, {"optim.lr": 0.2}, (), "sweep")  # no config.yaml yet: nothing to refuse
+    runner.refuse_changed_run(tmp_path, {"optim.lr": 0.2}, (), "sweep")  # no config.yaml yet: nothing to refuse
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"optim": {"lr": 0.1, "momentum": 0.9}}))
-    sweep.refuse_changed_run(tmp_path, {"optim.lr": 0.1}, (), "sweep")
+    runner.refuse_changed_run(tmp_path, {"optim.lr": 0.1}, (), "sweep")
     with pytest.raises(UserError, match=r"was run with optim.lr=0.1, this sweep asks for optim.lr=0.2 \(and 1 more"):
-        sweep.refuse_changed_run(tmp_path, {"optim.lr": 0.2, "optim.momentum": 0.0}, (), "sweep")
+        runner.refuse_changed_run(tmp_path, {"optim.lr": 0.2, "optim.momentum": 0.0}, (), "sweep")
 
 
 def test_previous_wall_times_take_the_records_and_the_saved_wall_times(tmp_path):
     path = tmp_path / "points.json"
-    assert sweep.previous_wall_times(path, "runs") == {}
+    assert runner.previous_wall_times(path, "runs") == {}
     runs = [{"name": "a", "wall_s": 2.0}, {"name": "b", "wall_s": None}]
     path.write_text(json.dumps({"runs": runs, "wall_times": {"a": 1.0, "gone": 5.0}}))
-    assert sweep.previous_wall_times(path, "runs") == {"a": 2.0, "gone": 5.0}
+    assert runner.previous_wall_times(path, "runs") == {"a": 2.0, "gone": 5.0}

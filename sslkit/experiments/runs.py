@@ -1,0 +1,153 @@
+"""The training runs an experiment starts from a pretrained encoder, and what they must share with it.
+
+The label-efficiency comparison and the recipe comparison build their pretraining, fine-tune,
+distill and scratch runs alike: a :class:`Run` is the user's own ``sslkit.cli.pretrain`` command
+(:func:`trained_run`) with the recipe, the experiment's overrides, its labelled subset
+(``data.label_fraction``, ``data.label_seed`` and ``run.seed`` from a fraction and a seed) and
+the keys that tie it to other runs (``run.init_from``, ``method.teacher``).
+
+>>> run = trained_run("finetune-f0.1-s0", "finetune", Path("ft.yaml"), [], Path("out/runs"), None, labels=(0.1, 0))
+>>> run.command[3:7]
+['ft.yaml', 'data.label_fraction=0.1', 'data.label_seed=0', 'run.seed=0']
+>>> run.result
+PosixPath('out/runs/finetune-f0.1-s0/results.json')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sslkit.config import Config, find_recipe, flatten, to_dict
+from sslkit.errors import UserError
+from sslkit.experiments import runner
+
+# Set by the experiments for every run (or every run of a kind); an override of them would break their bookkeeping.
+RESERVED_KEYS = (
+    "run.name",
+    "run.output_dir",
+    "run.resume",
+    "run.init_from",
+    "method.teacher",
+    "data.label_fraction",
+    "data.labels_per_class",
+    "data.label_seed",
+    "eval.label_fraction",
+    "eval.labels_per_class",
+)
+# Paths: the same place may be spelled differently (relative, absolute); compared resolved.
+PATH_KEYS = ("run.init_from", "method.teacher")
+# What a trained run must share with the pretrained encoder: the network its backbone loads into, and the images.
+SAME_AS_PRETRAINED = ("data.name", "model.backbone", "model.width", "model.cifar_stem", "model.kwargs")
+
+
+@dataclass
+class Run:
+    """One subprocess of an experiment: its command, the file that says it finished, and the runs it needs."""
+
+    name: str
+    kind: str  # pretrain, frozen, finetune, distill, scratch, scratch-long, calibrate
+    fraction: float | None  # None: a pretraining
+    seed: int | None
+    command: list[str]
+    result: Path  # results.json in its run directory, or the frozen evaluation's JSON
+    needs: tuple[str, ...] = ()
+    # What validation loads: the recipe and the overrides the command gives it.
+    recipe: Path | None = None
+    overrides: list[str] = field(default_factory=list)
+    run_dir: Path | None = None  # for pretraining runs: where its config.yaml is saved
+
+    def job(self) -> runner.Job:
+        """The run as the runner runs it; its record keeps the kind, fraction and seed."""
+        frozen = self.kind == "frozen"
+        return runner.Job(
+            name=self.name,
+            command=self.command,
+            result=self.result,
+            metrics_at=("results",) if frozen else runner.TRAINED,
+            needs=self.needs,
+            shown=("linear_top1", "knn_top1") if frozen else ("finetune_top1",),
+            fields={"kind": self.kind, "fraction": self.fraction, "seed": self.seed},
+        )
+
+
+def fraction_text(fraction: float) -> str:
+    """``0.01`` -> ``0.01``, ``1.0`` -> ``1``: as run names and tables show it."""
+    return f"{fraction:g}"
+
+
+def trained_run(
+    name: str,
+    kind: str,
+    recipe: Path,
+    overrides: list[str],
+    runs_dir: Path,
+    launcher: str | None,
+    needs: tuple[str, ...] = (),
+    labels: tuple[float, int] | None = None,
+    **keys,
+) -> Run:
+    """A ``sslkit.cli.pretrain`` run named ``name`` in ``runs_dir``: ``recipe`` with ``overrides``, then ``keys``.
+
+    ``labels``: (fraction, seed) of its labelled subset, which is also its run seed; the fine-tune and
+    scratch runs take ``run.init_from`` (the pretrained run, or ``null``) in ``keys``.
+    """
+    fraction, seed = labels if labels is not None else (None, None)
+    if labels is not None:
+        keys.update({"data.label_fraction": fraction_text(fraction), "data.label_seed": seed, "run.seed": seed})
+    overrides = [
+        *overrides,
+        *(f"{key}={value}" for key, value in keys.items()),
+        f"run.output_dir={runs_dir}",
+        f"run.name={name}",
+        # resume=auto: a run stopped midway (Ctrl-C, a crash) continues from its last checkpoint on the rerun.
+        "run.resume=auto",
+    ]
+    return Run(
+        name=name,
+        kind=kind,
+        fraction=fraction,
+        seed=seed,
+        command=runner.command(runner.PRETRAIN, [str(recipe), *overrides], launcher),
+        result=runs_dir / name / "results.json",
+        needs=needs,
+        recipe=recipe,
+        overrides=overrides,
+        run_dir=runs_dir / name,
+    )
+
+
+def default_recipe(kind: str, data_name: str) -> Path:
+    """The bundled fine-tune or distill recipe for the dataset: ``fashion_mnist_<kind>`` or ``quickstart_<kind>``."""
+    prefix = "fashion_mnist" if data_name == "fashion_mnist" else "quickstart"
+    try:
+        return find_recipe(f"{prefix}_{kind}")
+    except UserError:
+        raise UserError(
+            f"the bundled recipe '{prefix}_{kind}' (the default --{kind}-recipe for data.name={data_name}) "
+            f"is not installed; pass --{kind}-recipe with a {kind} recipe"
+        ) from None
+
+
+def first_difference(own: dict, encoder: dict, keys: tuple[str, ...]) -> tuple[str, object, object] | None:
+    """The first of the dotted ``keys`` whose value differs between two configs (as dicts): (key, own, encoder's)."""
+    for key in keys:
+        section, name = key.split(".")
+        if (mine := own[section][name]) != (theirs := encoder[section][name]):
+            return key, mine, theirs
+    return None
+
+
+def refuse_changed_run_dir(run: Run, cfg: Config) -> None:
+    """Refuse to skip or resume ``run``'s directory when it was made with another config than ``cfg``, the run's
+    validated config: the paths validation leaves out (:data:`PATH_KEYS`) are compared as the run gives them.
+
+    Raises:
+        UserError: as :func:`~sslkit.experiments.runner.refuse_changed_run` says.
+    """
+    wanted = flatten(to_dict(cfg))
+    for override in run.overrides:
+        key, _, value = override.partition("=")
+        if key in PATH_KEYS:
+            wanted[key] = value
+    runner.refuse_changed_run(run.run_dir, wanted, PATH_KEYS, "comparison")
