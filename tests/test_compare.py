@@ -176,6 +176,19 @@ def test_images_per_s_counts_only_the_windows_after_the_warm_up(tmp_path):
     assert compare.budget_steps(0.001, 1.0, 256) == 1
 
 
+def test_a_figure_measured_before_a_later_step_failed_is_in_the_summary():
+    failed = {"recipe": "r", "status": "failed", "metrics": {"knn_top1": 0.9}, **dict.fromkeys(compare.SPEEDS)}
+    ok = {
+        "recipe": "r",
+        "status": "ok",
+        "metrics": {"knn_top1": 0.8, "finetune_top1": 0.7},
+        **dict.fromkeys(compare.SPEEDS),
+    }
+    (line,) = compare.summarize([failed, ok])
+    assert line["n_ok"] == 1 and line["n_failed"] == 1
+    assert line["knn_top1_mean"] == pytest.approx(0.85) and line["finetune_top1_mean"] == pytest.approx(0.7)
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
@@ -188,6 +201,7 @@ def test_images_per_s_counts_only_the_windows_after_the_warm_up(tmp_path):
         (["quickstart", "--minutes", "1", "--finetune-override", "model.width=8"], ["model.width=8", "model.width=4"]),
         (["quickstart", "--minutes", "1", "--scratch-recipe", "fashion_mnist_finetune"], ["--scratch-recipe"]),
         (["--minutes", "1", "train.threads=1"], ["no recipe given"]),
+        (["quickstart", "--minutes", "1", "--fraction", "0.01"], ["leaves 10 labelled images", "batch_size=10"]),
     ],
 )
 def test_mistakes_fail_in_one_line_before_anything_runs(tmp_path, argv, words):

@@ -341,3 +341,21 @@ def test_field_docs_reads_a_google_style_attributes_section():
         value: int = 0
 
     assert field_docs(Undocumented) == {}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "fashion_mnist_metric_losses",
+        "fashion_mnist_metric_losses.yaml",
+        "recipes/variants/fashion_mnist_metric_losses.yaml",  # the README's spelling, from any directory
+        "variants/fashion_mnist_metric_losses.yaml",
+    ],
+)
+def test_a_bundled_variants_file_is_found_by_name_from_any_directory(tmp_path, monkeypatch, name):
+    from sslkit.schema.reading import find_variants
+
+    monkeypatch.chdir(tmp_path)
+    assert find_variants(name) == BUNDLED_RECIPES / "variants" / "fashion_mnist_metric_losses.yaml"
+    with pytest.raises(UserError, match="bundled variants file's name \\(fashion_mnist_metric_losses"):
+        find_variants("nope.yaml")

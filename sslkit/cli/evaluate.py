@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if evaluation.main_process:
         console.print(results_table(evaluation.results, f"{plan.target}: {plan.cfg.data.name}"))
+        for note in evaluation.notes:
+            console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
         console.print(f"results written to {plan.out}")
     # Leave together and close the process group (as the trainer does): a process that exits
     # while another still tears down its gloo connections can abort.

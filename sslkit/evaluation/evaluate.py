@@ -42,6 +42,7 @@ class EvaluationPlan:
     target: Path
     cfg: Config
     out: Path
+    replaces: bool = False  # ``out`` holds an earlier evaluation's results, which this one replaces
 
 
 @dataclass
@@ -53,12 +54,14 @@ class Evaluation:
         results: metrics by encoder: ``"encoder"``, and ``"raw pixels"`` with ``eval.compare_raw_pixels``.
         report: what ``plan.out`` holds (written by the main process only).
         main_process: whether this process is the one that wrote ``plan.out`` and should report.
+        notes: what was measured on what (k, the labelled images), and anything a reader should know.
     """
 
     plan: EvaluationPlan
     results: dict[str, dict[str, float]]
     report: dict
     main_process: bool
+    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 def default_out(target: Path) -> Path:
@@ -110,7 +113,7 @@ def plan_evaluation(
         raise UserError(
             f"cannot write the results to '{out}': '{out.parent}' is not writable; pass --out with a writable path"
         )
-    return EvaluationPlan(target, cfg, out)
+    return EvaluationPlan(target, cfg, out, replaces=out.exists())
 
 
 def run_evaluation(plan: EvaluationPlan, linear: bool = True, accelerator=None) -> Evaluation:
@@ -148,6 +151,7 @@ def run_evaluation(plan: EvaluationPlan, linear: bool = True, accelerator=None) 
         report["label_subset"] = {**spec, "images": len(indices), "indices": indices}
     if "raw pixels" in results:
         report["raw_pixels"] = results["raw pixels"]
+    report["knn"] = {"k": cfg.eval.knn_k, "temperature": cfg.eval.knn_temperature, "memory": len(splits.memory)}
     main_process = accelerator.is_main_process
     if main_process:
         plan.out.write_text(json.dumps(report, indent=2))
@@ -156,7 +160,26 @@ def run_evaluation(plan: EvaluationPlan, linear: bool = True, accelerator=None) 
         # while another still tears down its gloo connections can abort.
         accelerator.wait_for_everyone()
         accelerator.end_training()
-    return Evaluation(plan, results, report, main_process)
+    return Evaluation(plan, results, report, main_process, evaluation_notes(plan, splits))
+
+
+def evaluation_notes(plan: EvaluationPlan, splits) -> list[str]:
+    """What the figures were measured on, and what a reader might not expect."""
+    e, memory = plan.cfg.eval, len(splits.memory)
+    labelled = (
+        f"{memory} labelled images ({splits.subset_spec.describe()})"
+        if splits.subset is not None
+        else f"all {memory} labelled training images"
+    )
+    notes = [f"kNN: k={e.knn_k}, T={e.knn_temperature:g}; kNN memory and linear probe: {labelled}"]
+    if e.knn_k > memory:
+        notes.append(
+            f"eval.knn_k={e.knn_k} is more than the {memory} labelled images: every one of them votes "
+            f"(k={memory}); a smaller eval.knn_k weighs the nearest ones alone"
+        )
+    if plan.replaces:
+        notes.append(f"replaced the earlier results in {plan.out} (--out keeps several)")
+    return notes
 
 
 def evaluate_encoder(

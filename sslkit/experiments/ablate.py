@@ -65,6 +65,7 @@ from sslkit.experiments import runner
 from sslkit.experiments.report import PLOT_HINT, new_figure
 from sslkit.experiments.stats import mean_std
 from sslkit.experiments.tables import csv_number, error_bars, mean_std_text, save_plot, seeds_text, write_csv
+from sslkit.schema.reading import find_variants
 
 PLOTTED_METRICS = ("knn_top1", "linear_top1")
 # Set per point by this tool; a user's override of them would break the sweep's bookkeeping.
@@ -426,7 +427,7 @@ def plan_ablation(
     parsed = [parse_sweep(text) for text in sweeps]
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
-    named = read_variants(Path(variants), [key for key, _ in parsed]) if variants else None
+    named = read_variants(find_variants(variants), [key for key, _ in parsed]) if variants else None
     if not parsed and not named and seeds == 1:
         raise UserError("nothing to sweep: give --sweep KEY=V1,V2,..., --variants FILE and/or --seeds N (N > 1)")
     for text in overrides:

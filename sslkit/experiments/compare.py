@@ -339,6 +339,11 @@ def scratch_runs(plan: Plan) -> list[Run]:
     ]
 
 
+def _without_paths(overrides: list[str]) -> list[str]:
+    """The overrides but a pretrained start, which may not exist before its pretraining has run."""
+    return [o for o in overrides if not o.startswith("run.init_from=") or o == "run.init_from=null"]
+
+
 def check_run(run: Run, encoder: dict | None = None, saved: bool = True) -> None:
     """Validate a run's config (the pretrained start, which may not exist yet, aside); a fine-tune must build
     the pretrained network on its images (``encoder``: the pretraining's config); with ``saved``, refuse a
@@ -347,9 +352,8 @@ def check_run(run: Run, encoder: dict | None = None, saved: bool = True) -> None
     Raises:
         UserError: naming the run and what is wrong.
     """
-    kept = [o for o in run.overrides if not o.startswith("run.init_from=") or o == "run.init_from=null"]
     try:
-        cfg = load_config(run.recipe, kept)
+        cfg = load_config(run.recipe, _without_paths(run.overrides))
     except UserError as error:
         raise UserError(f"run {run.name}: {error}") from None
     if encoder is not None and (differs := first_difference(to_dict(cfg), encoder, SAME_AS_PRETRAINED)):
@@ -374,6 +378,10 @@ def check_plan(plan: Plan) -> None:
     encoder = to_dict(load_config(plan.entries[0].recipe, plan.overrides))
     for run in scratch_runs(plan) if plan.scratch else []:
         check_run(run, encoder)
+    # Every seed's subset has the same size: one fine-tune and one scratch run tell whether a batch fits.
+    first_finetune = [run for run in training_runs(plan, plan.entries[0], 1) if run.kind == "finetune"][:1]
+    for run in [*first_finetune, *(scratch_runs(plan)[:1] if plan.scratch else [])]:
+        runs.check_labelled_batch(run, load_config(run.recipe, _without_paths(run.overrides)), "--fraction")
 
 
 # --------------------------------------------------------------------------- rows and tables
@@ -437,7 +445,11 @@ SPEEDS = ("calibration_images_per_s", "images_per_s", "train_s", "steps")
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Mean and sample standard deviation (None with one seed) over seeds, per recipe; failed rows are counted."""
+    """Mean and sample standard deviation (None with one seed) over seeds, per recipe; failed rows are counted.
+
+    A figure a run did measure counts even when a later step of its row failed: a pretraining whose
+    fine-tune failed still has its kNN and linear probe.
+    """
     groups: dict[str, list[dict]] = {}
     for row in rows:
         groups.setdefault(row["recipe"], []).append(row)
@@ -446,7 +458,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         ok = [r for r in members if r["status"] == "ok"]
         line = {"recipe": recipe, "n_ok": len(ok), "n_failed": len(members) - len(ok)}
         for key in (*METRICS, *SPEEDS):
-            values = [r["metrics"].get(key) if key in METRICS else r[key] for r in ok]
+            values = [r["metrics"].get(key) if key in METRICS else r[key] for r in members]
             line[f"{key}_mean"], line[f"{key}_std"] = mean_std([v for v in values if v is not None])
         summary.append(line)
     return summary

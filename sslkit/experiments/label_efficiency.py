@@ -85,6 +85,7 @@ from sslkit.experiments.runs import (
     RESERVED_KEYS,
     SAME_AS_PRETRAINED,
     Run,
+    check_labelled_batch,
     default_recipe,
     first_difference,
     fraction_text,
@@ -407,6 +408,7 @@ def check_runs(runs: list[Run], plan: Plan) -> None:
         encoder = to_dict(load_config(plan.pretrained / "config.yaml", plan.overrides))
     else:
         encoder = to_dict(load_config(plan.recipe, [*plan.overrides, *plan.pretrain_overrides]))
+    batch_checked: set[tuple[str, float | None]] = set()
     for run in runs:
         try:
             cfg = validation_config(run, plan)
@@ -428,6 +430,9 @@ def check_runs(runs: list[Run], plan: Plan) -> None:
                     f"every road needs the same network on the same images: pass {key}={theirs} "
                     f"(an override for every run) or another {option}"
                 )
+        if run.kind in ("finetune", "scratch") and (run.kind, cfg.data.label_fraction) not in batch_checked:
+            batch_checked.add((run.kind, cfg.data.label_fraction))  # every seed's subset has the same size
+            check_labelled_batch(run, cfg, "--fractions")
         if run.run_dir is not None:
             refuse_changed_run_dir(run, cfg)
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sslkit import methods
 from sslkit.config import Config, find_recipe, flatten, to_dict
+from sslkit.datasets import build_splits
 from sslkit.errors import UserError
 from sslkit.experiments import runner
 
@@ -151,3 +153,22 @@ def refuse_changed_run_dir(run: Run, cfg: Config) -> None:
         if key in PATH_KEYS:
             wanted[key] = value
     runner.refuse_changed_run(run.run_dir, wanted, PATH_KEYS, "comparison")
+
+
+def check_labelled_batch(run: Run, cfg: Config, fraction_option: str) -> None:
+    """A run that trains on its labelled subset alone must fill one batch with it: found before any training,
+    not when the run starts after minutes of pretraining.
+
+    Raises:
+        UserError: naming the run, how many labelled images its fraction leaves, and what would fit.
+    """
+    if not methods.METHODS[cfg.method.name].needs_labels or cfg.data.label_fraction is None:
+        return
+    labelled = len(build_splits(cfg, labelled_training=True).train)
+    batch = cfg.train.batch_size
+    if labelled < batch:
+        raise UserError(
+            f"run {run.name}: {fraction_option} {cfg.data.label_fraction:g} leaves {labelled} labelled images of "
+            f"{cfg.data.name}, fewer than its train.batch_size {batch}; use a larger {fraction_option}, or "
+            f"--finetune-override train.batch_size={max(1, labelled)}"
+        )

@@ -165,3 +165,24 @@ def find_recipe(recipe: str | Path) -> Path:
     raise UserError(
         f"recipe '{recipe}' not found: give a YAML file's path or a bundled recipe's name ({', '.join(bundled)})"
     )
+
+
+def bundled_variants() -> dict[str, Path]:
+    """``{name: path}`` of the variant files installed with sslkit (``sslkit-ablate --variants``)."""
+    return {path.stem: path for path in sorted((BUNDLED_RECIPES / "variants").glob("*.yaml"))}
+
+
+def find_variants(variants: str | Path) -> Path:
+    """The YAML file ``--variants`` names: a file that exists, else a bundled variants file by its name or by
+    the path it has in a clone (``recipes/variants/NAME.yaml``), as :func:`find_recipe` finds recipes."""
+    path = Path(variants)
+    if path.is_file():
+        return path
+    bundled = bundled_variants()
+    name = path.stem if path.suffix in (".yaml", ".yml") else path.name
+    if path.parent in (Path("."), Path("variants"), Path("recipes") / "variants") and name in bundled:
+        return bundled[name]
+    raise UserError(
+        f"--variants '{variants}' not found: give a YAML file's path or a bundled variants file's name "
+        f"({', '.join(bundled)})"
+    )
