@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import yaml
 from rich.console import Console
 from rich.markup import escape
@@ -67,4 +69,7 @@ def print_user_error(error: Exception) -> None:
         # Raised in a DataLoader worker: PyTorch re-raises it with the worker's traceback in the
         # message; the user's line is the last one.
         message = message.splitlines()[-1].split("UserError: ", 1)[-1]
+    if "ACCELERATE_DYNAMO_BACKEND" in os.environ:  # set by accelerate launch in the processes it starts
+        # Its launcher answers any exit status but 0 with a traceback of its own, after this line.
+        message += " (accelerate launch prints a traceback of this exit status next; accelerate launch -q does not)"
     error_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)

@@ -51,3 +51,14 @@ def test_the_progress_bar_shows_no_loss_or_speed_before_the_first_logged_step():
     assert "first steps" in shown() and "nan" not in shown() and "0 img/s" not in shown()
     bar.update(2, 0, {"loss": 6.25, "lr": 1e-3, "ips": 120.4})
     assert "loss 6.2500 lr 1.00e-03 120 img/s" in shown() and task.completed == 2
+
+
+def test_under_accelerate_launch_a_users_mistake_says_how_to_leave_out_the_launchers_traceback(monkeypatch, capsys):
+    from sslkit.console import print_user_error
+
+    print_user_error(ValueError("train.epochs must be int"))
+    assert capsys.readouterr().err.strip() == "error: train.epochs must be int"
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")
+    print_user_error(ValueError("train.epochs must be int"))
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("error: train.epochs must be int (accelerate launch") and "accelerate launch -q" in line
