@@ -197,8 +197,8 @@ def embed_to_folder(
         show_progress: a progress bar on the main process.
 
     Returns:
-        The folder, and what this call did: ``rows`` encoded, ``seconds``, ``resumed_from`` (rows found
-        done), ``already_complete``.
+        The folder, and what this call did: ``rows`` encoded, ``seconds`` it took, ``write_seconds`` of them
+        this process spent writing rows to the file, ``resumed_from`` (rows found done), ``already_complete``.
     """
     from accelerate.utils import broadcast_object_list, gather_object
 
@@ -224,7 +224,8 @@ def embed_to_folder(
     if failure[0] is not None:
         raise UserError(failure[0])
     writer = EmbeddingsWriter.join(out)
-    report = {"rows": 0, "seconds": 0.0, "resumed_from": writer.rows_done(), "already_complete": writer.complete}
+    report = {"rows": 0, "seconds": 0.0, "write_seconds": 0.0, "resumed_from": writer.rows_done()}
+    report["already_complete"] = writer.complete
     if writer.complete:
         return out, report
 
@@ -243,7 +244,10 @@ def embed_to_folder(
         for round_ in range(math.ceil(len(remaining) / state.num_processes)):
             finished = []
             if round_ < len(mine):
-                writer.write(mine[round_], next(features).numpy().astype(dtype))
+                vectors = next(features).numpy().astype(dtype)
+                written = time.perf_counter()
+                writer.write(mine[round_], vectors)
+                report["write_seconds"] += time.perf_counter() - written
                 finished = [mine[round_]]
             if state.num_processes > 1:
                 finished = gather_object(finished)
