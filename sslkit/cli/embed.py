@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print_user_error(error)
         return 2
+    except KeyboardInterrupt:  # the chunks written so far are recorded: nothing is lost but the one under way
+        print_user_error(UserError("stopped; run the same command again to continue from the last chunk written"))
+        return 130
     if state.is_main_process:
         meta = read_embeddings(out).meta
         what = f"{meta['count']} x {meta['dimension']} {meta['dtype']} embeddings of {meta['data']['name']} "

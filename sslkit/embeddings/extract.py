@@ -1,7 +1,7 @@
 """Embeddings of a dataset by an encoder: in memory (:func:`embed`) or as a folder on disk (:func:`embed_to_folder`).
 
-    >>> vectors = embed("runs/quickstart", data="digits", split="test")     # (360, 128) float32
-    >>> embed_to_folder("runs/quickstart", data="~/photos")                  # runs/quickstart/embeddings-photos-train
+    vectors = embed("runs/quickstart", data="digits", split="test")     # (360, 128) float32
+    embed_to_folder("runs/photos", data="~/photos")                      # runs/photos/embeddings-photos-train/
 
 The encoder and its input are those of :mod:`sslkit.embeddings.encoders`, the images those of
 :mod:`sslkit.embeddings.images`; each image goes through the run's evaluation transform, the network
