@@ -225,3 +225,12 @@ def test_embeddings_larger_than_the_disk_are_one_line_before_any_image_is_encode
     assert list(small_filesystem.iterdir()) == []
     folder, _ = embed_to_folder(run, small_filesystem / "e", data="fashion_mnist", split="test", dtype="float16")
     assert read_embeddings(folder).vectors.shape == (10000, 32)
+
+
+def test_a_folder_whose_images_changed_is_not_continued(rgb_backbone, tmp_path):
+    photos, source, recipe = tmp_path / "photos", rgb_backbone / "backbone.safetensors", rgb_backbone / "recipe.yaml"
+    write_photos(photos)
+    embed_to_folder(source, tmp_path / "e", data=str(photos), recipe=recipe)
+    (photos / "3.png").rename(photos / "3b.png")  # as many images, one of them another
+    with pytest.raises(UserError, match="holds the embeddings of another command \\(items_sha256 differs\\)"):
+        embed_to_folder(source, tmp_path / "e", data=str(photos), recipe=recipe)

@@ -17,6 +17,7 @@ keep the dataset's order whatever the number of processes.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from pathlib import Path
@@ -158,6 +159,7 @@ def description(source: Path, encoder: Encoder, images: Images, normalize: bool)
         "layer": encoder.layer,
         "data": images.describe(),
         "normalized": normalize,
+        "items_sha256": hashlib.sha256("\n".join(images.items).encode()).hexdigest(),  # the same images, in order
         "source": str(source.resolve()),
         "source_kind": encoder.kind,
         "backbone": encoder.description,

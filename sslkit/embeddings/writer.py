@@ -162,12 +162,13 @@ class EmbeddingsWriter:
 
 
 def _difference(saved: dict, meta: dict) -> str | None:
-    """The first setting of ``meta`` that ``saved`` has otherwise, in words; None when they agree."""
-    for key, value in meta.items():
-        theirs = saved.get(key)
-        if json.loads(json.dumps(value)) != theirs:  # as it reads back: tuples become lists
-            return f"{key}: {_short(theirs)} there, {_short(value)} here"
-    return None
+    """The settings of ``meta`` that ``saved`` has otherwise (the first three), in words; None when they agree."""
+    differences = [
+        f"{key} differs" if key.endswith("_sha256") else f"{key}: {_short(saved.get(key))} there, {_short(value)} here"
+        for key, value in meta.items()
+        if json.loads(json.dumps(value)) != saved.get(key)  # as it reads back: tuples become lists
+    ]
+    return "; ".join(differences[:3]) + (", ..." if len(differences) > 3 else "") if differences else None
 
 
 def _short(value) -> str:
