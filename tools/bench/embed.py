@@ -8,6 +8,10 @@ the machine hits all of them:
 - ``sslkit-embed``: ``python -m sslkit.cli.embed RUN --data fashion_mnist --split test`` in a subprocess;
 - ``sslkit-embed, 2 processes``: the same under ``accelerate launch --cpu --num_processes 2``.
 
+The plain loop and the one-process command use ``--threads`` torch threads (default 1), the two processes
+one each: on a 2-core machine shared with other work, two threads in one process wait on each other
+(spin-waiting OpenMP threads) and vary several-fold from run to run, which would hide what is measured.
+
 For the command two figures: the images/s of its encoding loop (it prints them: the chunks' rows over
 their time, writing included) and the images/s of the whole command, start-up, dataset and weights
 loading included (its wall time). The folder's rows are checked against the plain loop's.
@@ -79,8 +83,9 @@ def plain_loop(run: Path, data: str, split: str, batch_size: int) -> tuple[float
     return time.perf_counter() - start, features
 
 
-def sslkit_embed(run: Path, out: Path, data: str, split: str, batch_size: int, processes: int) -> dict:
-    """The command in a subprocess; its loop's images/s (as it prints them) and its wall time."""
+def sslkit_embed(run: Path, out: Path, data: str, split: str, batch_size: int, processes: int, threads: int) -> dict:
+    """The command in a subprocess (``threads`` torch threads; one per process for several); its loop's images/s
+    (as it prints them) and its wall time."""
     launcher = [sys.executable]
     if processes > 1:
         launcher += ["-m", "accelerate.commands.launch", "--quiet", "--cpu", "--num_processes", str(processes)]
@@ -88,6 +93,8 @@ def sslkit_embed(run: Path, out: Path, data: str, split: str, batch_size: int, p
     command = [*launcher, "-m", "sslkit.cli.embed", str(run), "--data", data, "--split", split]
     command += ["--batch-size", str(batch_size), "--out", str(out), "--overwrite"]
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if processes == 1:
+        env["OMP_NUM_THREADS"] = str(threads)
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     wall = time.perf_counter() - start
@@ -142,7 +149,8 @@ def gather_seconds(rows: int, dim: int, chunk_rows: int) -> float:
 
 def render(result: dict, console: Console) -> None:
     rows = result["rows"]
-    table = Table(title=f"{rows:,} images of {result['data']} {result['split']}, batch {result['batch_size']}")
+    title = f"{rows:,} images of {result['data']} {result['split']}, batch {result['batch_size']}"
+    table = Table(title=f"{title}, {result['torch_threads']} thread(s) in one process, 1 each in two")
     for column in ("how", "loop images/s", "command images/s", "loop / plain loop"):
         table.add_column(column, justify="left" if column == "how" else "right")
     plain = rows / result["plain_s"]
@@ -163,11 +171,15 @@ def main() -> None:
     parser.add_argument("--run", help="a run directory (default: train fashion_mnist_simclr for 2 steps)")
     parser.add_argument("--quick", action="store_true", help="a quick start-sized run on digits test (360 images)")
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=2, help="rounds of the three, best of each kept")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the three, best of each kept")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads of the plain loop and of sslkit-embed in one process"
+    )
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
 
     data, split = ("digits", "test") if args.quick else ("fashion_mnist", "test")
+    torch.set_num_threads(args.threads)
     console = Console()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -177,8 +189,8 @@ def main() -> None:
         for _ in range(args.repeats):
             seconds, features = plain_loop(run, data, split, args.batch_size)
             timings["plain"].append(seconds)
-            timings["one"].append(sslkit_embed(run, tmp / "one", data, split, args.batch_size, 1))
-            timings["two"].append(sslkit_embed(run, tmp / "two", data, split, args.batch_size, 2))
+            timings["one"].append(sslkit_embed(run, tmp / "one", data, split, args.batch_size, 1, args.threads))
+            timings["two"].append(sslkit_embed(run, tmp / "two", data, split, args.batch_size, 2, 1))
         for name in ("one", "two"):  # the command's rows are the plain loop's
             np.testing.assert_allclose(read_embeddings(tmp / name).vectors, features, atol=1e-5)
         writes = write_seconds(run, tmp / "writes", data, split, args.batch_size)
