@@ -6,6 +6,7 @@ command                         what it does                                modu
 ``sslkit-pretrain``             train an encoder from a recipe              :mod:`sslkit.cli.pretrain`
 ``sslkit-evaluate``             kNN, linear probe, retrieval of an encoder  :mod:`sslkit.cli.evaluate`
 ``sslkit-export``               the backbone as safetensors, timm, ONNX     :mod:`sslkit.cli.export`
+``sslkit-embed``                embeddings of a dataset or image folder     :mod:`sslkit.cli.embed`
 ``sslkit-ablate``               a grid of runs (sweeps x seeds), tabulated  :mod:`sslkit.cli.ablate`
 ``sslkit-label-efficiency``     pretrained against scratch at few labels    :mod:`sslkit.cli.label_efficiency`
 ``sslkit-compare``              recipes at equal training time, tabulated   :mod:`sslkit.cli.compare`

@@ -1,0 +1,127 @@
+"""Embed images with a trained encoder: an embeddings folder (embeddings.npy, items.csv, meta.json).
+
+    sslkit-embed runs/quickstart                                  # the run's own training images
+    sslkit-embed runs/fashion --data fashion_mnist --split test --dtype float16
+    sslkit-embed runs/x --data ~/photos --out /data/photos-embeddings
+    sslkit-embed runs/x/export-timm --data ~/photos              # a timm folder from sslkit-export
+    accelerate launch --num_processes 2 -m sslkit.cli.embed runs/x --data ~/photos
+
+SOURCE is a run directory, a checkpoint directory in one, a backbone file (with ``--recipe``, as for
+sslkit-evaluate) or a timm folder written by ``sslkit-export --format timm``. The images go through the
+run's evaluation transform. Running the same command again continues an interrupted one from its
+last finished chunk. The folder format is described in docs/embeddings.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+OPTIONS = (
+    "--recipe", "--out", "--data", "--split", "--layer", "--dtype", "--normalize", "--no-normalize", "--batch-size",
+    "--overwrite",
+)  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="sslkit-embed",
+        description="Embeddings of a dataset or an image folder by a trained encoder, as an embeddings folder.",
+    )
+    parser.add_argument("source", help="a run directory, a checkpoint directory, a backbone file, or a timm folder")
+    parser.add_argument(
+        "overrides", nargs="*", default=[], help="dotted key=value overrides of the recipe, e.g. data.num_workers=4"
+    )
+    parser.add_argument("--recipe", help="the recipe of a backbone file (default: the run's config.yaml)")
+    parser.add_argument(
+        "--data",
+        help="what to embed (default: the run's dataset): a dataset name (digits, fashion_mnist, cub200, ...; with "
+        "data.root=DIR for its files), a folder of images at any depth (labelled by train/<class>/ and test/<class>/ "
+        "folders, else unlabelled), or tar shards",
+    )
+    parser.add_argument("--split", help="the split (default: the run's data.train_split, or train)")
+    parser.add_argument(
+        "--layer",
+        choices=("backbone", "projector"),
+        default="backbone",
+        help="backbone: the pooled features (default); projector: the method's projection head output (a run or "
+        "checkpoint only)",
+    )
+    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="default float32")
+    parser.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="L2-normalise each embedding, so that cosine similarity is a dot product (default: on)",
+    )
+    parser.add_argument("--batch-size", type=int, help="images per batch (default: the recipe's eval.batch_size)")
+    parser.add_argument(
+        "--out",
+        help="the output folder (default: <run>/embeddings-<data>-<split>, with -projector for --layer projector, and "
+        "-step-N for a checkpoint; beside a backbone file or timm folder)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an output folder holding other embeddings")
+    return parser.parse_intermixed_args(argv)
+
+
+def split_root(overrides: list[str], data: str | None) -> tuple[list[str], str | None]:
+    """With ``--data``, a ``data.root=DIR`` override says where that dataset is, not where the run's is."""
+    if data is None:
+        return overrides, None
+    roots = [o.split("=", 1)[1] for o in overrides if o.startswith("data.root=")]
+    return [o for o in overrides if not o.startswith("data.root=")], (roots[-1] if roots else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sslkit.config import check_command_line
+    from sslkit.console import print_user_error
+    from sslkit.errors import UserError
+
+    try:
+        check_command_line(sys.argv[1:] if argv is None else argv, OPTIONS)
+    except UserError as error:
+        print_user_error(error)
+        return 2
+    args = parse_args(argv)
+    from sslkit.loop.launch import cpu_threads, relaunch_cpu_processes
+
+    if argv is None and (code := relaunch_cpu_processes()) is not None:
+        return code
+    from sslkit.console import console
+    from sslkit.embeddings import embed_to_folder, read_embeddings
+    from sslkit.embeddings.extract import process_state
+
+    state = process_state()
+    if state.device.type == "cpu":
+        cpu_threads(None)  # accelerate launch may have pinned one thread (sslkit/loop/launch.py)
+    overrides, root = split_root(args.overrides, args.data)
+    try:
+        if args.batch_size is not None and args.batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+        out, done = embed_to_folder(
+            args.source, args.out, args.data, args.split, root, args.layer, args.dtype, args.normalize,
+            args.batch_size, args.recipe, overrides, args.overwrite,
+        )  # fmt: skip
+    except UserError as error:
+        print_user_error(error)
+        return 2
+    except KeyboardInterrupt:  # the chunks written so far are recorded: nothing is lost but the one under way
+        print_user_error(UserError("stopped; run the same command again to continue from the last chunk written"))
+        return 130
+    if state.is_main_process:
+        meta = read_embeddings(out).meta
+        what = f"{meta['count']} x {meta['dimension']} {meta['dtype']} embeddings of {meta['data']['name']} "
+        what += meta["data"]["split"]
+        if done["already_complete"]:
+            console.print(f"{out} already holds the {what}; --overwrite computes them again", soft_wrap=True)
+        else:
+            resumed = f"; {done['resumed_from']} rows were there already" if done["resumed_from"] else ""
+            rate = done["rows"] / max(done["seconds"], 1e-9)
+            console.print(f"{what} written to {out} ({rate:,.0f} images/s{resumed})", soft_wrap=True)
+    state.wait_for_everyone()
+    state.destroy_process_group()  # leave together: a process that exits while another tears down gloo can abort
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
