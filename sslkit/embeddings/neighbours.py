@@ -51,7 +51,7 @@ MAX_ROWS_PER_BLOCK = 4096
 # the exact 10 neighbours, and on Fashion-MNIST embeddings (980 lists) 0.97 (tools/bench/README.md).
 DEFAULT_NPROBE = 16
 HNSW_LINKS = 32
-HNSW_EF_CONSTRUCTION = 80
+HNSW_EF_CONSTRUCTION = 40
 DEFAULT_EF_SEARCH = 64
 # Query rows per faiss search call: large enough for its threads, small enough for the progress bar.
 FAISS_QUERY_BLOCK = 16384
@@ -136,6 +136,7 @@ def exact_search(
             indices[start:stop] = columns.numpy()
             similarities[start:stop] = similarity.gather(1, columns).numpy()
             bar.advance(task, stop - start)
+            del similarity  # before the next block is computed: one block in memory at a time
     return similarities, indices
 
 

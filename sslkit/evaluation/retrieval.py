@@ -171,6 +171,7 @@ def cosine_blocks(
             rows = torch.arange(stop - start, device=references.device)
             similarity[rows, own_columns[start:stop].to(references.device)] = float("-inf")
         yield start, stop, similarity
+        del similarity  # held over the next block's product otherwise: two blocks in memory, not one
 
 
 def _chunk_sums(
