@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from dist_utils import run_in_processes
 
 from sslkit.evaluation import retrieval_metrics
-from sslkit.evaluation.retrieval import _nearest, kmeans_clusters
+from sslkit.evaluation.retrieval import kmeans_clusters, nearest_columns
 
 
 def on_circle(degrees):
@@ -303,4 +303,4 @@ def test_neighbour_order_is_a_stable_sort_of_the_similarities(depth):
     similarity[similarity == 0] = torch.tensor([0.0, -0.0])[torch.randint(0, 2, (int((similarity == 0).sum()),))]
     similarity[:, 3] = float("-inf")
     expected = similarity.sort(dim=1, descending=True, stable=True).indices[:, :depth]
-    assert torch.equal(_nearest(similarity, depth), expected)
+    assert torch.equal(nearest_columns(similarity, depth), expected)

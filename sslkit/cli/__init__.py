@@ -13,6 +13,8 @@ command                         what it does                                modu
 ``sslkit-report``               a run's report.md with its curves           :mod:`sslkit.cli.report`
 ``sslkit-show-augmentations``   a PNG grid of a recipe's views              :mod:`sslkit.cli.show_augmentations`
 ``sslkit-write-shards``         an image folder as webdataset tar shards    :mod:`sslkit.cli.write_shards`
+``sslkit-neighbours``           each item's k nearest in an embeddings set  :mod:`sslkit.cli.neighbours`
+``sslkit-duplicates``           near-duplicates (SemDeDup), near-copies     :mod:`sslkit.cli.duplicates`
 ==============================  ==========================================  =============================
 
 ``python -m sslkit.cli.<module>`` is the same command. A launcher starts the training commands

@@ -7,12 +7,14 @@ References:
         (section 3.2, R-Precision and MAP@R)
 
 Bounded memory. Similarities are cosine, computed for one chunk of queries at a time against
-every reference, so the largest tensor is one (chunk_size, G) block and never the (N, G) matrix
-(60,000 x 60,000 float32 would be 14 GB). Each chunk needs one matrix product and one ``topk``
-to the depth the metrics look at: the largest K, or the largest R of the chunk for MAP@R
-(``tools/bench/retrieval.py`` measures time and memory against the full matrix). The
-nearest-neighbour part is hand-written because it runs on the features' device and needs no
-extra dependency; pytorch-metric-learning's ``AccuracyCalculator`` is the test oracle.
+every reference (:func:`cosine_blocks`), so the largest tensor is one (chunk_size, G) block and
+never the (N, G) matrix (60,000 x 60,000 float32 would be 14 GB). Each chunk needs one matrix
+product and one ``topk`` to the depth the metrics look at (:func:`nearest_columns`): the largest
+K, or the largest R of the chunk for MAP@R (``tools/bench/retrieval.py`` measures time and memory
+against the full matrix). The nearest-neighbour part is hand-written because it runs on the
+features' device and needs no extra dependency; pytorch-metric-learning's ``AccuracyCalculator``
+is the test oracle. :func:`sslkit.embeddings.nearest_neighbours` is the same search over an
+embeddings file, its queries read from disk one block at a time.
 
 Order of neighbours. Most similar first; exact ties by the reference's index, lowest first.
 That is the order of faiss' exact index (its heaps compare (distance, id) pairs), which is
@@ -35,8 +37,9 @@ NMIs agree only up to k-means' own variation (given the same cluster assignment,
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterator, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -106,8 +109,10 @@ def _order_key(values: torch.Tensor, indices: torch.Tensor, num_columns: int) ->
     return (monotonic.long() << 32) | (num_columns - 1 - indices)
 
 
-def _nearest(similarity: torch.Tensor, depth: int) -> torch.Tensor:
+def nearest_columns(similarity: torch.Tensor, depth: int) -> torch.Tensor:
     """Column indices of each row's ``depth`` largest values: largest first, equal values by lowest index.
+
+    ``similarity.gather(1, columns)`` gives the values themselves. ``depth`` must not exceed G.
 
     Shape:
         similarity: (c, G) float32; returns: (c, depth) int64
@@ -124,6 +129,49 @@ def _nearest(similarity: torch.Tensor, depth: int) -> torch.Tensor:
             columns = torch.arange(num_columns, device=similarity.device).expand(int(spills.sum()), -1)
             key[spills, :depth] = _order_key(similarity[spills], columns, num_columns).topk(depth, dim=1).values
     return num_columns - 1 - (key[:, :depth] & 0xFFFFFFFF)
+
+
+def unit_rows(rows, device: torch.device) -> torch.Tensor:
+    """Rows of a tensor or of a NumPy array (a memory map is read here, only these rows), L2-normalised float32.
+
+    Shape:
+        rows: (c, D) any float dtype; returns: (c, D) float32 on ``device``.
+    """
+    if isinstance(rows, torch.Tensor):
+        rows = rows.to(device=device, dtype=torch.float32)
+    else:
+        rows = torch.from_numpy(np.array(rows, dtype=np.float32)).to(device)  # a copy: a memory map is read-only
+    return F.normalize(rows, dim=1)
+
+
+def cosine_blocks(
+    queries,
+    references: torch.Tensor,
+    rows_per_block: int,
+    own_columns: torch.Tensor | None = None,
+    first: int = 0,
+    last: int | None = None,
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """Cosine similarities of the queries against every reference, one block of query rows at a time.
+
+    Yields ``(start, stop, similarity)`` for query rows ``start:stop`` of ``first:last``. Each block
+    is read, converted to float32 and L2-normalised on its own, so ``queries`` may be a NumPy memory
+    map larger than memory. A query's own column (``own_columns``: the same item among the
+    references) is set to ``-inf``, so it never ranks among its neighbours.
+
+    Shape:
+        queries: (Q, D) tensor or NumPy array; references: (G, D) L2-normalised float32;
+        own_columns: (Q,) int64, or None; similarity: (stop - start, G) float32 on the references' device.
+    """
+    last = len(queries) if last is None else last
+    for start in range(first, last, rows_per_block):
+        stop = min(start + rows_per_block, last)
+        similarity = unit_rows(queries[start:stop], references.device) @ references.T  # (c, G)
+        if own_columns is not None:
+            rows = torch.arange(stop - start, device=references.device)
+            similarity[rows, own_columns[start:stop].to(references.device)] = float("-inf")
+        yield start, stop, similarity
+        del similarity  # held over the next block's product otherwise: two blocks in memory, not one
 
 
 def _chunk_sums(
@@ -144,7 +192,7 @@ def _chunk_sums(
     """
     retrievable = int(torch.isfinite(similarity[0]).sum())  # the gallery, less the query itself in leave-one-out
     depth = min(max(max(ks), int(relevant.max())), retrievable)
-    is_relevant = gallery_class[_nearest(similarity, depth)] == query_class[:, None]  # (c, depth)
+    is_relevant = gallery_class[nearest_columns(similarity, depth)] == query_class[:, None]  # (c, depth)
 
     rank = torch.arange(1, depth + 1, device=similarity.device)  # (depth,)
     counted = is_relevant & (rank <= relevant[:, None])  # rel(i) for i <= R
@@ -231,12 +279,8 @@ def retrieval_metrics(
     share = torch.arange(len(queries)).tensor_split(distributed.world_size())[distributed.rank()]
     first, last = (int(share[0]), int(share[-1]) + 1) if len(share) else (0, 0)
     sums = torch.zeros(len(ks) + 4, dtype=torch.float64, device=device)  # hits per K, R-Prec, AP, scored, NMI
-    for start in range(first, last, chunk_size):
-        stop = min(start + chunk_size, last)
-        similarity = queries[start:stop] @ gallery.T  # (c, G)
-        if leave_one_out:
-            rows = torch.arange(stop - start, device=device)
-            similarity[rows, rows + start] = float("-inf")  # a query never retrieves itself
+    own_columns = torch.arange(len(queries), device=device) if leave_one_out else None  # never retrieves itself
+    for start, stop, similarity in cosine_blocks(query_features, gallery, chunk_size, own_columns, first, last):
         sums[:-1] += _chunk_sums(similarity, query_class[start:stop], relevant[start:stop], gallery_class, ks)
     if nmi and distributed.rank() == 0:
         sums[-1] = _nmi(queries, query_labels, seed)

@@ -1,0 +1,336 @@
+"""Near-duplicates within a set (SemDeDup), and near-copies of one set's items in another.
+
+References:
+    [0] Abbas et al. 2023, "SemDeDup: Data-efficient learning at web-scale through semantic
+        deduplication", https://arxiv.org/abs/2303.09540 (section 3, and facebookresearch/SemDeDup)
+
+SemDeDup [0], with a similarity threshold ``T`` in (0, 1] (the paper's ``1 - eps``):
+
+1. L2-normalise the N vectors.
+2. Cluster them into K clusters by spherical k-means (:func:`spherical_kmeans`): two items
+   are compared only when they share a cluster, so the pairs cost about N^2 / K instead of N^2.
+3. Walk each cluster in the order of the keep rule: ``farthest`` from the cluster's centroid
+   first ([0]'s default: the atypical example of a group is kept), ``nearest`` first, or
+   ``first``, by row.
+4. An item whose cosine similarity to an item already kept is at least ``T`` is a duplicate of
+   the most similar such item; any other item is kept.
+
+Each group is a kept item and its duplicates, and no two kept items of a cluster are T-similar.
+Where this differs from facebookresearch/SemDeDup: there an item is removed when it is T-similar
+to any earlier item of its cluster, kept or removed (the column maxima of the upper triangle of
+the cluster's similarity matrix); here only kept items count, so of a chain a ~ b ~ c with
+a !~ c, a and c are kept where SemDeDup keeps a alone, and every removed item has a kept item
+that stands for it. SemDeDup computes each cluster's whole similarity matrix; here a block of
+rows at a time is compared with the items kept so far (memory: a block x the cluster's size),
+so a cluster may be as large as the set.
+
+Known limitation (step 2): two T-similar items that k-means puts in different clusters are
+never compared. ``tools/bench/duplicates_fashion_mnist.py`` counts them (docs/neighbours-and-duplicates.md).
+
+Near-copies (:func:`near_copies`): each item's single nearest item in another set (a test set's
+in its training set) by the exact search of :mod:`sslkit.embeddings.neighbours`, a near-copy
+when their similarity is at least ``T``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sslkit.embeddings.neighbours import (
+    check_finite,
+    import_faiss,
+    nearest_neighbours,
+    progress_bar,
+    rows_per_block,
+    unit_vectors,
+    written_whole,
+)
+from sslkit.errors import UserError
+
+KEEP_RULES = ("farthest", "nearest", "first")
+KMEANS_BACKENDS = ("auto", "faiss", "torch")
+# Items per cluster when K is not given: the within-cluster pairs cost N x 1,000 similarities.
+DEFAULT_CLUSTER_SIZE = 1000
+KMEANS_ITERATIONS = 20
+# k-means learns its centroids from at most this many items per cluster (faiss' default
+# max_points_per_centroid): more barely moves them and costs proportionally more.
+MAX_POINTS_PER_CENTROID = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Deduplication:
+    """What :func:`semdedup` found.
+
+    Attributes:
+        kept: (N,) bool, the items to keep.
+        group_of: (N,) int64, the row of the kept item each item stands with (its own row when kept).
+        similarity: (N,) float32, cosine similarity to that kept item (1 for a kept item).
+        clusters: (N,) int64, the k-means cluster of each item.
+        kmeans: what made the clusters: ``"faiss"`` or ``"torch"`` k-means, ``"given"`` by the caller, or
+            ``"none"`` (one cluster).
+    """
+
+    kept: np.ndarray
+    group_of: np.ndarray
+    similarity: np.ndarray
+    clusters: np.ndarray
+    kmeans: str
+
+    @property
+    def num_duplicates(self) -> int:
+        return int((~self.kept).sum())
+
+    def groups(self) -> list[np.ndarray]:
+        """The groups with a duplicate, ordered by their kept row: each the kept row, then its duplicates by row."""
+        duplicates = np.flatnonzero(~self.kept)
+        owners = self.group_of[duplicates]
+        order = np.lexsort((duplicates, owners))
+        owners, duplicates = owners[order], duplicates[order]
+        starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]]) if len(owners) else np.empty(0, np.int64)
+        return [np.r_[owner, members] for owner, members in zip(owners[starts], np.split(duplicates, starts[1:]))]
+
+
+@dataclasses.dataclass(frozen=True)
+class NearCopies:
+    """What :func:`near_copies` found.
+
+    Attributes:
+        nearest: (Q,) int64, the row of each item's nearest item in the other set.
+        similarity: (Q,) float32, their cosine similarity.
+        is_copy: (Q,) bool, similarity at least the threshold.
+    """
+
+    nearest: np.ndarray
+    similarity: np.ndarray
+    is_copy: np.ndarray
+
+
+def check_threshold(threshold) -> None:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
+        raise UserError(
+            f"the threshold must be a cosine similarity in (0, 1], e.g. 0.95 (1 - eps in SemDeDup), got {threshold!r}"
+        )
+
+
+def assign(vectors: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each vector's most similar centroid and their cosine similarity, a block of rows at a time.
+
+    Shape:
+        vectors: (N, D) and centroids: (K, D), both L2-normalised; returns: (N,) int64 and (N,) float32.
+    """
+    clusters = torch.empty(len(vectors), dtype=torch.long)
+    similarity = torch.empty(len(vectors))
+    step = rows_per_block(len(centroids))
+    for start in range(0, len(vectors), step):
+        similarity[start : start + step], clusters[start : start + step] = (
+            vectors[start : start + step] @ centroids.T
+        ).max(dim=1)
+    return clusters, similarity
+
+
+def torch_spherical_kmeans(vectors: torch.Tensor, num_clusters: int, seed: int) -> torch.Tensor:
+    """Centroids by spherical k-means (Lloyd's iterations on cosine similarity, centroids L2-normalised means),
+    as faiss' ``Kmeans(spherical=True)`` computes them: k distinct random items to start, at most
+    :data:`MAX_POINTS_PER_CENTROID` items per cluster to learn from, an emptied cluster restarted at a
+    random item (faiss splits the largest one instead).
+
+    Shape:
+        vectors: (N, D) L2-normalised; returns: (num_clusters, D) L2-normalised.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    sample = vectors[torch.randperm(len(vectors), generator=generator)[: MAX_POINTS_PER_CENTROID * num_clusters]]
+    centroids = sample[torch.randperm(len(sample), generator=generator)[:num_clusters]].clone()
+    for _ in range(KMEANS_ITERATIONS):
+        clusters, _ = assign(sample, centroids)
+        sums = torch.zeros_like(centroids).index_add_(0, clusters, sample)  # (K, D)
+        empty = torch.bincount(clusters, minlength=num_clusters) == 0
+        sums[empty] = sample[torch.randint(len(sample), (int(empty.sum()),), generator=generator)]
+        centroids = F.normalize(sums, dim=1)
+    return centroids
+
+
+def spherical_kmeans(
+    vectors: torch.Tensor, num_clusters: int, seed: int = 0, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Spherical k-means clusters and each item's similarity to its centroid.
+
+    ``backend="auto"`` is faiss' ``Kmeans(spherical=True)`` (SemDeDup's) where faiss is installed,
+    else :func:`torch_spherical_kmeans`; the two learn different centroids from the same items.
+    Why not scikit-learn's ``KMeans``: it is Euclidean, not spherical, and its k-means++ start
+    costs O(N K D log K), hours at a million items and a thousand clusters.
+
+    Shape:
+        vectors: (N, D) L2-normalised; returns: clusters (N,) int64, similarity (N,) float32, and
+        the backend that ran (``"faiss"`` or ``"torch"``).
+    """
+    if backend not in KMEANS_BACKENDS:
+        raise UserError(f"the k-means backend must be one of {', '.join(KMEANS_BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        try:
+            import faiss  # noqa: F401
+        except ImportError:
+            backend = "torch"
+        else:
+            backend = "faiss"
+    if backend == "torch":
+        centroids = torch_spherical_kmeans(vectors, num_clusters, seed)
+    else:
+        faiss = import_faiss()
+        kmeans = faiss.Kmeans(
+            vectors.shape[1], num_clusters, niter=KMEANS_ITERATIONS, spherical=True, seed=seed,
+            max_points_per_centroid=MAX_POINTS_PER_CENTROID, verbose=False,
+        )  # fmt: skip
+        kmeans.train(vectors.numpy())
+        centroids = F.normalize(torch.from_numpy(kmeans.centroids), dim=1)
+    return *assign(vectors, centroids), backend
+
+
+def walk_cluster(vectors: torch.Tensor, threshold: float, block_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Step 4 of the module docstring over one cluster, in the order given.
+
+    A block of rows is compared with the items kept in earlier blocks in one product; the rows
+    with no T-similar earlier row inside the block are then decided at once, and only the others
+    (near-duplicates within the block, few) one at a time, since whether they are kept depends
+    on which rows before them were.
+
+    Shape:
+        vectors: (n, D) L2-normalised, in walk order; returns: owner (n,) int64, the position of the
+        kept item each item stands with, and similarity (n,) float32 to it.
+    """
+    n = len(vectors)
+    owner, similarity = np.arange(n), np.ones(n, dtype=np.float32)
+    kept = np.empty(0, dtype=np.int64)  # positions kept so far
+    for start in range(0, n, block_rows):
+        block = vectors[start : start + block_rows]  # (c, D)
+        c = len(block)
+        before = (block @ vectors[kept].T).numpy()  # (c, kept so far)
+        before_best = before.max(axis=1, initial=-np.inf)
+        before_owner = kept[before.argmax(axis=1)] if len(kept) else np.zeros(c, dtype=np.int64)
+        inside = (block @ block.T).masked_fill_(torch.ones(c, c, dtype=torch.bool).triu(), -np.inf).numpy()
+        block_kept = before_best < threshold  # final for rows with no T-similar row earlier in the block
+        for row in np.flatnonzero(inside.max(axis=1) >= threshold):
+            candidates = np.where(block_kept[:row], inside[row, :row], -np.inf)
+            best = int(candidates.argmax())
+            if candidates[best] > before_best[row] and candidates[best] >= threshold:
+                block_kept[row], before_best[row], before_owner[row] = False, candidates[best], start + best
+            else:
+                block_kept[row] = before_best[row] < threshold
+        duplicates = np.flatnonzero(~block_kept)
+        owner[start + duplicates], similarity[start + duplicates] = before_owner[duplicates], before_best[duplicates]
+        kept = np.r_[kept, start + np.flatnonzero(block_kept)]
+    return owner, similarity
+
+
+def walk_order(clusters: np.ndarray, centroid_similarity: np.ndarray, keep: str) -> np.ndarray:
+    """Rows by cluster, then by the keep rule, then by row (so equal similarities walk in row order)."""
+    key = {"farthest": centroid_similarity, "nearest": -centroid_similarity, "first": np.zeros(len(clusters))}[keep]
+    return np.lexsort((np.arange(len(clusters)), key, clusters))
+
+
+def given_clusters(vectors: torch.Tensor, clusters) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clusters given by the caller, and each item's similarity to its cluster's L2-normalised mean."""
+    clusters = torch.as_tensor(np.asarray(clusters), dtype=torch.long)
+    if clusters.shape != (len(vectors),) or (len(clusters) and clusters.min() < 0):
+        raise UserError(f"clusters must be ({len(vectors)},) non-negative integers, got shape {tuple(clusters.shape)}")
+    sums = torch.zeros(int(clusters.max()) + 1, vectors.shape[1]).index_add_(0, clusters, vectors)
+    centroids = F.normalize(sums, dim=1)
+    return clusters, (vectors * centroids[clusters]).sum(dim=1)
+
+
+def semdedup(
+    vectors,
+    threshold: float,
+    num_clusters: int | None = None,
+    keep: str = "farthest",
+    clusters=None,
+    seed: int = 0,
+    kmeans: str = "auto",
+    progress: bool = False,
+) -> Deduplication:
+    """Groups of near-duplicates by SemDeDup (module docstring), and the items to keep.
+
+    Args:
+        vectors: the set, e.g. ``read_embeddings(folder).vectors``; any float dtype.
+        threshold: T in (0, 1]: an item is a duplicate of a kept item when their cosine
+            similarity is at least T.
+        num_clusters: k-means clusters; default N / :data:`DEFAULT_CLUSTER_SIZE`, at least 1.
+            1 compares every pair (exact, N^2 similarities, in blocks).
+        keep: which item of a group is kept: ``"farthest"`` from the centroid, ``"nearest"``, ``"first"`` row.
+        clusters: (N,) cluster ids to use instead of k-means (ordered by similarity to each cluster's mean).
+        seed: k-means' random start and sample.
+        kmeans: ``"auto"``, ``"faiss"`` or ``"torch"`` (:func:`spherical_kmeans`).
+        progress: show a rich progress bar.
+
+    Shape:
+        vectors: (N, D); returns a :class:`Deduplication` of (N,) arrays.
+
+    >>> x = np.array([[1, 0], [0.999, 0.04], [0, 1]], dtype=np.float32)
+    >>> semdedup(x, 0.99, num_clusters=1, keep="first").kept.tolist()
+    [True, False, True]
+    """
+    check_threshold(threshold)
+    if keep not in KEEP_RULES:
+        raise UserError(f"keep must be one of {', '.join(KEEP_RULES)}, got {keep!r}")
+    if vectors.ndim != 2 or len(vectors) == 0:
+        raise UserError(f"the embeddings must be a non-empty (N, D) matrix, got shape {tuple(vectors.shape)}")
+    num_clusters = num_clusters or max(1, round(len(vectors) / DEFAULT_CLUSTER_SIZE))
+    if clusters is None and not 1 <= num_clusters <= len(vectors):
+        raise UserError(f"the number of clusters must be between 1 and the {len(vectors)} items, got {num_clusters}")
+    unit = unit_vectors(vectors, progress)  # (N, D)
+    if not torch.isfinite(unit).all():
+        check_finite(vectors, "the embeddings")
+    if clusters is not None:
+        (assigned, centroid_similarity), backend = given_clusters(unit, clusters), "given"
+    elif num_clusters == 1:
+        (assigned, centroid_similarity), backend = given_clusters(unit, np.zeros(len(unit), dtype=np.int64)), "none"
+    else:
+        assigned, centroid_similarity, backend = spherical_kmeans(unit, num_clusters, seed, kmeans)
+    assigned, centroid_similarity = assigned.numpy(), centroid_similarity.numpy()
+    order = walk_order(assigned, centroid_similarity, keep)
+    group_of, similarity = np.arange(len(unit)), np.ones(len(unit), dtype=np.float32)
+    members = np.split(order, np.flatnonzero(np.diff(assigned[order])) + 1)
+    with progress_bar("comparing within clusters", progress) as bar:
+        task = bar.add_task("", total=len(unit))
+        for rows in members:
+            owner, similarity[rows] = walk_cluster(unit[rows], threshold, rows_per_block(len(rows)))
+            group_of[rows] = rows[owner]
+            bar.advance(task, len(rows))
+    return Deduplication(group_of == np.arange(len(unit)), group_of, similarity, assigned, backend)
+
+
+def near_copies(vectors, others, threshold: float, progress: bool = False) -> NearCopies:
+    """Each item's nearest item in ``others`` (exact search), a near-copy when their similarity is at least T.
+
+    Shape:
+        vectors: (Q, D); others: (N, D); returns a :class:`NearCopies` of (Q,) arrays.
+    """
+    check_threshold(threshold)
+    similarities, indices = nearest_neighbours(others, k=1, queries=vectors, progress=progress)
+    return NearCopies(indices[:, 0], similarities[:, 0], similarities[:, 0] >= threshold)
+
+
+def save_groups(path: Path, deduplication: Deduplication, items: list[str]) -> None:
+    """The groups as CSV, whole or not at all: ``group,row,item,kept,similarity`` (similarity to the group's kept
+    item), the kept item first; items without a duplicate are not listed."""
+    with written_whole(Path(path)) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["group", "row", "item", "kept", "similarity"])
+        for group, rows in enumerate(deduplication.groups()):
+            for row in rows:
+                kept = bool(deduplication.kept[row])
+                writer.writerow([group, int(row), items[row], kept, f"{deduplication.similarity[row]:.6f}"])
+
+
+def save_near_copies(path: Path, copies: NearCopies, items: list[str], other_items: list[str]) -> None:
+    """Every item as CSV, whole or not at all: ``row,item,nearest_row,nearest_item,similarity,near_copy``."""
+    with written_whole(Path(path)) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["row", "item", "nearest_row", "nearest_item", "similarity", "near_copy"])
+        for row, (nearest, similarity, is_copy) in enumerate(zip(copies.nearest, copies.similarity, copies.is_copy)):
+            writer.writerow([row, items[row], int(nearest), other_items[nearest], f"{similarity:.6f}", bool(is_copy)])

@@ -1,0 +1,328 @@
+"""Each item's k nearest neighbours by cosine similarity: exact and blockwise, or approximate with faiss.
+
+Exact (``index="exact"``, the default) is the blockwise search of :mod:`sslkit.evaluation.retrieval`
+(:func:`~sslkit.evaluation.retrieval.cosine_blocks` and
+:func:`~sslkit.evaluation.retrieval.nearest_columns`). The set searched is held in memory as
+L2-normalised float32 (N x D x 4 bytes: 123 MB for 60,000 x 512); the queries are read from the
+file one block of rows at a time, and each block's (rows, N) similarities are the only other large
+array, :data:`SIMILARITY_BLOCK_BYTES` at most. Neighbours come most similar first, equal
+similarities by lowest row (the order of faiss' exact index).
+
+Approximate (``index="faiss"``) is faiss' index over the inner product of L2-normalised vectors,
+which is their cosine similarity, for sets where N^2 similarities take too long:
+
+- ``ivf``: IVF-Flat, the vectors split into ``nlist`` = 4 sqrt(N) lists by k-means (the faiss
+  wiki's 4-16 sqrt(N); at most N / 39, the training points faiss asks per list), trained on up to
+  256 rows per list; a query scans the ``nprobe`` lists nearest to it (:data:`DEFAULT_NPROBE`).
+- ``hnsw``: HNSW-Flat, :data:`HNSW_LINKS` links per vector, efConstruction
+  :data:`HNSW_EF_CONSTRUCTION`, efSearch ``max(DEFAULT_EF_SEARCH, 2k)``.
+
+faiss holds its own copy of the vectors, so the approximate search needs twice the exact one's
+memory for the set. :func:`recall_at_k` measures what the approximation loses, against the exact
+search on a sample of queries (``tools/bench/neighbours.py``).
+
+When the queries are the set itself (``queries=None``) an item is removed from its own list; an
+exact duplicate of it is not. ``sslkit-neighbours`` writes the result as ``neighbours.npz``
+(:func:`save_neighbours`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import math
+import os
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from sslkit.errors import UserError
+from sslkit.evaluation.retrieval import cosine_blocks, nearest_columns, unit_rows
+
+INDEXES = ("exact", "faiss")
+FAISS_TYPES = ("ivf", "hnsw")
+# A block of query rows holds at most this many bytes of similarities: 1,118 rows against 60,000.
+SIMILARITY_BLOCK_BYTES = 256 * 2**20
+MAX_ROWS_PER_BLOCK = 4096
+# Lists an IVF query scans. On 1,000,000 clustered vectors (4,000 lists) 16 lists find 0.98 of
+# the exact 10 neighbours, and on Fashion-MNIST embeddings (980 lists) 0.97 (tools/bench/README.md).
+DEFAULT_NPROBE = 16
+HNSW_LINKS = 32
+HNSW_EF_CONSTRUCTION = 40
+DEFAULT_EF_SEARCH = 64
+# Query rows per faiss search call: large enough for its threads, small enough for the progress bar.
+FAISS_QUERY_BLOCK = 16384
+INSTALL_FAISS = 'pip install "sslkit[faiss]" (or pip install faiss-cpu)'
+
+
+def rows_per_block(num_references: int) -> int:
+    """Query rows per block: a (rows, num_references) float32 block within :data:`SIMILARITY_BLOCK_BYTES`."""
+    return max(1, min(MAX_ROWS_PER_BLOCK, SIMILARITY_BLOCK_BYTES // (4 * max(num_references, 1))))
+
+
+def progress_bar(description: str, enabled: bool) -> Progress:
+    """A transient rich bar (it disappears when done: logs keep the results only)."""
+    columns = (TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    return Progress(*columns, transient=True, disable=not enabled)
+
+
+def check_finite(vectors, name: str) -> None:
+    """Raise one line naming the first row with a NaN or inf, reading ``vectors`` a block at a time."""
+    step = rows_per_block(1) * 16
+    for start in range(0, len(vectors), step):
+        finite = np.isfinite(np.asarray(vectors[start : start + step])).all(axis=1)
+        if not finite.all():
+            row = start + int(np.flatnonzero(~finite)[0])
+            raise UserError(f"{name}: row {row} has NaN or inf values; embed again (the encoder diverged?)")
+
+
+def unit_vectors(vectors, progress: bool = False) -> torch.Tensor:
+    """All of ``vectors`` L2-normalised as float32 in memory, read a block of rows at a time.
+
+    Shape:
+        vectors: (N, D) tensor or NumPy array (a memory map); returns: (N, D) float32 on the CPU.
+    """
+    result = torch.empty(len(vectors), vectors.shape[1], dtype=torch.float32)
+    step = rows_per_block(1)
+    with progress_bar("reading vectors", progress) as bar:
+        task = bar.add_task("", total=len(vectors))
+        for start in range(0, len(vectors), step):
+            result[start : start + step] = unit_rows(vectors[start : start + step], torch.device("cpu"))
+            bar.advance(task, min(step, len(vectors) - start))
+    return result
+
+
+def check_search(vectors, k: int, queries, index: str, faiss_type: str) -> None:
+    """One line for each mistake: a wrong shape, another dimension, k beyond the set, an unknown index."""
+    if vectors.ndim != 2 or len(vectors) == 0:
+        raise UserError(f"the embeddings must be a non-empty (N, D) matrix, got shape {tuple(vectors.shape)}")
+    if queries is not None and (queries.ndim != 2 or queries.shape[1] != vectors.shape[1]):
+        raise UserError(
+            f"the queries have {queries.shape[-1]} dimensions, the embeddings {vectors.shape[1]}: embed both "
+            f"with the same encoder"
+        )
+    available = len(vectors) - (queries is None)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise UserError(f"k must be a whole number >= 1, got {k!r}")
+    if k > available:
+        others = f"{len(vectors)} items less the query itself" if queries is None else f"{len(vectors)} items"
+        raise UserError(f"k={k} is more neighbours than there are ({others}): give k <= {available}")
+    if index not in INDEXES:
+        raise UserError(f"index must be one of {', '.join(INDEXES)}, got {index!r}")
+    if faiss_type not in FAISS_TYPES:
+        raise UserError(f"faiss_type must be one of {', '.join(FAISS_TYPES)}, got {faiss_type!r}")
+
+
+def exact_search(
+    references: torch.Tensor, queries, k: int, own_columns: torch.Tensor | None, progress: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """The k most similar references of each query, by :func:`~sslkit.evaluation.retrieval.cosine_blocks`.
+
+    Shape:
+        references: (N, D) L2-normalised float32; queries: (Q, D) tensor or NumPy array;
+        own_columns: (Q,) each query's own row among the references (excluded), or None;
+        returns: similarities (Q, k) float32 and indices (Q, k) int64.
+    """
+    similarities = np.empty((len(queries), k), dtype=np.float32)
+    indices = np.empty((len(queries), k), dtype=np.int64)
+    with progress_bar("exact neighbours", progress) as bar:
+        task = bar.add_task("", total=len(queries))
+        blocks = cosine_blocks(queries, references, rows_per_block(len(references)), own_columns)
+        for start, stop, similarity in blocks:
+            columns = nearest_columns(similarity, k)  # (c, k)
+            indices[start:stop] = columns.numpy()
+            similarities[start:stop] = similarity.gather(1, columns).numpy()
+            bar.advance(task, stop - start)
+            del similarity  # before the next block is computed: one block in memory at a time
+    return similarities, indices
+
+
+def import_faiss():
+    """The faiss module, or one line saying how to install it."""
+    try:
+        import faiss
+    except ImportError:
+        raise UserError(f"the faiss index needs faiss, which is not installed: {INSTALL_FAISS}") from None
+    return faiss
+
+
+def ivf_lists(num_vectors: int) -> int:
+    """nlist = 4 sqrt(N), at most N / 39 (faiss' minimum of training points per list), at least 1."""
+    return max(1, min(round(4 * math.sqrt(num_vectors)), num_vectors // 39))
+
+
+def build_faiss_index(
+    references: np.ndarray, faiss_type: str, nprobe: int | None, ef_search: int, seed: int = 0, progress: bool = False
+):
+    """A trained faiss index over inner products holding ``references`` (module docstring for the settings).
+
+    Shape:
+        references: (N, D) L2-normalised float32, C-contiguous.
+    """
+    faiss = import_faiss()
+    num_vectors, dimension = references.shape
+    if faiss_type == "hnsw":
+        index = faiss.IndexHNSWFlat(dimension, HNSW_LINKS, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        index.hnsw.efSearch = ef_search
+    else:
+        nlist = ivf_lists(num_vectors)
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dimension), dimension, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.cp.seed = seed
+        sample = np.random.default_rng(seed).permutation(num_vectors)[: 256 * nlist]
+        index.train(references[np.sort(sample)])
+        index.nprobe = min(nlist, nprobe or DEFAULT_NPROBE)
+    step = FAISS_QUERY_BLOCK
+    with progress_bar(f"building the faiss {faiss_type} index", progress) as bar:
+        task = bar.add_task("", total=num_vectors)
+        for start in range(0, num_vectors, step):
+            index.add(references[start : start + step])
+            bar.advance(task, min(step, num_vectors - start))
+    return index
+
+
+def faiss_search(
+    index, queries, k: int, own_columns: np.ndarray | None, progress: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """The index's k neighbours of each query; with ``own_columns``, k + 1 searched and the query's own row dropped
+    (or the last, where the index did not return the query itself). -1 (similarity -inf) where it found fewer.
+
+    Shape:
+        queries: (Q, D) tensor or NumPy array; own_columns: (Q,) int64 or None;
+        returns: similarities (Q, k) float32 and indices (Q, k) int64.
+    """
+    extra = int(own_columns is not None)
+    similarities = np.empty((len(queries), k), dtype=np.float32)
+    indices = np.empty((len(queries), k), dtype=np.int64)
+    with progress_bar("faiss neighbours", progress) as bar:
+        task = bar.add_task("", total=len(queries))
+        for start in range(0, len(queries), FAISS_QUERY_BLOCK):
+            stop = min(start + FAISS_QUERY_BLOCK, len(queries))
+            block = unit_rows(queries[start:stop], torch.device("cpu")).numpy()
+            found_similarity, found = index.search(block, k + extra)  # (c, k + extra)
+            if extra:
+                keep = found != own_columns[start:stop, None]
+                keep[keep.all(axis=1), -1] = False  # itself not among them: drop the least similar instead
+                found_similarity, found = found_similarity[keep].reshape(-1, k), found[keep].reshape(-1, k)
+            found_similarity[found < 0] = -np.inf
+            similarities[start:stop], indices[start:stop] = found_similarity, found
+            bar.advance(task, stop - start)
+    return similarities, indices
+
+
+def nearest_neighbours(
+    vectors,
+    k: int = 10,
+    queries=None,
+    index: str = "exact",
+    faiss_type: str = "ivf",
+    nprobe: int | None = None,
+    ef_search: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest items of each query by cosine similarity, most similar first.
+
+    Without ``queries`` every item of ``vectors`` is a query and is left out of its own list (an
+    exact duplicate of it stays in). ``index="exact"`` searches every pair, blockwise;
+    ``index="faiss"`` an approximate faiss index (``faiss_type`` ``"ivf"`` or ``"hnsw"``, module
+    docstring), with ``nprobe`` lists scanned (IVF) or an ``ef_search`` candidate list (HNSW).
+
+    Args:
+        vectors: the set searched, e.g. ``read_embeddings(folder).vectors``; any float dtype.
+        k: neighbours per query.
+        queries: other vectors to find neighbours for, of the same dimension, or None.
+        index, faiss_type, nprobe, ef_search: the search (module docstring).
+        seed: the IVF index's training sample and k-means.
+        progress: show rich progress bars.
+
+    Shape:
+        vectors: (N, D) NumPy array (a memory map) or tensor; queries: (Q, D) or None (Q = N);
+        returns: similarities (Q, k) float32 and indices (Q, k) int64 rows of ``vectors``.
+
+    >>> similarities, indices = nearest_neighbours(np.eye(3, dtype=np.float32) + 0.1, k=1)
+    >>> indices[:, 0].tolist()
+    [1, 0, 0]
+    """
+    check_search(vectors, k, queries, index, faiss_type)
+    if queries is not None:
+        check_finite(queries, "the queries")
+    references = unit_vectors(vectors, progress)  # (N, D)
+    if not torch.isfinite(references).all():
+        check_finite(vectors, "the embeddings")
+    own_columns = torch.arange(len(vectors)) if queries is None else None
+    queries = references if queries is None else queries
+    if index == "exact":
+        return exact_search(references, queries, k, own_columns, progress)
+    ef_search = ef_search or max(DEFAULT_EF_SEARCH, 2 * k)
+    built = build_faiss_index(references.numpy(), faiss_type, nprobe, ef_search, seed, progress)
+    return faiss_search(built, queries, k, None if own_columns is None else own_columns.numpy(), progress)
+
+
+def recall_at_k(vectors, indices: np.ndarray, queries=None, sample: int = 1000, seed: int = 0) -> float:
+    """Recall@k of neighbour lists against the exact search: the share of each query's exact k nearest that
+    its list holds, averaged over ``sample`` queries drawn at random (all of them when fewer).
+
+    Shape:
+        vectors: (N, D); indices: (Q, k) from :func:`nearest_neighbours` on the same vectors and queries.
+    """
+    if sample < 1:
+        raise UserError(f"the recall sample must be >= 1 queries, got {sample}")
+    num_queries, k = indices.shape
+    rows = np.sort(np.random.default_rng(seed).permutation(num_queries)[:sample])
+    references = unit_vectors(vectors)
+    sampled = references[rows] if queries is None else np.asarray(queries[rows])
+    own_columns = torch.from_numpy(rows) if queries is None else None
+    _, exact = exact_search(references, sampled, k, own_columns)
+    found = [len(np.intersect1d(exact[i], indices[row])) for i, row in enumerate(rows)]
+    return float(np.sum(found) / (len(rows) * k))
+
+
+@contextlib.contextmanager
+def written_whole(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; it becomes ``path`` only when the writing finished."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_output(path: Path, suffixes: tuple[str, ...]) -> None:
+    """One line, before any work, for an output path that cannot be written."""
+    if path.suffix not in suffixes:
+        raise UserError(f"--out '{path}': give a file ending in {' or '.join(suffixes)}")
+    if not path.parent.is_dir():
+        raise UserError(f"--out '{path}': the folder '{path.parent}' does not exist; create it or give another path")
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"--out '{path}': '{path.parent}' is not writable; give a writable path")
+
+
+def save_neighbours(
+    path: Path,
+    similarities: np.ndarray,
+    indices: np.ndarray,
+    query_items: list[str] | None = None,
+    items: list[str] | None = None,
+) -> None:
+    """Write neighbours as ``.npz`` (arrays ``indices`` (Q, k) int64, ``similarities`` (Q, k) float32:
+    ``np.load(path)["indices"]``) or as ``.csv`` (``query_row,query_item,rank,neighbour_row,neighbour_item,
+    similarity``, rank 1 the nearest), whole or not at all."""
+    path = Path(path)
+    with written_whole(path) as tmp:
+        if path.suffix == ".npz":
+            with open(tmp, "wb") as f:
+                np.savez(f, indices=indices, similarities=similarities)
+            return
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["query_row", "query_item", "rank", "neighbour_row", "neighbour_item", "similarity"])
+            for row in range(len(indices)):
+                for rank, (column, similarity) in enumerate(zip(indices[row], similarities[row]), start=1):
+                    query_item = query_items[row] if query_items else ""
+                    item = items[column] if items and column >= 0 else ""
+                    writer.writerow([row, query_item, rank, int(column), item, f"{similarity:.6f}"])
