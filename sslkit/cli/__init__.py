@@ -15,6 +15,7 @@ command                         what it does                                modu
 ``sslkit-write-shards``         an image folder as webdataset tar shards    :mod:`sslkit.cli.write_shards`
 ``sslkit-neighbours``           each item's k nearest in an embeddings set  :mod:`sslkit.cli.neighbours`
 ``sslkit-duplicates``           near-duplicates (SemDeDup), near-copies     :mod:`sslkit.cli.duplicates`
+``sslkit-map``                  a map of an embeddings set, and neighbours  :mod:`sslkit.cli.map`
 ==============================  ==========================================  =============================
 
 ``python -m sslkit.cli.<module>`` is the same command. A launcher starts the training commands

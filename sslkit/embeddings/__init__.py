@@ -1,6 +1,6 @@
 """What an encoder is for: embeddings of a user's images, nearest neighbours, near-duplicates, and pictures.
 
-- :mod:`sslkit.embeddings.store`       the embeddings folder on disk (``embeddings.npy``, ``items.csv``, ``meta.json``).
+- :mod:`sslkit.embeddings.store`       an embeddings folder on disk (``embeddings.npy``, ``items.csv``, ``meta.json``)
 - :mod:`sslkit.embeddings.encoders`    the network of a run, checkpoint, backbone file or timm folder, with its input.
 - :mod:`sslkit.embeddings.images`      the images to embed: any dataset sslkit reads, one split, in a fixed order.
 - :mod:`sslkit.embeddings.writer`      an embeddings folder written in chunks by several processes, and resumed.

@@ -1,0 +1,53 @@
+"""sslkit-map: the map and neighbour pictures of an embeddings folder, with thumbnails read back from its images."""
+
+import numpy as np
+import pytest
+
+from sslkit.cli.map import main
+from sslkit.embeddings import read_embeddings, write_embeddings
+from sslkit.embeddings.images import images_to_embed
+from sslkit.embeddings.maps import images_of, thumbnails
+from sslkit.errors import UserError
+from sslkit.schema import Config
+
+
+@pytest.fixture(scope="module")
+def digits_folder(tmp_path_factory):
+    """The digits test split's raw pixels as an embeddings folder that names its images as sslkit-embed does."""
+    images = images_to_embed(Config(), "digits", "test")
+    pixels, _ = images.dataset.__getitems__(list(range(len(images))))
+    vectors = pixels.reshape(len(images), -1).float().numpy()
+    meta = {"data": {"name": "digits", "split": "test", "root": None, "labelled": True}}
+    return write_embeddings(tmp_path_factory.mktemp("digits"), vectors, images.items, images.labels, meta)
+
+
+def test_thumbnails_are_the_rows_images(digits_folder):
+    embeddings = read_embeddings(digits_folder)
+    images = images_of(embeddings)
+    small = thumbnails(images, np.array([3, 0]), size=16)
+    assert small.shape == (2, 1, 16, 16) and small.dtype == np.uint8
+    whole, _ = images.dataset.__getitems__([3])
+    assert abs(small[0].astype(float).mean() - whole.float().mean().item()) < 8  # the same image, resized
+
+
+def test_the_command_writes_the_map_page_and_the_neighbour_grid(digits_folder, tmp_path, capsys):
+    assert main([str(digits_folder), "--out", str(tmp_path), "--sample", "200", "--k", "5"]) == 0
+    assert "200 of 360 rows" in capsys.readouterr().out
+    for name in ("map.png", "map.html", "neighbours.png"):
+        assert (tmp_path / name).stat().st_size > 10_000, name
+    page = (tmp_path / "map.html").read_text()
+    assert page.count("data:image/png;base64,") == 1 and '"neighbours":[[' in page
+
+
+def test_points_only_without_thumbnails(digits_folder, tmp_path):
+    assert main([str(digits_folder), "--out", str(tmp_path), "--no-thumbnails", "--sample", "100"]) == 0
+    assert (tmp_path / "map.html").is_file() and not (tmp_path / "neighbours.png").exists()
+
+
+def test_mistakes_are_one_line(digits_folder, tmp_path, capsys):
+    assert main([str(digits_folder), "--out", str(tmp_path), "--k", "400"]) == 2
+    assert "--k 400: give 1 to 359" in capsys.readouterr().err
+    changed = write_embeddings(tmp_path / "changed", np.eye(3, dtype=np.float32), ["a", "b", "c"], None,
+                               {"data": {"name": "digits", "split": "test", "root": None}})  # fmt: skip
+    with pytest.raises(UserError, match="changed since it was written"):
+        images_of(read_embeddings(changed))
