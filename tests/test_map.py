@@ -51,3 +51,17 @@ def test_mistakes_are_one_line(digits_folder, tmp_path, capsys):
                                {"data": {"name": "digits", "split": "test", "root": None}})  # fmt: skip
     with pytest.raises(UserError, match="changed since it was written"):
         images_of(read_embeddings(changed))
+
+
+def test_a_runs_report_shows_the_pictures_of_its_embeddings(digits_folder, tmp_path):
+    import shutil
+
+    from sslkit.experiments.report import write_report
+    from sslkit.schema import save_config
+
+    save_config(Config(), tmp_path / "config.yaml")
+    shutil.copytree(digits_folder, tmp_path / "embeddings-digits-test")
+    report = write_report(tmp_path).read_text()
+    assert "## Embeddings" in report and "360 rows of 64 dimensions" in report
+    assert "(embeddings-digits-test/map.html)" in report and "![map of embeddings-digits-test]" in report
+    assert (tmp_path / "embeddings-digits-test" / "map.png").is_file()  # drawn by the report, where missing

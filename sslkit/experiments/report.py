@@ -27,6 +27,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from sslkit.embeddings import read_embeddings
+from sslkit.embeddings.maps import draw_pictures
 from sslkit.errors import UserError, install_hint
 
 PLOT_HINT = f"`{install_hint('plot')}` adds the plots (matplotlib)."
@@ -115,10 +117,36 @@ def write_report(run_dir: Path) -> Path:
     if steps:
         sections += ["## Training", "", _training_summary(steps), ""]
     sections += ["## Curves", "", *_curves(run_dir, steps, knn), ""]
+    if embedded := sorted(folder for folder in run_dir.glob("embeddings-*") if (folder / "meta.json").is_file()):
+        sections += ["## Embeddings", "", *_embedding_pictures(embedded), ""]
     sections += ["## Config", "", "```yaml", (run_dir / "config.yaml").read_text().rstrip(), "```", ""]
     path = run_dir / "report.md"
     path.write_text("\n".join(sections))
     return path
+
+
+def _embedding_pictures(folders: list[Path]) -> list[str]:
+    """The map and neighbour grid of each embeddings folder in the run (``sslkit-embed``'s default place),
+    drawn by ``sslkit-map``'s defaults where the folder has none yet."""
+    lines = []
+    for folder in folders:
+        try:
+            embeddings = read_embeddings(folder)
+            if have_matplotlib() and not (folder / "map.png").is_file():
+                draw_pictures(embeddings, folder, sample=2000)
+        except UserError as error:  # an unfinished folder, or its images gone: said, and the report goes on
+            lines += [f"- `{folder.name}`: {error}", ""]
+            continue
+        shape = f"{len(embeddings)} rows of {embeddings.meta.get('dimension')} dimensions"
+        link = f"[the interactive map]({folder.name}/map.html)"
+        lines += [f"### {folder.name}", "", f"{shape} ({embeddings.meta.get('layer', 'backbone')}); {link}", ""]
+        if not have_matplotlib():
+            lines += [PLOT_HINT, ""]
+            continue
+        lines += [f"![map of {folder.name}]({folder.name}/map.png)", ""]
+        if (folder / "neighbours.png").is_file():
+            lines += [f"![nearest neighbours in {folder.name}]({folder.name}/neighbours.png)", ""]
+    return lines
 
 
 # --------------------------------------------------------------------------- reading
