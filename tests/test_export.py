@@ -15,6 +15,7 @@ from sslkit import models
 from sslkit.cli import export
 from sslkit.config import load_config
 from sslkit.loop import train
+from sslkit.models import export as exports
 
 timm = pytest.importorskip("timm")
 
@@ -42,7 +43,7 @@ def trained_backbone(run_dir):
 def test_a_width_64_resnet_is_timms_resnet18_in_every_format(resnet_runs, tmp_path):
     ours, images = trained_backbone(resnet_runs / "wide"), torch.randn(3, 1, 16, 16)
     out, difference = export.export(resnet_runs / "wide", "timm", tmp_path / "timm")
-    assert difference < export.TOLERANCE
+    assert difference < exports.TOLERANCE
     theirs = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
     assert isinstance(theirs, timm.models.ResNet)
     out, _ = export.export(resnet_runs / "wide", "onnx", tmp_path / "wide.onnx")
@@ -81,7 +82,7 @@ def test_a_narrow_resnet_to_timm_is_one_line_and_writes_nothing(resnet_runs, tmp
 
 @pytest.mark.slow
 def test_onnx_without_its_packages_is_one_line_and_writes_nothing(resnet_runs, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(export, "_absent", lambda package: package == "onnxscript")
+    monkeypatch.setattr(exports, "absent", lambda package: package == "onnxscript")
     assert export.main([str(resnet_runs / "narrow"), "--format", "onnx", "--out", str(tmp_path / "x.onnx")]) == 2
     line = capsys.readouterr().err.strip()
     assert "needs the onnxscript package" in line and 'pip install "sslkit[onnx]"' in line

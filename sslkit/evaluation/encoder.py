@@ -2,7 +2,8 @@
 
 :func:`load_trained_backbone` rebuilds a run's backbone from its ``config.yaml`` and loads its
 weights; :func:`load_backbone` loads a file's weights into a backbone built from any recipe and
-says in one line why they do not fit when they do not (a different width, stem or channel count).
+says in one line why they do not fit when they do not (a different width, stem or channel count);
+:func:`export_run` writes a run's backbone as safetensors, a timm folder or ONNX (:mod:`sslkit.models.export`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from sslkit import models
 from sslkit.config import load_config
 from sslkit.errors import UserError
-from sslkit.models import weights
+from sslkit.models import export, weights
 
 
 def saved_config_for(target: Path) -> Path | None:
@@ -88,3 +89,12 @@ def input_channels(state: dict) -> int:
     the ``state_dict`` of torchvision's ResNets, timm's ViTs (``patch_embed.proj``), ConvNeXts, ...)."""
     first_conv = next(v for v in state.values() if v.dim() == 4)
     return int(first_conv.shape[1])
+
+
+def export_run(target: Path, fmt: str, out: Path | None = None) -> tuple[Path, float | None]:
+    """Write the backbone of ``target`` (a run or a checkpoint in one) as ``fmt`` and check it reproduces the
+    network; returns the path (default: in the run directory) and the largest feature difference (None: not
+    checked, no runtime). Nothing is left behind when it fails."""
+    cfg, run_dir, backbone = load_trained_backbone(target)
+    out = out or export.default_out(run_dir, fmt)
+    return out, export.write_export(cfg.model, backbone, fmt, out, cfg.augment.image_size)
