@@ -6,6 +6,9 @@ The ViT exports are tested next to the ViT runs, in test_timm_backbones.py.
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -16,6 +19,7 @@ from sslkit.cli import export
 from sslkit.config import load_config
 from sslkit.loop import train
 from sslkit.models import export as exports
+from sslkit.models import weights
 
 timm = pytest.importorskip("timm")
 
@@ -98,3 +102,28 @@ def test_exporting_what_is_not_a_run_is_one_line(tmp_path, capsys, target, words
     assert export.main([str(tmp_path / target)]) == 2
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and all(word in line for word in words), line
+
+
+@pytest.fixture
+def umask_022():
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_safetensors_files_get_the_mode_of_every_other_file_of_a_run(tmp_path, umask_022):
+    """safetensors' save_file leaves its files at 0600 (a temporary file renamed into place); sslkit's are 0644
+    under a umask of 022, as a file written with open() beside them, and so is the timm folder's weights file."""
+    (tmp_path / "config.yaml").write_text("run: {}\n")
+    backbone = models.backbone_from_config(load_config("quickstart").model, 1)
+    weights.export_backbone(backbone, tmp_path / "backbone.safetensors", {"keys": "torchvision"})
+    assert mode(tmp_path / "backbone.safetensors") == mode(tmp_path / "config.yaml") == 0o644
+    assert torch.equal(load_file(tmp_path / "backbone.safetensors")["conv1.weight"], backbone.conv1.weight)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["backbone.safetensors", "config.yaml"]  # no .tmp
+    wide = load_config("quickstart", ["model.width=64", "model.cifar_stem=false"]).model
+    exports.write_timm(wide, models.backbone_from_config(wide, 1), tmp_path / "timm")
+    assert mode(tmp_path / "timm" / "model.safetensors") == mode(tmp_path / "timm" / "config.json") == 0o644

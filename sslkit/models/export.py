@@ -82,6 +82,7 @@ def write_timm(model_cfg, backbone, folder: Path) -> None:
     model = timm.create_model(name, pretrained=False, **args)
     model.load_state_dict(backbone.state_dict())
     save_for_hf(model, str(folder), model_args=args, safe_serialization=True)
+    weights.match_file_mode(folder / "model.safetensors", folder / "config.json")
 
 
 def write_onnx(backbone, path: Path, image_size: int) -> None:
