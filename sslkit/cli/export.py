@@ -54,12 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print_user_error(error)
         return 2
+    from sslkit.models.export import card_path
+
     checked = (
-        f"loaded back: features within {difference:.1e} of the trained network"
+        f"loaded back: features within {difference:.1e} of the trained network's"
         if difference is not None
-        else "not loaded back (pip install onnxruntime to check it)"
+        else 'not checked: onnxruntime is not installed (pip install "sslkit[onnx]" brings it)'
     )
-    console.print(f"{args.format} export written to {out} ({checked})", soft_wrap=True)
+    card = card_path(out, args.format)
+    console.print(
+        f"{args.format} export written to {out}, model card {card} ({checked})", soft_wrap=True, markup=False
+    )
     return 0
 
 

@@ -16,6 +16,7 @@ is given the mode of a file beside it (:func:`match_file_mode`).
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -39,6 +40,11 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
         return []
     done = [p for p in root.glob("step-*") if (p / PROGRESS_FILE).is_file()]
     return sorted(done, key=lambda p: int(p.name.split("-")[1]))
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The training step a complete checkpoint directory was saved at (its ``progress.json``)."""
+    return int(json.loads((Path(checkpoint) / PROGRESS_FILE).read_text())["step"])
 
 
 def export_backbone(backbone: torch.nn.Module, path: Path, metadata: dict[str, str] | None = None) -> Path:
@@ -95,6 +101,25 @@ def run_directory_of(path: str | Path) -> Path | None:
     )
 
 
+def backbone_file(folder: Path) -> Path:
+    """The file a run or checkpoint directory's backbone is read from: the run's ``backbone.safetensors``, else
+    the ``model.safetensors`` of the checkpoint (a run's latest one)."""
+    if (folder / "backbone.safetensors").is_file():
+        return folder / "backbone.safetensors"
+    found = [folder] if (folder / PROGRESS_FILE).is_file() else list_checkpoints(folder)
+    if not found:
+        raise UserError(
+            f"'{folder}' holds no backbone.safetensors and no checkpoint; "
+            "give a run directory, a checkpoint or an exported backbone file"
+        )
+    path = found[-1] / "model.safetensors"
+    if not path.is_file():
+        raise UserError(
+            f"checkpoint '{path.parent}' has no model.safetensors; it may be from an older sslkit or incomplete"
+        )
+    return path
+
+
 def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
     """Backbone weights from an export (``.safetensors`` or a weights-only ``.pt``), a checkpoint or a run directory.
 
@@ -103,20 +128,9 @@ def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
     """
     path = Path(path)
     if path.is_dir():
-        if (path / "backbone.safetensors").is_file():
-            return load_file(str(path / "backbone.safetensors"))
-        found = [path] if (path / PROGRESS_FILE).is_file() else list_checkpoints(path)
-        if not found:
-            raise UserError(
-                f"'{path}' holds no backbone.safetensors and no checkpoint; "
-                "give a run directory, a checkpoint or an exported backbone file"
-            )
-        path = found[-1] / "model.safetensors"
-        if not path.is_file():
-            raise UserError(
-                f"checkpoint '{path.parent}' has no model.safetensors; it may be from an older sslkit or incomplete"
-            )
-        return submodule_state(load_file(str(path)), "backbone")
+        path = backbone_file(path)
+        state = load_file(str(path))
+        return state if path.name == "backbone.safetensors" else submodule_state(state, "backbone")
     if not path.is_file():
         raise UserError(
             f"'{path}' not found; give a run directory, a checkpoint directory, or a .safetensors/.pt backbone file"
