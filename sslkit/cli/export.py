@@ -6,9 +6,12 @@
 
 RUN is a run directory (its ``backbone.safetensors``, or its latest checkpoint) or a checkpoint
 directory inside one; the run's ``config.yaml`` says which network the weights belong to. Every
-export is loaded back the way its users will load it and run on a batch of random images next to
-the trained network: the largest difference of their features is printed, and an export that does
-not reproduce the network is deleted, not left behind.
+export records the input it expects (channels, size, resize, the training data's mean and std) and
+where it came from, and gets a model card (``<file>.md``, or ``README.md`` in a timm folder). It is
+loaded back the way its users will load it, and random images through its own preprocessing and
+network are compared with the run's evaluation transform and trained network: the largest
+difference of their features is printed, and an export that does not reproduce the network is
+deleted, not left behind.
 
 The formats and how each is checked: :mod:`sslkit.models.export`.
 """
@@ -47,6 +50,7 @@ def export(target: Path, fmt: str, out: Path | None = None) -> tuple[Path, float
 def main(argv: list[str] | None = None) -> int:
     from sslkit.console import console, print_user_error
     from sslkit.errors import UserError
+    from sslkit.models.export import card_path
 
     args = parse_args(argv)
     try:
@@ -54,8 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print_user_error(error)
         return 2
-    from sslkit.models.export import card_path
-
     checked = (
         f"loaded back: features within {difference:.1e} of the trained network's"
         if difference is not None
