@@ -2,17 +2,25 @@
 
 :func:`load_trained_backbone` rebuilds a run's backbone from its ``config.yaml`` and loads its
 weights; :func:`load_backbone` loads a file's weights into a backbone built from any recipe and
-says in one line why they do not fit when they do not (a different width, stem or channel count).
+says in one line why they do not fit when they do not (a different width, stem or channel count);
+:func:`export_run` writes a run's backbone as safetensors, a timm folder or ONNX (:mod:`sslkit.models.export`).
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 
+import torch
+
+import sslkit
 from sslkit import models
+from sslkit.augment import EvalTransform
 from sslkit.config import load_config
+from sslkit.datasets.splits import build_splits
 from sslkit.errors import UserError
-from sslkit.models import weights
+from sslkit.models import export, weights
 
 
 def saved_config_for(target: Path) -> Path | None:
@@ -88,3 +96,50 @@ def input_channels(state: dict) -> int:
     the ``state_dict`` of torchvision's ResNets, timm's ViTs (``patch_embed.proj``), ConvNeXts, ...)."""
     first_conv = next(v for v in state.values() if v.dim() == 4)
     return int(first_conv.shape[1])
+
+
+def run_source(target: Path, run_dir: Path, cfg, command: str) -> dict[str, str]:
+    """Where a backbone came from, as text: the run, the file its weights were read from, its step, the recipe
+    (the run's config.yaml), the command that exported it and sslkit's version."""
+    source = weights.backbone_file(target)
+    if source.name == "backbone.safetensors":  # written when the run finished: the step of its results
+        results = run_dir / "results.json"
+        step = json.loads(results.read_text()).get("step") if results.is_file() else None
+    else:
+        step = weights.checkpoint_step(source.parent)
+    return {
+        "run": str(run_dir),
+        "weights": str(source.relative_to(run_dir)),
+        "step": "" if step is None else str(step),
+        "name": cfg.run.name,
+        "method": cfg.method.name,
+        "loss": cfg.loss.name,
+        "data": cfg.data.name,
+        "command": command,
+        "sslkit": sslkit.__version__,
+        "recipe": (run_dir / "config.yaml").read_text(),
+    }
+
+
+def export_run(target: Path, fmt: str, out: Path | None = None) -> tuple[Path, float | None]:
+    """Write the backbone of ``target`` (a run or a checkpoint in one) as ``fmt``, with the input it expects
+    (the run's image size and its data's channels, mean and std) and where it came from, and check it:
+    random images at the data's own size through the export's preprocessing and network give the features
+    the run's evaluation transform and backbone give. Returns the path (default: in the run directory) and
+    the largest feature difference (None: not checked, no runtime). Nothing is left behind when it fails."""
+    command = shlex.join(["sslkit-export", str(target), "--format", fmt, *(["--out", str(out)] if out else [])])
+    cfg, run_dir, backbone = load_trained_backbone(target)
+    # The statistics the run normalised with are its training data's (computed from the images for some).
+    info = build_splits(cfg, run_dir=run_dir).info
+    a = cfg.augment
+    expected = export.ExpectedInput(info.channels, a.image_size, tuple(info.mean), tuple(info.std), a.normalize)
+    metadata = export.export_metadata(cfg.model, backbone, expected, run_source(target, run_dir, cfg, command))
+    evaluation = EvalTransform(a.image_size, info.channels, info.mean, info.std, a.normalize)
+    side = info.image_size or 2 * a.image_size  # images of their own sizes: shrunk, as most photos are
+    shape, seed = (3, info.channels, side, side), torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=seed)
+    results = run_dir / "results.json"
+    summary = json.loads(results.read_text()) if results.is_file() else None
+    out = out or export.default_out(run_dir, fmt)
+    run_features = lambda x: backbone(evaluation(x))  # noqa: E731
+    return out, export.write_export(cfg.model, backbone, fmt, out, metadata, summary, run_features, images)

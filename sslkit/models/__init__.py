@@ -3,6 +3,9 @@
 - :mod:`sslkit.models.backbones`       backbones and MLP heads built from a recipe's ``model`` section.
 - :mod:`sslkit.models.sync_batchnorm`  BatchNorm over the global batch of every process.
 - :mod:`sslkit.models.weights`         backbone exports, a run's checkpointed weights, ``run.init_from``.
+- :mod:`sslkit.models.export`          safetensors, timm and ONNX exports that carry their input, loaded back.
+- :mod:`sslkit.models.expected_input`  the input an export expects (size, mean, std, resize) and its preprocessing.
+- :mod:`sslkit.models.model_card`      an export's model card (README.md).
 """
 
 from sslkit.models.backbones import (

@@ -5,15 +5,24 @@ A run directory keeps its checkpoints in ``checkpoints/step-N/`` (each complete 
 method, whose ``backbone.`` entries are the encoder. An export (``backbone.safetensors``) holds
 the encoder alone, with the keys of the library it came from (torchvision or timm).
 Loading uses ``weights_only=True`` for ``.pt`` files: a state_dict of tensors, nothing else.
+
+File modes: safetensors' ``save_file`` (from 0.8) writes through a temporary file, which the Rust
+``tempfile`` crate creates with mode 0600, and renames it into place, so its files are readable by
+their owner alone whatever the umask. sslkit writes its own ``.safetensors`` with Python's ``open``
+(:func:`save_safetensors`), which gives them the mode of every other file of a run (0644 under a
+umask of 022); one written by another library (timm's ``save_for_hf``, Accelerate's ``save_state``)
+is given the mode of a file beside it (:func:`match_file_mode`).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from sslkit.errors import UserError
 
@@ -33,15 +42,39 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name.split("-")[1]))
 
 
+def checkpoint_step(checkpoint: Path) -> int:
+    """The training step a complete checkpoint directory was saved at (its ``progress.json``)."""
+    return int(json.loads((Path(checkpoint) / PROGRESS_FILE).read_text())["step"])
+
+
 def export_backbone(backbone: torch.nn.Module, path: Path, metadata: dict[str, str] | None = None) -> Path:
     """Save the encoder as a plain state_dict (the keys of the library it came from) in safetensors, atomically,
     with ``metadata`` (text) in the file's header."""
+    state = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
+    return save_safetensors(state, path, metadata)
+
+
+def save_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> Path:
+    """``state`` as a safetensors file at ``path``, atomically, with the mode ``open`` gives a new file.
+
+    The bytes are serialised in memory (``safetensors.torch.save``) and written with ``open``: ``save_file``
+    would leave the file at mode 0600 (see the module docstring). A backbone is small enough to hold twice.
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    state = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
-    save_file(state, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as file:
+            file.write(save(state, metadata=metadata))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
+
+
+def match_file_mode(path: Path, like: Path) -> None:
+    """Give ``path`` the permission bits of ``like``, a file written with ``open`` beside it: for a
+    ``.safetensors`` another library wrote with safetensors' ``save_file`` (mode 0600, see the module docstring)."""
+    os.chmod(path, stat.S_IMODE(os.stat(like).st_mode))
 
 
 def load_method_state(path: str | Path) -> dict[str, torch.Tensor]:
@@ -68,6 +101,25 @@ def run_directory_of(path: str | Path) -> Path | None:
     )
 
 
+def backbone_file(folder: Path) -> Path:
+    """The file a run or checkpoint directory's backbone is read from: the run's ``backbone.safetensors``, else
+    the ``model.safetensors`` of the checkpoint (a run's latest one)."""
+    if (folder / "backbone.safetensors").is_file():
+        return folder / "backbone.safetensors"
+    found = [folder] if (folder / PROGRESS_FILE).is_file() else list_checkpoints(folder)
+    if not found:
+        raise UserError(
+            f"'{folder}' holds no backbone.safetensors and no checkpoint; "
+            "give a run directory, a checkpoint or an exported backbone file"
+        )
+    path = found[-1] / "model.safetensors"
+    if not path.is_file():
+        raise UserError(
+            f"checkpoint '{path.parent}' has no model.safetensors; it may be from an older sslkit or incomplete"
+        )
+    return path
+
+
 def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
     """Backbone weights from an export (``.safetensors`` or a weights-only ``.pt``), a checkpoint or a run directory.
 
@@ -76,20 +128,9 @@ def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
     """
     path = Path(path)
     if path.is_dir():
-        if (path / "backbone.safetensors").is_file():
-            return load_file(str(path / "backbone.safetensors"))
-        found = [path] if (path / PROGRESS_FILE).is_file() else list_checkpoints(path)
-        if not found:
-            raise UserError(
-                f"'{path}' holds no backbone.safetensors and no checkpoint; "
-                "give a run directory, a checkpoint or an exported backbone file"
-            )
-        path = found[-1] / "model.safetensors"
-        if not path.is_file():
-            raise UserError(
-                f"checkpoint '{path.parent}' has no model.safetensors; it may be from an older sslkit or incomplete"
-            )
-        return submodule_state(load_file(str(path)), "backbone")
+        path = backbone_file(path)
+        state = load_file(str(path))
+        return state if path.name == "backbone.safetensors" else submodule_state(state, "backbone")
     if not path.is_file():
         raise UserError(
             f"'{path}' not found; give a run directory, a checkpoint directory, or a .safetensors/.pt backbone file"
