@@ -44,6 +44,13 @@ def copy_of(run_dir: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(run_dir, tmp_path / run_dir.name))
 
 
+def test_a_checkpoints_weights_file_has_the_mode_of_the_files_beside_it(finished):
+    """Accelerate saves model.safetensors through safetensors' save_file, which leaves it 0600."""
+    for checkpoint in list_checkpoints(finished):
+        progress_mode = (checkpoint / PROGRESS_FILE).stat().st_mode & 0o777
+        assert (checkpoint / "model.safetensors").stat().st_mode & 0o777 == progress_mode, checkpoint
+
+
 def test_every_file_of_a_checkpoint_has_its_size_and_checksum(finished):
     newest = list_checkpoints(finished)[-1]
     recorded = json.loads((newest / run_directory.CHECKSUM_FILE).read_text())

@@ -35,7 +35,7 @@ import torch
 import yaml
 
 from sslkit.errors import UserError
-from sslkit.models.weights import PROGRESS_FILE, checkpoint_dir, list_checkpoints
+from sslkit.models.weights import PROGRESS_FILE, checkpoint_dir, list_checkpoints, match_file_mode
 from sslkit.schema import flatten
 
 CHECKSUM_FILE = "checksums.json"
@@ -321,6 +321,9 @@ def _one_line(error: Exception) -> str:
 def _seal(folder: Path, progress: dict) -> None:
     _write_atomic(folder / CHECKSUM_FILE, json.dumps(file_checksums(folder), indent=1))
     _write_atomic(folder / PROGRESS_FILE, json.dumps(progress))
+    # Accelerate writes its .safetensors through safetensors' save_file, which leaves them 0600.
+    for weights_file in folder.glob("*.safetensors"):
+        match_file_mode(weights_file, folder / PROGRESS_FILE)
 
 
 def _write_atomic(path: Path, text: str) -> None:
