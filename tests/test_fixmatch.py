@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import pickle
 
 import pytest
 import torch
@@ -238,6 +239,12 @@ def test_each_image_draws_its_own_ops_and_cutout_greys_a_square_of_the_given_sid
     assert float(out.min()) >= 0 and float(out.max()) <= 1
     erased = StrongAugment(channels=1, num_ops=0, cutout=0.5)(torch.zeros(8, 1, 16, 16))
     assert ((erased == 0.5).sum(dim=(1, 2, 3)) == 64).all()  # 8 x 8 grey pixels in every image
+    # Loader workers started by spawn get the augmentation pickled.
+    again = pickle.loads(pickle.dumps(StrongAugment(channels=3)))
+    torch.manual_seed(1)
+    expected = StrongAugment(channels=3)(image.expand(4, 3, -1, -1))
+    torch.manual_seed(1)
+    assert torch.equal(again(image.expand(4, 3, -1, -1)), expected)
 
 
 def test_the_strong_view_is_made_after_view_one_which_it_leaves_as_it_was():

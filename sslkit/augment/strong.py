@@ -68,6 +68,13 @@ class Op:
         return self.identity + magnitude * (value - self.identity)
 
 
+# Each op is ``op(images, values)``, a module-level function (picklable, for loader workers that augment).
+
+
+def _identity(images: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return images
+
+
 def _autocontrast(images: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """PIL's autocontrast: each channel of each image stretched to [0, 1] (a flat channel stays as it is)."""
     low, high = images.amin((2, 3), keepdim=True), images.amax((2, 3), keepdim=True)
@@ -75,36 +82,66 @@ def _autocontrast(images: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return torch.where(spread > 0, (images - low) / spread.clamp_min(1e-12), images)
 
 
-def _shift(images: torch.Tensor, values: torch.Tensor, axis: int) -> torch.Tensor:
-    """Translate by ``values`` x the side along ``axis`` (0: x, 1: y)."""
-    offset = torch.zeros(len(values), 2, device=images.device, dtype=images.dtype)
-    offset[:, axis] = values * images.shape[-1 - axis]
-    return translate(images, offset)
+def _equalize(images: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return equalize(images)
 
 
-def _shear(images: torch.Tensor, values: torch.Tensor, axis: int) -> torch.Tensor:
-    factors = torch.zeros(len(values), 2, device=images.device, dtype=images.dtype)
-    factors[:, axis] = values
-    return shear(images, factors)
+def _posterize(images: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return posterize(images, values.round().to(torch.int32))
+
+
+def _rotate(images: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return rotate(images, values)
+
+
+def _sharpness(images: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return sharpness(images, values)
+
+
+def _solarize(images: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    # PIL's threshold runs to 256, which inverts nothing; in [0, 1] units that is 256 / 255.
+    return solarize(images, values * (256 / 255))
+
+
+def _per_axis(values: torch.Tensor, axis: int, images: torch.Tensor) -> torch.Tensor:
+    """(n, 2) pairs (x, y) with ``values`` on ``axis`` (0: x, 1: y) and 0 on the other."""
+    pairs = torch.zeros(len(values), 2, device=images.device, dtype=images.dtype)
+    pairs[:, axis] = values
+    return pairs
+
+
+def _shear_x(images: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return shear(images, _per_axis(values, 0, images))
+
+
+def _shear_y(images: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return shear(images, _per_axis(values, 1, images))
+
+
+def _translate_x(images: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return translate(images, _per_axis(values * images.shape[-1], 0, images))
+
+
+def _translate_y(images: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return translate(images, _per_axis(values * images.shape[-2], 1, images))
 
 
 def fixmatch_pool(channels: int) -> list[Op]:
     """The paper's pool (table 12) for images of ``channels`` channels: colour only for RGB."""
     pool = [
-        Op("identity", lambda x, v: x),
+        Op("identity", _identity),
         Op("autocontrast", _autocontrast),
         Op("brightness", adjust_brightness, 0.05, 0.95, 1.0),
         Op("contrast", adjust_contrast, 0.05, 0.95, 1.0),
-        Op("equalize", lambda x, v: equalize(x)),
-        Op("posterize", lambda x, v: posterize(x, v.round().to(torch.int32)), 4.0, 8.0, 8.0),
-        Op("rotate", lambda x, v: rotate(x, v), -30.0, 30.0),
-        Op("sharpness", lambda x, v: sharpness(x, v), 0.05, 0.95, 1.0),
-        Op("shear_x", lambda x, v: _shear(x, v, 0), -0.3, 0.3),
-        Op("shear_y", lambda x, v: _shear(x, v, 1), -0.3, 0.3),
-        # PIL's threshold runs to 256, which inverts nothing; in [0, 1] units that is 256 / 255.
-        Op("solarize", lambda x, v: solarize(x, v * (256 / 255)), 0.0, 1.0, 1.0),
-        Op("translate_x", lambda x, v: _shift(x, v, 0), -0.3, 0.3),
-        Op("translate_y", lambda x, v: _shift(x, v, 1), -0.3, 0.3),
+        Op("equalize", _equalize),
+        Op("posterize", _posterize, 4.0, 8.0, 8.0),
+        Op("rotate", _rotate, -30.0, 30.0),
+        Op("sharpness", _sharpness, 0.05, 0.95, 1.0),
+        Op("shear_x", _shear_x, -0.3, 0.3),
+        Op("shear_y", _shear_y, -0.3, 0.3),
+        Op("solarize", _solarize, 0.0, 1.0, 1.0),
+        Op("translate_x", _translate_x, -0.3, 0.3),
+        Op("translate_y", _translate_y, -0.3, 0.3),
     ]
     if channels == 3:
         pool.insert(3, Op("colour", adjust_saturation, 0.05, 0.95, 1.0))
