@@ -214,6 +214,7 @@ def test_every_method_is_a_method_and_the_trainer_calls_need_no_probing():
         "nce": 1,
         "finetune": 1,
         "distill": 1,
+        "fixmatch": 1,
     }
     assert {name: cls.min_batch_size for name, cls in methods.METHODS.items()} == expected
     assert [name for name, cls in methods.METHODS.items() if cls.needs_labels] == ["supcon", "supervised", "finetune"]

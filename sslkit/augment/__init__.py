@@ -4,6 +4,8 @@
   the batched resized crop they share.
 - :mod:`sslkit.augment.crops`   crop boxes drawn on each image's own size (torchvision's sampling).
 - :mod:`sslkit.augment.colour`  torchvision's colour steps with one factor per image (:class:`ColorJitter`).
+- :mod:`sslkit.augment.strong`  FixMatch's strong view: RandAugment with per-image ops, then Cutout
+  (:class:`StrongAugment`).
 """
 
 from sslkit.augment.colour import (
@@ -14,6 +16,7 @@ from sslkit.augment.colour import (
     adjust_saturation,
 )
 from sslkit.augment.crops import centre_boxes, random_resized_boxes
+from sslkit.augment.strong import StrongAugment
 from sslkit.augment.views import (
     SUPPORTED_CHANNELS,
     EvalTransform,
@@ -30,6 +33,7 @@ __all__ = [
     "ColorJitter",
     "EvalTransform",
     "Normalize",
+    "StrongAugment",
     "TwoViewAugment",
     "ViewGroup",
     "adjust_brightness",

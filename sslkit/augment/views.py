@@ -410,6 +410,8 @@ class TwoViewAugment(nn.Module):
             ``cfg.normalize``).
         num_views: global views, 2, or 1 for methods that train on one view (fine-tuning: view 1's
             probabilities, and no local views).
+        view2_ops: more steps for view 2, after its crop, flip and colour steps and before normalisation:
+            FixMatch's strong view (:class:`~sslkit.augment.strong.StrongAugment`) over a second weak view.
 
     Attributes:
         out_channels: channels of each view, equal to ``channels`` (see the module doc).
@@ -422,12 +424,20 @@ class TwoViewAugment(nn.Module):
     """
 
     def __init__(
-        self, cfg: AugmentConfig, channels: int, mean: Sequence[float], std: Sequence[float], num_views: int = 2
+        self,
+        cfg: AugmentConfig,
+        channels: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        num_views: int = 2,
+        view2_ops: nn.Module | None = None,
     ) -> None:
         super().__init__()
         _check_channels(channels, mean, std, cfg.normalize)
         if num_views not in (1, 2):
             raise ValueError(f"num_views must be 1 or 2, got {num_views}")
+        if view2_ops is not None and num_views != 2:
+            raise ValueError("view2_ops needs a second view (num_views=2)")
         if cfg.local_views < 0 or (cfg.local_views and num_views != 2):
             raise ValueError(f"local_views must be >= 0, and 0 with one global view, got {cfg.local_views}")
         if cfg.local_views and not 0 < cfg.local_size <= cfg.image_size:
@@ -456,6 +466,7 @@ class TwoViewAugment(nn.Module):
             local_p = {name: p * cfg.local_views for name, p in local_p.items()}
             local = ViewGroup(cfg, channels, cfg.local_views, cfg.local_size, [cfg.local_crop_scale], local_p)
             self.groups.append(local)
+        self.view2_ops = view2_ops
         self.normalize = Normalize(mean, std) if cfg.normalize else None
 
     def _apply(self, fn, *args, **kwargs):
@@ -481,6 +492,9 @@ class TwoViewAugment(nn.Module):
         views: list[torch.Tensor] = []
         for group in self.groups:
             x = group(images)  # (VB, C, S, S), view 1 first
+            if group is self.groups[0] and self.view2_ops is not None:
+                batch = x.shape[0] // group.count
+                x[batch : 2 * batch] = self.view2_ops(x[batch : 2 * batch])  # x is this pipeline's own tensor
             if self.normalize is not None:
                 x = self.normalize(x)
             views += x.chunk(group.count)

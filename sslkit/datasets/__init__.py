@@ -8,6 +8,7 @@
   different sizes;
 - :mod:`.build`: ``build_dataset`` by ``data.name`` and ``build_loader``;
 - :mod:`.samplers`: the training order of each epoch (a shuffle, or class-balanced P x K batches);
+- :mod:`.two_streams`: batches of labelled and unlabelled images drawn together (FixMatch);
 - :mod:`.augmented`: the loader workers making the views of each batch (``data.augment_in_workers``);
 - :mod:`.label_subset` and :mod:`.splits`: the labelled subset and the datasets a run trains and
   is evaluated on.
@@ -18,6 +19,7 @@ from sslkit.datasets.build import DATASETS, build_dataset, build_loader
 from sslkit.datasets.memory import ImageTensorDataset
 from sslkit.datasets.samplers import SAMPLERS, EpochShuffleSampler, MPerClassSampler, training_sampler
 from sslkit.datasets.splits import Splits, build_splits
+from sslkit.datasets.two_streams import TwoStreamBatchSampler, two_stream_sampler
 
 __all__ = [
     "DATASETS",
@@ -29,10 +31,12 @@ __all__ = [
     "ImageTensorDataset",
     "MPerClassSampler",
     "Splits",
+    "TwoStreamBatchSampler",
     "WithIndices",
     "build_dataset",
     "build_loader",
     "build_splits",
     "collate_batch",
     "training_sampler",
+    "two_stream_sampler",
 ]

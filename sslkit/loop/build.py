@@ -18,10 +18,12 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from sslkit import distributed, methods, models, optim
+from sslkit.augment import StrongAugment, TwoViewAugment
 from sslkit.config import Config
 from sslkit.console import console
-from sslkit.datasets import Splits, WithIndices, collate_batch, shards, training_sampler
+from sslkit.datasets import DatasetInfo, Splits, WithIndices, collate_batch, shards, training_sampler
 from sslkit.datasets.augmented import Augment, AugmentInWorkers, KeyedSampler
+from sslkit.datasets.two_streams import KeyedBatchSampler, two_stream_sampler
 from sslkit.errors import UserError
 from sslkit.loop.signals import signal_of
 from sslkit.losses.partial_fc import keep_optimizer_state_in_class_order
@@ -70,32 +72,52 @@ def check_training_set(cfg: Config, splits: Splits, world: int) -> int:
     return batch // world
 
 
+def make_augment(cfg: Config, info: DatasetInfo) -> TwoViewAugment:
+    """The training views of the recipe's ``augment``: as many as the method takes; for FixMatch a weak view
+    and a strong one (a second weak view, then RandAugment and Cutout, :class:`~sslkit.augment.StrongAugment`)."""
+    method = methods.METHODS[cfg.method.name]
+    strong = None
+    if issubclass(method, methods.FixMatch):
+        m = method.options_of(cfg)
+        strong = StrongAugment(info.channels, m.strong_ops, m.strong_magnitude, m.cutout)
+    return TwoViewAugment(cfg.augment, info.channels, info.mean, info.std, method.num_views, view2_ops=strong)
+
+
 def make_train_loader(
     cfg: Config, train_set, local_batch: int, augment: Augment | None = None
 ) -> tuple[DataLoader, Sampler]:
     """The training loader (``local_batch`` per process) and the sampler that orders its epochs.
 
     Batches are uint8 images, or with ``augment`` (``data.augment_in_workers``) their views, made
-    where the batch is loaded (:mod:`sslkit.datasets.augmented`).
+    where the batch is loaded (:mod:`sslkit.datasets.augmented`). FixMatch's batches hold ``local_batch``
+    labelled images and ``method.mu`` times as many unlabelled ones (:mod:`sslkit.datasets.two_streams`).
     """
+    method = methods.METHODS[cfg.method.name]
     if isinstance(train_set, shards.ShardStream):  # tar shards: the stream splits and orders its own epochs
-        if methods.METHODS[cfg.method.name].needs_indices:
-            raise UserError(f"method '{cfg.method.name}' keeps per-sample state, which streamed shards cannot index")
+        if method.needs_indices or issubclass(method, methods.FixMatch):
+            raise UserError(
+                f"method '{cfg.method.name}' draws images by index, which streamed shards cannot; "
+                f"write the images to a folder (data.name=imagefolder)"
+            )
         loader = shards.stream_loader(train_set, local_batch, cfg.data.num_workers, cfg.run.seed, augment)
         return loader, loader
     d, batch = cfg.data, cfg.train.batch_size
-    sampler = training_sampler(d.sampler, train_set.labels, d.m_per_class, batch, local_batch, cfg.run.seed)
+    if issubclass(method, methods.FixMatch):
+        mu = method.options_of(cfg).mu
+        sampler = two_stream_sampler(train_set.labels, batch, local_batch, mu, cfg.run.seed, cfg.method.name)
+        sampler = KeyedBatchSampler(sampler) if augment is not None else sampler
+        order = {"batch_sampler": sampler}
+    else:
+        sampler = training_sampler(d.sampler, train_set.labels, d.m_per_class, batch, local_batch, cfg.run.seed)
+        sampler = KeyedSampler(sampler) if augment is not None else sampler
+        order = {"batch_size": local_batch, "sampler": sampler, "drop_last": True}
     # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
-    needs_indices = methods.METHODS[cfg.method.name].needs_indices
-    dataset = WithIndices(train_set) if needs_indices else train_set
+    dataset = WithIndices(train_set) if method.needs_indices else train_set
     if augment is not None:
-        sampler = KeyedSampler(sampler)
         dataset = AugmentInWorkers(dataset, augment, cfg.run.seed)
     loader = DataLoader(
         dataset,
-        batch_size=local_batch,
-        sampler=sampler,
-        drop_last=True,
+        **order,
         collate_fn=collate_batch,
         num_workers=cfg.data.num_workers,
         persistent_workers=cfg.data.num_workers > 0,
@@ -164,18 +186,20 @@ def make_optimizer(cfg: Config, method: torch.nn.Module) -> tuple[torch.optim.Op
     lr = optim.scaled_lr(o.lr, cfg.train.batch_size, o.lr_scaling)
     # Per-part learning rates: backbone x backbone_lr_scale, head x head_lr_scale x what the head declares.
     # (and, with optim.layer_decay, each backbone layer below the top at layer_decay per layer)
+    # FixMatch trains a student and evaluates its weight average (method.backbone, method.head, frozen).
+    trained, prefix = (method.student, "student.") if isinstance(method, methods.FixMatch) else (method, "")
     try:
-        layers = optim.layer_decay_scales(method.backbone, o.layer_decay)
+        layers = optim.layer_decay_scales(trained.backbone, o.layer_decay)
     except ValueError as error:
         raise UserError(f"optim.layer_decay={o.layer_decay}: {error}; set optim.layer_decay=1") from None
     lr_scales = {
-        f"backbone.{name}": o.backbone_lr_scale * layers.get(name, 1.0)
-        for name, _ in method.backbone.named_parameters()
+        f"{prefix}backbone.{name}": o.backbone_lr_scale * layers.get(name, 1.0)
+        for name, _ in trained.backbone.named_parameters()
     }
-    if method.head is not None:
-        head_scales = _loss_lr_scales(method.head)
-        lr_scales.update({f"head.{name}": scale * o.head_lr_scale for name, scale in head_scales.items()})
-    no_decay = {f"backbone.{name}" for name in optim.model_no_weight_decay(method.backbone)}
+    if trained.head is not None:
+        head_scales = _loss_lr_scales(trained.head)
+        lr_scales.update({f"{prefix}head.{name}": scale * o.head_lr_scale for name, scale in head_scales.items()})
+    no_decay = {f"{prefix}backbone.{name}" for name in optim.model_no_weight_decay(trained.backbone)}
     groups = optim.parameter_groups(method, o.weight_decay, o.exclude_bias_and_norm, lr_scales, no_decay)
     optimizer = optim.build_optimizer(o.name, groups, lr, o.momentum, o.weight_decay, o.betas, o.trust_coefficient)
     # Partial FC heads hold a block of classes per process: their optimizer state is saved whole, in class order.

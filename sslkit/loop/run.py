@@ -41,6 +41,7 @@ from sslkit.evaluation import RunEvaluator
 from sslkit.loop.build import (
     check_training_set,
     make_accelerator,
+    make_augment,
     make_backbone,
     make_method,
     make_optimizer,
@@ -326,8 +327,7 @@ def prepare_run(cfg: Config) -> tuple[Run, dict | None]:
     # Where images decode and are augmented; evaluation or not.
     notes += folders.prepare_training_set(cfg, splits, accelerator.device, in_workers)
     local_batch = check_training_set(cfg, splits, accelerator.num_processes)
-    views = methods.METHODS[cfg.method.name].num_views
-    augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std, views)
+    augment = make_augment(cfg, info)
     train_loader, sampler = make_train_loader(cfg, splits.train, local_batch, augment if in_workers else None)
     if not in_workers:
         augment = augment.to(accelerator.device)

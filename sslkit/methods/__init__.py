@@ -22,6 +22,7 @@ from sslkit.methods.byol import BYOL
 from sslkit.methods.dino import DINO
 from sslkit.methods.distill import Distill
 from sslkit.methods.finetune import FineTune
+from sslkit.methods.fixmatch import FixMatch
 from sslkit.methods.moco import MoCo, MoCoV3
 from sslkit.methods.nce import MemoryBankNCE
 from sslkit.methods.simclr import SimCLR
@@ -46,6 +47,7 @@ METHODS: dict[str, type[Method]] = {
     "nce": MemoryBankNCE,
     "finetune": FineTune,
     "distill": Distill,
+    "fixmatch": FixMatch,
 }
 
 
@@ -256,4 +258,5 @@ __all__ = [
     "BarlowTwins",
     "VICReg",
     "DINO",
+    "FixMatch",
 ]
