@@ -89,7 +89,7 @@ def test_image_paths_are_named_as_items(tmp_path):
     record = json.loads((tmp_path / "l.json").read_text())
     assert status == 0 and "indices" not in record and "labels" not in record
     assert len(record["items"]) == 4 and all(item.startswith("img/") for item in record["items"])
-    assert "not dataset indices" in stdout
+    assert "not by dataset index" in stdout
 
 
 @pytest.mark.parametrize(

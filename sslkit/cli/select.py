@@ -88,8 +88,8 @@ def summary(record: dict, path: Path) -> list[str]:
         lines.append(f"train on them: sslkit-pretrain RECIPE data.label_subset={path}")
     else:
         lines.append(
-            "its items are image paths, not dataset indices: data.label_subset reads embeddings of a dataset split "
-            "(fashion_mnist, cifar10, ...) only"
+            "the file names the images as items.csv does (paths), not by dataset index: data.label_subset reads "
+            "label files chosen among every image of a dataset split (fashion_mnist, cifar10, ...)"
         )
     return lines
 

@@ -140,8 +140,8 @@ def read_label_file(path: Path, labels: torch.Tensor, dataset: str) -> torch.Ten
     if not isinstance(record, dict) or not record.get("indices"):
         named = isinstance(record, dict) and "items" in record
         raise UserError(
-            f"{what} names images by path, not by index in a dataset split; select on embeddings of "
-            f"{dataset}'s train split"
+            f"{what} names images by path, not by index into a whole dataset split; select on embeddings of "
+            f"every image of {dataset}'s train split"
             if named
             else f"{what} holds no 'indices'; give the label file sslkit-select wrote (or a run's label_subset.json)"
         )

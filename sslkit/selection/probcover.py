@@ -157,13 +157,11 @@ def greedy_cover(graph: RadiusGraph, budget: int, labelled: np.ndarray, seed: in
     picks: list[int] = []
 
     def cover(rows: np.ndarray) -> None:
-        nonlocal degrees
         new = np.unique(np.concatenate([graph.neighbours(r) for r in rows] or [np.empty(0, np.int32)]))
         new = new[~covered[new]]
         covered[new] = True
         if len(new):
-            touching = np.concatenate([graph.neighbours(r) for r in new])
-            degrees = degrees - np.bincount(touching, minlength=count)
+            degrees[:] -= np.bincount(np.concatenate([graph.neighbours(r) for r in new]), minlength=count)
 
     cover(np.flatnonzero(labelled))
     while len(picks) < budget:
