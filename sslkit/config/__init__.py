@@ -204,6 +204,16 @@ def _check_label_subset(section, prefix: str, source: str) -> None:
         )
 
 
+def _check_label_file(data, source: str) -> None:
+    """``data.label_subset`` (a label file) names the labelled images: not with a fraction or a count per class."""
+    if data.label_subset is not None and (data.label_fraction is not None or data.labels_per_class is not None):
+        other = "label_fraction" if data.label_fraction is not None else "labels_per_class"
+        raise UserError(
+            f"{source}: data.label_subset={data.label_subset} names the labelled images itself; set one of the "
+            f"two: drop data.{other} (data.{other}=null), or the label file (data.label_subset=null)"
+        )
+
+
 # Accelerate's tracker names and the package each needs.
 TRACKERS = {
     "tensorboard": "tensorboard",
@@ -390,6 +400,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
         if not value > 0:
             raise UserError(f"{source}: '{key}' must be > 0, got {value}")
     _check_label_subset(cfg.data, "data", source)
+    _check_label_file(cfg.data, source)
     _check_image_files(cfg, source, datasets.DATASETS)
     _check_label_subset(cfg.eval, "eval", source)
     cfg.loss.kwargs = losses.check_loss_kwargs(cfg.loss.name, cfg.loss.kwargs, source)

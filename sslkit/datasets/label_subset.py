@@ -11,6 +11,12 @@ holds the same number ``k`` of images of every class,
 saves its subset as ``label_subset.json``; a resumed run and ``sslkit-evaluate`` read the saved indices
 back, so a result is measured on exactly the images it was trained with.
 
+``data.label_subset`` names such a file instead: the labels someone chose, most often
+``sslkit-select``'s choice from the images' embeddings (:mod:`sslkit.selection`). Its ``indices``
+index the labelled training split; when the file says what it was chosen among (``embeddings``: the
+number of images, the dataset and split) and their classes (``labels``), a run of another dataset
+or split is refused in one line rather than trained on the wrong images.
+
 >>> import torch
 >>> labels = torch.arange(10).repeat(30)  # 300 images, 10 classes
 >>> spec = LabelSpec(fraction=0.1, per_class=None, seed=0)
@@ -34,17 +40,21 @@ FILE_NAME = "label_subset.json"
 
 @dataclass(frozen=True)
 class LabelSpec:
-    """Which subset: a fraction of the labelled images or a count per class, and the seed that picks it."""
+    """Which subset: a fraction of the labelled images or a count per class, and the seed that picks it; or the
+    label file that names it (``data.label_subset``)."""
 
     fraction: float | None
     per_class: int | None
     seed: int
+    file: str | None = None
 
     @property
     def everything(self) -> bool:
-        return self.per_class is None and (self.fraction is None or self.fraction == 1)
+        return self.file is None and self.per_class is None and (self.fraction is None or self.fraction == 1)
 
     def describe(self) -> str:
+        if self.file is not None:
+            return f"as {self.file} names them"
         amount = f"{self.per_class} per class" if self.per_class is not None else f"{self.fraction:g} of the labels"
         return f"{amount} (seed {self.seed})"
 
@@ -52,10 +62,10 @@ class LabelSpec:
 def spec_for(cfg, for_evaluation: bool = False) -> LabelSpec:
     """The recipe's subset: ``data.*``, or for evaluation ``eval.*`` where those are set."""
     d, e = cfg.data, cfg.eval
-    fraction, per_class = d.label_fraction, d.labels_per_class
+    fraction, per_class, file = d.label_fraction, d.labels_per_class, d.label_subset
     if for_evaluation and (e.label_fraction is not None or e.labels_per_class is not None):
-        fraction, per_class = e.label_fraction, e.labels_per_class
-    return LabelSpec(fraction, per_class, cfg.run.seed if d.label_seed is None else d.label_seed)
+        fraction, per_class, file = e.label_fraction, e.labels_per_class, None
+    return LabelSpec(fraction, per_class, cfg.run.seed if d.label_seed is None else d.label_seed, file)
 
 
 def choose(labels: torch.Tensor, spec: LabelSpec, candidates: torch.Tensor | None = None) -> torch.Tensor:
@@ -102,19 +112,84 @@ def load(path: Path, spec: LabelSpec) -> torch.Tensor | None:
     if not path.is_file():
         return None
     saved = json.loads(path.read_text())
-    if LabelSpec(saved["fraction"], saved["per_class"], saved["seed"]) != spec:
+    if LabelSpec(saved["fraction"], saved["per_class"], saved["seed"], saved.get("file")) != spec:
         return None  # another subset (an evaluation at another fraction): chosen afresh, deterministically
     return torch.tensor(saved["indices"], dtype=torch.int64)
 
 
-def labelled_subset(labels: torch.Tensor, spec: LabelSpec, candidates: torch.Tensor, saved: Path | None):
-    """The indices of ``spec``'s subset: read back from ``saved`` when it holds this spec, else chosen.
+def read_label_file(path: Path, labels: torch.Tensor, dataset: str) -> torch.Tensor:
+    """The sorted indices a label file (``data.label_subset``) names, checked against the labelled split.
+
+    Args:
+        path: the file: ``indices`` into the labelled training split, and optionally what they were chosen
+            among (``embeddings``: ``count``, ``data.name``, ``data.split``) and their classes (``labels``).
+        labels: the labelled training split's labels.
+        dataset: its dataset's name.
+
+    Raises:
+        UserError: no such file, no indices, or indices chosen among another dataset or split (its count, name,
+            split, an index out of range, or classes that disagree).
+    """
+    what = f"data.label_subset '{path}'"
+    if not path.is_file():
+        raise UserError(f"{what} does not exist; give the label file sslkit-select wrote (its --out)")
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise UserError(f"{what} is not valid JSON ({error}); give the label file sslkit-select wrote") from None
+    if not isinstance(record, dict) or not record.get("indices"):
+        named = isinstance(record, dict) and "items" in record
+        raise UserError(
+            f"{what} names images by path, not by index into a whole dataset split; select on embeddings of "
+            f"every image of {dataset}'s train split"
+            if named
+            else f"{what} holds no 'indices'; give the label file sslkit-select wrote (or a run's label_subset.json)"
+        )
+    indices = torch.tensor(record["indices"], dtype=torch.int64).unique()
+    source = record.get("embeddings") or {}
+    data = source.get("data") if isinstance(source.get("data"), dict) else {}
+    among = f"{data.get('name', '?')} {data.get('split', '?')}"
+    if (count := source.get("count")) is not None and count != len(labels):
+        raise UserError(
+            f"{what} was chosen among {count} images ({among}) but this run's labelled training split "
+            f"({dataset} train) has {len(labels)}; select on embeddings of {dataset}'s train split"
+        )
+    if data.get("name", dataset) != dataset or data.get("split", "train") != "train":
+        raise UserError(
+            f"{what} was chosen among {among}, not {dataset} train; select on embeddings of {dataset}'s train split"
+        )
+    if int(indices.min()) < 0 or int(indices.max()) >= len(labels):
+        raise UserError(
+            f"{what} names image {int(indices.max())}, but {dataset}'s train split has {len(labels)} (0 to "
+            f"{len(labels) - 1}); it was chosen on another dataset"
+        )
+    if "labels" in record and labels[indices].tolist() != record["labels"]:
+        raise UserError(
+            f"{what}: the classes it records disagree with {dataset}'s train split at the same indices; it was "
+            f"chosen on another dataset (or another order of it)"
+        )
+    return indices
+
+
+def labelled_subset(
+    labels: torch.Tensor, spec: LabelSpec, candidates: torch.Tensor, saved: Path | None, dataset: str = "the dataset"
+):
+    """The indices of ``spec``'s subset: read back from ``saved`` when it holds this spec, else chosen (or read
+    from the label file ``spec.file``, checked against ``labels`` of ``dataset``'s labelled split).
 
     Returns None when the spec keeps every label.
     """
     if spec.everything:
         return None
     indices = load(saved, spec) if saved is not None else None
+    if indices is None and spec.file is not None:
+        indices = read_label_file(Path(spec.file), labels, dataset)
+        if not bool(torch.isin(indices, candidates).all()):
+            raise UserError(
+                f"data.label_subset '{spec.file}' labels images of the classes data.holdout_classes keeps out of "
+                f"training; drop them from the file, or hold out other classes"
+            )
+        return indices
     if indices is None:
         return choose(labels, spec, candidates)
     if not bool(torch.isin(indices, candidates).all()):

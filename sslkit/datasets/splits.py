@@ -3,7 +3,8 @@
 Four roles, all from the recipe's ``data`` section:
 
 - ``train``: what the method trains on (``data.train_split``; STL-10 may train on ``unlabeled``);
-- ``memory``: the labelled training split (or its labelled subset, ``data.label_fraction``), the kNN
+- ``memory``: the labelled training split (or its labelled subset: ``data.label_fraction``,
+  ``data.labels_per_class``, or the images a label file names, ``data.label_subset``), the kNN
   memory and the linear probe's training set;
 - ``test``: the labelled test split every accuracy is measured on;
 - ``unseen``: with ``data.holdout_classes``, those classes of the test split, kept out of the
@@ -62,7 +63,8 @@ def build_splits(
     for_evaluation: bool = False,
     labelled_training: bool = False,
 ):
-    """The recipe's datasets, with its labelled subset (``data.label_fraction`` / ``labels_per_class``).
+    """The recipe's datasets, with its labelled subset (``data.label_fraction`` / ``labels_per_class`` /
+    ``label_subset``).
 
     Args:
         cfg: the recipe.
@@ -103,7 +105,7 @@ def build_splits(
     seen_rows = torch.isin(labelled.labels, torch.tensor(d.holdout_classes, dtype=torch.int64), invert=True)
     seen_rows = seen_rows.nonzero().flatten()  # the labelled split's images of seen classes
     saved = run_dir / FILE_NAME if run_dir is not None else None
-    subset = labelled_subset(labelled.labels, spec, seen_rows, saved)
+    subset = labelled_subset(labelled.labels, spec, seen_rows, saved, d.name)
     if subset is None:
         return Splits(seen(train_set), seen(labelled), seen(test_set), unseen, info)
     memory = labelled.subset(subset)
@@ -158,7 +160,7 @@ def _splits_with_evaluation_set(cfg, train_split: str, run_dir: Path | None, for
     info = dataclasses.replace(train_set.info, num_classes=memory.info.num_classes)
     spec = spec_for(cfg, for_evaluation)
     saved = run_dir / FILE_NAME if run_dir is not None else None
-    subset = labelled_subset(memory.labels, spec, torch.arange(len(memory)), saved)
+    subset = labelled_subset(memory.labels, spec, torch.arange(len(memory)), saved, name)
     if subset is None:
         return Splits(train_set, memory, test, None, info)
     return Splits(train_set, memory.subset(subset), test, None, info, subset, spec)
@@ -171,7 +173,7 @@ def _class_disjoint_splits(cfg, for_evaluation: bool) -> Splits:
     what = f"data.class_split={d.class_split}" if d.class_split is not None else f"data.name={d.name}"
     for used, key in (
         (bool(d.holdout_classes), "data.holdout_classes"),
-        (not subset.everything, "a label subset (data/eval.label_fraction, labels_per_class)"),
+        (not subset.everything, "a label subset (data/eval.label_fraction, labels_per_class, data.label_subset)"),
         (e.data.name is not None or e.data.root is not None, "eval.data"),
     ):
         if used:

@@ -73,6 +73,10 @@ class DataConfig:
         labels_per_class: Keep this many labelled images of every class instead (``null``: see
             ``label_fraction``; set at most one of the two).
         label_seed: The seed that picks the labelled subset; ``null``: ``run.seed``.
+        label_subset: Keep the labels of the images this label file names instead: ``sslkit-select``'s output
+            (images chosen from their embeddings), or a run's ``label_subset.json``; its indices are into the
+            labelled training split, and a file chosen on another dataset or split is refused. Used as
+            ``label_fraction``'s subset is (and saved the same way); set at most one of the three.
         max_size: ``imagefolder``, ``webdataset`` and the benchmarks: shrink an image whose longer side exceeds
             this at decode, keeping its aspect ratio (faster loading of large photos); ``null``: decode at full size.
         on_corrupt: ``imagefolder`` and ``webdataset``: what a corrupt or truncated image does. ``skip`` replaces it
@@ -109,6 +113,7 @@ class DataConfig:
     label_fraction: float | None = None
     labels_per_class: int | None = None
     label_seed: int | None = None
+    label_subset: str | None = None
     max_size: int | None = None
     on_corrupt: str = "skip"
     decode: str = "auto"

@@ -1,0 +1,98 @@
+"""Choose which images to label, from their embeddings, and write the label file a recipe trains on.
+
+    sslkit-embed runs/fm-simclr                                  # embeddings of the run's training split
+    sslkit-select runs/fm-simclr/embeddings-fashion_mnist-train --budget 100 --strategy typiclust \\
+        --out labels.json
+    sslkit-pretrain fashion_mnist_finetune run.init_from=runs/fm-simclr data.label_subset=labels.json
+
+Strategies: ``random``, ``kmeans`` (the image nearest each of N k-means centres), ``typiclust``,
+``probcover`` and ``kcenter`` (greedy k-center, Coreset); see :mod:`sslkit.selection`. With
+``--labelled FILE`` (an earlier label file, or a text file of items) the N images are added to
+those: an active-learning round. A bad request (a budget of 0 or more than the unlabelled images,
+an unknown strategy, labelled items the embeddings do not hold) is one line, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sslkit.console import console, print_user_error
+from sslkit.errors import UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sslkit.selection import STRATEGIES
+
+    parser = argparse.ArgumentParser(
+        prog="sslkit-select", description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("embeddings", type=Path, help="an embeddings folder (sslkit-embed's output)")
+    parser.add_argument("--budget", type=int, required=True, help="how many images to label")
+    parser.add_argument(
+        "--strategy",
+        required=True,
+        help="; ".join(f"{name}: {what}" for name, what in STRATEGIES.items()),
+    )
+    parser.add_argument("--labelled", type=Path, help="images labelled already: a label file, or items one a line")
+    parser.add_argument("--seed", type=int, default=0, help="seeds k-means and random draws (default 0)")
+    parser.add_argument(
+        "--out", type=Path, help="the label file (default: EMBEDDINGS/labels-<strategy>-<labels>-seed<seed>.json)"
+    )
+    parser.add_argument("--delta", type=float, help="probcover: the ball radius on unit vectors (default: by purity)")
+    parser.add_argument(
+        "--classes",
+        type=int,
+        help="probcover: k-means pseudo-classes for delta's purity (default: the classes of the embeddings' labels)",
+    )
+    args = parser.parse_args(argv)
+    from sslkit.selection.label_file import select_to_file
+
+    try:
+        with console.status(f"choosing {args.budget} images by {args.strategy}"):
+            a = args
+            written = select_to_file(a.embeddings, a.budget, a.strategy, a.labelled, a.seed, a.out, a.delta, a.classes)
+    except UserError as error:
+        print_user_error(error)
+        return 2
+    for line in summary(written.record, written.path):
+        console.print(line, highlight=False, soft_wrap=True)
+    return 0
+
+
+def summary(record: dict, path: Path) -> list[str]:
+    """What was chosen, what the strategy measured, and the recipe key that trains on it."""
+    chosen, total = len(record["chosen"]), len(record.get("indices", record.get("items", [])))
+    before = f", added to {record['labelled']['count']} labelled" if record["labelled"] else ""
+    lines = [
+        f"chose {chosen} of {record['embeddings']['count']} images by {record['strategy']}{before}: "
+        f"{total} labels in {path}"
+    ]
+    if "labels" in record:
+        lines.append(f"classes among them: {len(set(record['labels']))}")
+    details = record["details"]
+    if record["strategy"] == "probcover":
+        how = (
+            f"purity {details['purity']:.3f} over {details['classes']} k-means pseudo-classes"
+            if details["purity"] is not None
+            else "given"
+        )
+        lines.append(f"delta {details['delta']:g} ({how}); the labels cover {details['covered']:.1%} of the images")
+        if details["random_picks"]:
+            lines.append(
+                f"warning: every image was covered after {chosen - details['random_picks']} picks; the other "
+                f"{details['random_picks']} were drawn at random (a smaller --delta spreads the budget further)"
+            )
+    if "indices" in record:
+        lines.append(f"train on them: sslkit-pretrain RECIPE data.label_subset={path}")
+    else:
+        lines.append(
+            "the file names the images as items.csv does (paths), not by dataset index: data.label_subset reads "
+            "label files chosen among every image of a dataset split (fashion_mnist, cifar10, ...)"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

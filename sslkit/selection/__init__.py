@@ -1,0 +1,31 @@
+"""Which images to label: choose a labelling budget's worth of images from their embeddings.
+
+With few labels, which images carry them matters as much as how many: a class-balanced random 1%
+can miss the typical image of a mode, label three near-copies, or spend labels on outliers. Given
+the embeddings of every candidate image (an embeddings folder, :mod:`sslkit.embeddings.store`),
+a strategy picks ``budget`` rows; ``sslkit-select`` writes them as a label file that
+``data.label_subset`` trains any method on (:mod:`sslkit.selection.label_file`).
+
+==============  ====================================================================
+strategy        picks
+==============  ====================================================================
+``random``      uniformly at random among the unlabelled images
+``kmeans``      the image nearest each of ``budget`` k-means centres
+``typiclust``   the most typical image of each of ``labelled + budget`` clusters (TypiClust)
+``probcover``   a greedy maximum cover by delta-balls, delta chosen by purity (ProbCover)
+``kcenter``     farthest-first from the labelled images: greedy k-center (Coreset)
+==============  ====================================================================
+
+- :mod:`.strategies`  ``select(vectors, budget, strategy, labelled, seed)``: the row indices.
+- :mod:`.clusters`    k-means centres and TypiClust.
+- :mod:`.probcover`   ProbCover: the radius graph, delta by purity, the greedy cover.
+- :mod:`.kcenter`     greedy k-center.
+- :mod:`.geometry`    blockwise distances on normalised features, the shared k-means.
+- :mod:`.label_file`  an embeddings folder in, a label file out (``--labelled`` rounds too).
+
+Each strategy's module says what follows its paper and what follows its official code.
+"""
+
+from sslkit.selection.strategies import STRATEGIES, Selection, choose, select
+
+__all__ = ["STRATEGIES", "Selection", "choose", "select"]
