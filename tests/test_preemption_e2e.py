@@ -5,7 +5,8 @@ save a checkpoint and exit with status 75; ``run.resume=auto`` then continues, a
 backbone is bit-identical to that of a run nobody interrupted. The two-process runs are started
 as a SLURM job step starts them (one process per rank, the rank in the environment), so that
 each process's own exit status is seen, and the signal is sent to one process only: it may
-reach one process first.
+reach one process first. Started by a launcher (``accelerate launch``, torchrun), the signal goes
+to the launcher alone, as ``docker stop`` and Kubernetes send it.
 """
 
 from __future__ import annotations
@@ -27,13 +28,19 @@ from test_pretrain_e2e import PRETRAIN, QUICKSTART, TINY, env
 REQUEUE = 75
 # 22 batches of 64 an epoch, two epochs: the signal lands mid-epoch, and no periodic checkpoint helps.
 COMMON = [*TINY, "train.epochs=2", "eval.linear_epochs=0"]
+# Twelve epochs (264 steps of a few milliseconds) for two processes: the test's own polling shares two cores with the
+# run's processes and another test, and may lag the run by seconds; at four epochs the run once ended first.
+TWO_PROCESS_EPOCHS = "train.epochs=12"
 
 
-def start(tmp_path: Path, name: str, *overrides: str, world: int = 1) -> list[subprocess.Popen]:
-    """``world`` processes of one run, each told its rank in the environment (as srun and a batch script do)."""
-    command = [sys.executable, *PRETRAIN, str(QUICKSTART), f"run.output_dir={tmp_path}", f"run.name={name}"]
-    command += [*COMMON, *overrides]
-    ranks = [{}]
+def start(
+    tmp_path: Path, name: str, *overrides: str, world: int = 1, launcher: list[str] | None = None
+) -> list[subprocess.Popen]:
+    """``world`` processes of one run, each told its rank in the environment (as srun and a batch script do);
+    with a ``launcher``, the one process that starts the run's processes."""
+    command = [*(launcher or [sys.executable]), *PRETRAIN, str(QUICKSTART), f"run.output_dir={tmp_path}"]
+    command += [f"run.name={name}", *COMMON, *overrides]
+    ranks = [{"ACCELERATE_USE_CPU": "true"}] if launcher else [{}]  # torchrun's CPU processes: see docs/cluster.md
     if world > 1:
         port = str(_free_port())
         shared = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1"}
@@ -90,7 +97,14 @@ def assert_preempted(results: list[tuple[int, str, str]], run: Path) -> int:
     # The last line: on a loaded machine gloo may first warn of a connection it retried.
     lines = [line for line in results[0][2].splitlines() if line.strip()][-1:]
     assert lines and "Traceback" not in results[0][2], results[0][2]
-    assert lines[0].startswith("stopped by SIGTERM after step ") and "run.resume=auto" in lines[0], results[0][2]
+    return assert_saved_once(lines[0], run)
+
+
+def assert_saved_once(stderr: str, run: Path) -> int:
+    """The main process said in one line that the run stopped and saved a checkpoint, the newest, unfinished run's
+    (none half-written); returns its step."""
+    lines = [line for line in stderr.splitlines() if line.startswith("stopped by SIGTERM after step ")]
+    assert len(lines) == 1 and "run.resume=auto" in lines[0], stderr[-3000:]
     saved = sorted((run / "checkpoints").glob("step-*"))
     assert saved and not list((run / "checkpoints").glob(".tmp-*")) and not (run / "backbone.safetensors").exists()
     step = json.loads((saved[-1] / "progress.json").read_text())["step"]
@@ -117,22 +131,60 @@ def test_sigterm_saves_exits_75_and_the_requeued_run_is_bit_identical(tmp_path):
     assert_same_backbone(tmp_path / "straight", tmp_path / "preempted")
 
 
-@pytest.mark.slow
-def test_a_signal_to_one_of_two_processes_stops_both_after_one_step(tmp_path):
-    # Twelve epochs (264 steps of a few milliseconds): the test's own polling shares two cores with the run's two
-    # processes and another test, and may lag the run by seconds; at four epochs the run once ended first.
-    epochs = "train.epochs=12"
-    straight = finish(start(tmp_path, "straight", epochs, world=2))
+@pytest.fixture(scope="module")
+def straight_two_processes(tmp_path_factory) -> Path:
+    """A two-process run nobody interrupted, whichever way its processes are started (the same backbone)."""
+    out = tmp_path_factory.mktemp("straight")
+    straight = finish(start(out, "straight", TWO_PROCESS_EPOCHS, world=2))
     assert [code for code, *_ in straight] == [0, 0], [err[-2000:] for *_, err in straight]
+    return out / "straight"
 
-    processes = start(tmp_path, "preempted", epochs, world=2)
+
+@pytest.mark.slow
+def test_a_signal_to_one_of_two_processes_stops_both_after_one_step(tmp_path, straight_two_processes):
+    processes = start(tmp_path, "preempted", TWO_PROCESS_EPOCHS, world=2)
     wait_for_step(tmp_path / "preempted", 3, processes)
     processes[1].send_signal(signal.SIGTERM)  # rank 1 only: rank 0 learns of it when they agree after a step
     assert_preempted(finish(processes), tmp_path / "preempted")
 
-    resumed = finish(start(tmp_path, "preempted", epochs, "run.resume=auto", world=2))
+    resumed = finish(start(tmp_path, "preempted", TWO_PROCESS_EPOCHS, "run.resume=auto", world=2))
     assert [code for code, *_ in resumed] == [0, 0], [err[-2000:] for *_, err in resumed]
-    assert_same_backbone(tmp_path / "straight", tmp_path / "preempted")
+    assert_same_backbone(straight_two_processes, tmp_path / "preempted")
+
+
+def launcher_of_two(name: str) -> list[str]:
+    """``accelerate launch --cpu --num_processes 2`` or ``torchrun --nproc_per_node 2``, on a free port."""
+    if name == "accelerate":
+        return [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+                "--main_process_port", str(_free_port())]  # fmt: skip
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port())]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("launcher", "launcher_status"),
+    [
+        ("accelerate", -signal.SIGTERM),  # dies of it without passing it on: its processes learn of it as it exits
+        ("torchrun", 1),  # passes it on, waits for both, and raises the signal as an error
+    ],
+)
+def test_a_signal_to_the_launcher_alone_stops_both_processes_after_one_step(
+    tmp_path, straight_two_processes, launcher, launcher_status
+):
+    [process] = start(tmp_path, "preempted", TWO_PROCESS_EPOCHS, launcher=launcher_of_two(launcher))
+    wait_for_step(tmp_path / "preempted", 3, [process])
+    process.send_signal(signal.SIGTERM)  # the launcher only, as docker stop, Kubernetes and kill PID do
+    # Its output ends when every process it started has ended: they inherited its stdout and stderr.
+    [(code, _, stderr)] = finish([process])
+    assert code == launcher_status, stderr[-3000:]
+    step = assert_saved_once(stderr, tmp_path / "preempted")
+    assert 3 <= step < 264
+
+    resumed = finish(
+        start(tmp_path, "preempted", TWO_PROCESS_EPOCHS, "run.resume=auto", launcher=launcher_of_two(launcher))
+    )
+    assert resumed[0][0] == 0, resumed[0][2][-3000:]
+    assert_same_backbone(straight_two_processes, tmp_path / "preempted")
 
 
 def test_stop_signals_are_checked_by_name_in_one_line(tmp_path, capsys):

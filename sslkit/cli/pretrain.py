@@ -44,16 +44,20 @@ def main(argv: list[str] | None = None) -> int:
         print_user_error(error)
         return 2
     args = parse_args(argv)
-    from sslkit.loop.launch import relaunch_cpu_processes
+    from sslkit.loop.launch import relaunch_cpu_processes, stop_with_launcher
 
-    if argv is None and (code := relaunch_cpu_processes()) is not None:
-        return code
+    if argv is None:  # a process of its own: it ends with its launcher until the recipe names its stop signals
+        stop_with_launcher(["SIGTERM"])
+        if (code := relaunch_cpu_processes()) is not None:
+            return code
     from sslkit.config import load_config
     from sslkit.loop import make_run_dir, train
 
     cfg = None
     try:
         cfg = load_config(args.recipe, args.overrides)
+        if argv is None:  # from now on its launcher's exit is a stop signal
+            stop_with_launcher(cfg.train.stop_signals)
         train(cfg, exit_after_stop=True)  # this process exits with 75 once the run has stopped
         if os.environ.get("RANK", "0") == "0":
             print_run_directory(make_run_dir(cfg))

@@ -18,6 +18,16 @@ the cores over the processes only runs when it counts at least one process, and 
 GPUs: none). ``accelerate launch -m sslkit.cli.pretrain recipes/fashion_mnist_simclr.yaml`` then
 trained far slower than ``sslkit-pretrain ...``: torch used one core of the machine's
 several.
+
+:func:`stop_with_launcher` makes a stop signal sent to the launcher alone (``docker stop``, ``kill``,
+``timeout``) stop the run as one sent to every process does (:mod:`sslkit.loop.signals`). Accelerate's
+simple launcher (``--cpu``, or one process) neither catches nor passes on SIGTERM or SIGUSR1: it dies
+at once, and its training processes would train on unseen. torchrun passes SIGTERM, SIGINT, SIGHUP and
+SIGQUIT on and waits for its workers (30 s, then SIGKILL), but dies of SIGUSR1 (``--signals_to_handle``
+adds it). So every training process that a launcher started has the kernel send it its first stop
+signal when that launcher exits; the relaunch below (torchrun in the process that Accelerate started)
+receives SIGTERM then, which torchrun passes on, and passes SIGUSR1 and SIGUSR2 on as torchrun passes
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import signal
 import sys
 
 from sslkit.errors import REQUEUE_EXIT_STATUS
+from sslkit.loop.signals import signal_of, stop_with_parent
 
 
 def _option_given(cmdline: list[str], *names: str) -> bool:
@@ -49,6 +60,32 @@ def _accelerate_launcher():
     except Exception:
         pass
     return None
+
+
+def _launcher_pid() -> int | None:
+    """The pid of the launcher that started this process and waits for it, else None.
+
+    Accelerate's launcher (its ``--cpu`` or one-process launcher starts the script itself) or torch's
+    elastic agent (torchrun, ``accelerate launch --multi_gpu``, the relaunch below), which names its run
+    in its workers' environment. A process started otherwise (by hand, srun, a notebook) has no launcher:
+    a parent that exits without waiting for it does not stop it.
+    """
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return os.getppid()
+    launcher = _accelerate_launcher()
+    return launcher.pid if launcher is not None else None
+
+
+def stop_with_launcher(stop_signals: list[str]) -> None:
+    """Have this training process receive the first of ``stop_signals`` (SIGTERM if none) when its launcher exits.
+
+    A launcher that died of a stop signal it did not pass on then stops the run as if it had: every
+    process saves after one agreed step and exits with 75. With ``train.stop_signals=[]`` the process
+    ends with its launcher. Nothing happens for a process that no launcher started, or off Linux.
+    """
+    launcher = _launcher_pid()
+    if launcher is not None:
+        stop_with_parent(signal_of(stop_signals[0]) if stop_signals else signal.SIGTERM, launcher)
 
 
 def _launcher_int(parent_cmdline: list[str], name: str, default: int) -> int:
@@ -98,8 +135,16 @@ def relaunch_cpu_processes() -> int | None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in list(logging.root.manager.loggerDict):  # each module's logger has a level of its own
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Accelerate's launcher dies of a stop signal without passing it on: its exit is one for this process,
+    # as SIGTERM, which torchrun's agent passes on to the workers; SIGUSR1 and SIGUSR2 it passes on as well.
+    stop_with_parent(signal.SIGTERM, launcher.pid)
+    if os.name == "posix":  # stop signals (SLURM's) that torchrun's agent does not pass on by default
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, _pass_on_to_workers)
     args = torchrun.parse_args(
         [
             "--nproc_per_node",
@@ -133,6 +178,17 @@ def relaunch_cpu_processes() -> int | None:
     except SignalException as stopped:  # passed on to the workers, which save and stop (train.stop_signals)
         return 130 if stopped.sigval == signal.SIGINT else REQUEUE_EXIT_STATUS
     return 0
+
+
+def _pass_on_to_workers(signum: int, frame) -> None:
+    """A signal handler that has torchrun's agent pass ``signum`` on to its workers and wait for them.
+
+    What torchrun's own handler does for SIGTERM: the agent catches the exception, sends the signal to
+    each worker and waits for it (30 s, then SIGKILL).
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    raise SignalException(f"process {os.getpid()} got signal {signum}", sigval=signal.Signals(signum))
 
 
 def _launcher_pinned_one_thread() -> bool:

@@ -14,15 +14,24 @@ A second signal while the checkpoint is written changes nothing: the handler onl
 (and once the run has stopped, the command line ignores the signals until the process exits),
 and the checkpoint itself is written into a hidden directory renamed once complete
 (:mod:`sslkit.loop.run_directory`), so even a SIGKILL mid-save leaves the previous checkpoint whole.
+
+A launcher that does not pass a signal on (Accelerate's, for a CPU or one-process run) dies of it, and
+its training processes would run on unseen, or in a container be killed as it ends. :func:`stop_with_parent`
+has the kernel turn the launcher's exit into a stop signal for each of them (:mod:`sslkit.loop.launch`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
+import sys
 import threading
 
 import torch
 import torch.distributed as dist
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def signal_of(name: str) -> signal.Signals:
@@ -31,14 +40,35 @@ def signal_of(name: str) -> signal.Signals:
     return signal.Signals[upper if upper.startswith("SIG") else "SIG" + upper]
 
 
+def stop_with_parent(sig: signal.Signals, parent: int) -> bool:
+    """Have the kernel send ``sig`` to this process when its parent ``parent`` (a pid) exits; whether it will.
+
+    Linux's parent-death signal (``prctl(PR_SET_PDEATHSIG)``), through ctypes: one system call, which no
+    library sslkit depends on offers. It is armed after this process started, so a parent that exited
+    meanwhile would never send it: then ``sig`` is sent now. Strictly, the kernel sends it when the
+    thread that started this process ends: launchers start their processes from their main thread.
+    The setting is not inherited by this process's children (DataLoader workers); calling again
+    replaces it. Other systems have no such signal (False).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # adopted by another process already: the parent is gone
+        os.kill(os.getpid(), sig)
+    return True
+
+
 class StopSignals:
     """Catches ``names`` while it is entered; :meth:`agreed` says whether every process should stop now.
 
     Used as a context manager around the loop, in the main thread (where Python runs signal
     handlers); the previous handlers come back on exit. ``ignore_after_stop`` is for a process that exits
-    once the run has stopped (the command line): stopped by a signal, it leaves ``names`` ignored instead,
-    so that a repeated notice cannot turn its exit status 75 into a death by signal. A program that goes on
-    after a stopped run (a notebook, a sweep in one process) gets its own handlers back either way.
+    once the run has stopped (the command line): stopped by a signal or by Ctrl-C, it leaves ``names``
+    ignored instead, so that a repeated notice, or its launcher's exit (:func:`stop_with_parent`; Ctrl-C
+    reaches the launcher too), cannot turn its exit status (75, 130) and last line into a death by signal.
+    A program that goes on after a stopped run (a notebook, a sweep in one process) gets its own handlers
+    back either way.
     """
 
     def __init__(self, names: list[str], ignore_after_stop: bool = False) -> None:
@@ -59,8 +89,8 @@ class StopSignals:
             self.previous[sig] = signal.signal(sig, self._record)
         return self
 
-    def __exit__(self, *exc) -> None:
-        stopped_and_exiting = bool(self.received) and self.ignore_after_stop
+    def __exit__(self, exc_type, *exc) -> None:
+        stopped_and_exiting = self.ignore_after_stop and (bool(self.received) or exc_type is KeyboardInterrupt)
         for sig, handler in self.previous.items():
             signal.signal(sig, signal.SIG_IGN if stopped_and_exiting else handler)
         self.previous.clear()
