@@ -122,3 +122,10 @@ def test_every_documented_command_runs_by_its_installed_name_from_an_empty_direc
     result = run("sslkit-show-augmentations", "recipes/quickstart.yaml", "--out", "v.png", "--images", "2")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "v.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_no_command_module_shadows_a_standard_library_module():
+    """``python sslkit/cli/pretrain.py`` puts sslkit/cli/ first on sys.path: a cli/select.py would be imported
+    as the standard library's select by everything that runs after it."""
+    modules = {path.stem for path in (ROOT / "sslkit" / "cli").glob("*.py")}
+    assert not modules & sys.stdlib_module_names

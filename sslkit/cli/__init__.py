@@ -16,7 +16,7 @@ command                         what it does                                modu
 ``sslkit-neighbours``           each item's k nearest in an embeddings set  :mod:`sslkit.cli.neighbours`
 ``sslkit-duplicates``           near-duplicates (SemDeDup), near-copies     :mod:`sslkit.cli.duplicates`
 ``sslkit-map``                  a map of an embeddings set, and neighbours  :mod:`sslkit.cli.map`
-``sslkit-select``               which images to label, from embeddings      :mod:`sslkit.cli.select`
+``sslkit-select``               which images to label, from embeddings      :mod:`sslkit.cli.label_selection`
 ==============================  ==========================================  =============================
 
 ``python -m sslkit.cli.<module>`` is the same command. A launcher starts the training commands
