@@ -131,33 +131,9 @@ def read_label_file(path: Path, labels: torch.Tensor, dataset: str) -> torch.Ten
             split, an index out of range, or classes that disagree).
     """
     what = f"data.label_subset '{path}'"
-    if not path.is_file():
-        raise UserError(f"{what} does not exist; give the label file sslkit-select wrote (its --out)")
-    try:
-        record = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise UserError(f"{what} is not valid JSON ({error}); give the label file sslkit-select wrote") from None
-    if not isinstance(record, dict) or not record.get("indices"):
-        named = isinstance(record, dict) and "items" in record
-        raise UserError(
-            f"{what} names images by path, not by index into a whole dataset split; select on embeddings of "
-            f"every image of {dataset}'s train split"
-            if named
-            else f"{what} holds no 'indices'; give the label file sslkit-select wrote (or a run's label_subset.json)"
-        )
+    record = _label_record(path, what, dataset)
     indices = torch.tensor(record["indices"], dtype=torch.int64).unique()
-    source = record.get("embeddings") or {}
-    data = source.get("data") if isinstance(source.get("data"), dict) else {}
-    among = f"{data.get('name', '?')} {data.get('split', '?')}"
-    if (count := source.get("count")) is not None and count != len(labels):
-        raise UserError(
-            f"{what} was chosen among {count} images ({among}) but this run's labelled training split "
-            f"({dataset} train) has {len(labels)}; select on embeddings of {dataset}'s train split"
-        )
-    if data.get("name", dataset) != dataset or data.get("split", "train") != "train":
-        raise UserError(
-            f"{what} was chosen among {among}, not {dataset} train; select on embeddings of {dataset}'s train split"
-        )
+    _check_chosen_among(record, what, len(labels), dataset)
     if int(indices.min()) < 0 or int(indices.max()) >= len(labels):
         raise UserError(
             f"{what} names image {int(indices.max())}, but {dataset}'s train split has {len(labels)} (0 to "
@@ -169,6 +145,40 @@ def read_label_file(path: Path, labels: torch.Tensor, dataset: str) -> torch.Ten
             f"chosen on another dataset (or another order of it)"
         )
     return indices
+
+
+def _label_record(path: Path, what: str, dataset: str) -> dict:
+    """A label file's JSON, refused in one line when it is missing, unreadable or names no indices."""
+    if not path.is_file():
+        raise UserError(f"{what} does not exist; give the label file sslkit-select wrote (its --out)")
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise UserError(f"{what} is not valid JSON ({error}); give the label file sslkit-select wrote") from None
+    if isinstance(record, dict) and record.get("indices"):
+        return record
+    if isinstance(record, dict) and "items" in record:
+        raise UserError(
+            f"{what} names images by path, not by index into a whole dataset split; select on embeddings of "
+            f"every image of {dataset}'s train split"
+        )
+    raise UserError(f"{what} holds no 'indices'; give the label file sslkit-select wrote, or a run's {FILE_NAME}")
+
+
+def _check_chosen_among(record: dict, what: str, count: int, dataset: str) -> None:
+    """The images a label file was chosen among (``embeddings``) are the ``count`` of ``dataset``'s train split."""
+    source = record.get("embeddings") or {}
+    data = source.get("data") if isinstance(source.get("data"), dict) else {}
+    among = f"{data.get('name', '?')} {data.get('split', '?')}"
+    if source.get("count") is not None and source["count"] != count:
+        raise UserError(
+            f"{what} was chosen among {source['count']} images ({among}) but this run's labelled training split "
+            f"({dataset} train) has {count}; select on embeddings of {dataset}'s train split"
+        )
+    if data.get("name", dataset) != dataset or data.get("split", "train") != "train":
+        raise UserError(
+            f"{what} was chosen among {among}, not {dataset} train; select on embeddings of {dataset}'s train split"
+        )
 
 
 def labelled_subset(

@@ -12,11 +12,11 @@ What follows the paper and what follows its code (github.com/avihu111/TypiClust,
 
 - paper and code: features L2-normalised; ``min(labelled + budget, 500)`` k-means clusters;
   clusters of at most 5 images are never visited; clusters are visited in order of fewest labelled
-  images, then largest, and the order is fixed before the first pick (the i-th pick comes from the
-  ``i mod C``-th cluster of that order); in a cluster, the pick is the most typical of its images
-  not yet labelled, with typicality measured among those images only, over
-  ``K = min(20, their number // 2)`` neighbours.
-- code: KMeans up to 50 clusters, MiniBatchKMeans (batches of 5000) beyond.
+  images, then largest; in a cluster, the pick is the most typical of its images not yet labelled,
+  with typicality measured among those images only, over ``K = min(20, their number // 2)``
+  neighbours (the paper's K is 20; the halving is the code's, for small clusters).
+- code: the order is fixed before the first pick (the i-th pick comes from the ``i mod C``-th cluster
+  of that order); KMeans up to 50 clusters, MiniBatchKMeans (batches of 5000) beyond.
 - paper, not code: the distance is the L2 distance as the paper writes it; the code's faiss
   ``IndexFlatL2`` returns *squared* distances, which can order two images differently.
 - neither (cases the code does not reach): a cluster with no unlabelled image left is passed over;
