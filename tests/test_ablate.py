@@ -128,7 +128,7 @@ def test_rerun_without_matplotlib_writes_tables_and_says_how_to_get_plots(sweep,
     assert status == 0, stdout + stderr
     assert stdout.count("done, skipped") == 2
     assert not list(out.glob("*.png"))
-    assert "pip install sslkit[plot]" in stdout
+    assert 'pip install "sslkit[plot]"' in stdout
     assert len(read_csv(out / "summary.csv")) == 2
 
 
