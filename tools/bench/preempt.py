@@ -14,8 +14,9 @@ Targets: ``launcher``, its first process only (``kill PID``, ``timeout``); ``all
 (SLURM's ``--signal`` without ``B:``); ``worker``, one training process, the last rank's.
 
 Container cases (``--containers``) stop the launcher as ``docker stop`` and Kubernetes do: it is the
-first process (PID 1) of a PID namespace of its own (``unshare``), it receives SIGTERM from outside,
-and ``--grace`` seconds later (docker's default 10) SIGKILL, which ends every process in the namespace.
+first process (PID 1) of a PID namespace of its own (``unshare``), it receives SIGTERM (only) from
+outside, and ``--grace`` seconds later (docker's default 10) SIGKILL, which ends every process in the
+namespace.
 ``pid1`` starts the launcher itself as PID 1, ``tini`` starts it under tini (``docker run --init``).
 
 This process is a child subreaper (Linux's ``PR_SET_CHILD_SUBREAPER``): a training process whose
@@ -24,6 +25,7 @@ as ``-``. Linux only.
 
     python tools/bench/preempt.py --rounds 5
     python tools/bench/preempt.py --rounds 2 --quick --cases accelerate:launcher torchrun:launcher
+    python tools/bench/preempt.py --rounds 3 --epochs 30 --cases --containers accelerate:pid1 torchrun:pid1
 """
 
 from __future__ import annotations
@@ -228,8 +230,8 @@ def run_case(out: Path, case: str, rounds: int, processes: int, settings: list[s
             resume = ["run.resume=auto"] if index else []
             started = start(out, name, launcher, processes, [*settings, *resume], stream, container)
             after = pick.randint(1, max(1, total // (rounds + 1)))
-            stop_at = "launcher" if container else target
-            record = preempt_once(out / name, started, after, stop_at, SIGNALS[index % 2], log, grace)
+            stop_at, sig = ("launcher", signal.SIGTERM) if container else (target, SIGNALS[index % 2])
+            record = preempt_once(out / name, started, after, stop_at, sig, log, grace)
         records.append(record)
         console.print(f"{case} round {index + 1}: {record}", highlight=False)
         if record.get("finished_before_signal"):
