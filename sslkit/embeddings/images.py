@@ -84,7 +84,9 @@ def images_to_embed(cfg, data: str | None = None, split: str | None = None, root
         name, image_size, max_size, is_run_data = data, None, None, False
         split = split or "train"
     else:
-        name, root, image_size, max_size, is_run_data = _files_at(data), data, None, d.max_size, False
+        # An absolute path in meta.json: the same folder whichever directory the command runs from.
+        name, root = _files_at(data), "::".join(os.path.abspath(os.path.expanduser(p)) for p in data.split("::"))
+        image_size, max_size, is_run_data = None, d.max_size, False
         split = split or "train"
     if name == "webdataset":
         if split != "train":
@@ -107,7 +109,7 @@ def _files_at(data: str) -> str:
         # Only the folder's own files are looked at: listing a large image folder twice would take a while.
         suffixes = {entry.suffix.lower() for entry in path.iterdir() if entry.is_file()}
         return "webdataset" if ".tar" in suffixes and not suffixes & set(IMAGE_EXTENSIONS) else "imagefolder"
-    if path.is_file() and path.suffix == ".tar" or "{" in data or "::" in data:
+    if (path.is_file() and path.suffix == ".tar") or "{" in data or "::" in data:
         return "webdataset"
     what = "an image; give the folder that holds it" if path.is_file() else "not found"
     raise UserError(
