@@ -50,7 +50,7 @@ SIMILARITY_BLOCK_BYTES = 256 * 2**20
 MAX_ROWS_PER_BLOCK = 4096
 # Lists an IVF query scans. 16 found 0.999 of the exact 10 nearest among 60,000 Fashion-MNIST
 # embeddings (980 lists; 8: 0.987, 32: 1.0 at 2.7x the time) and all of them among 1,000,000
-# clustered vectors (4,000 lists; 8: 0.998) (tools/bench/README.md).
+# clustered vectors (4,000 lists; 8: 0.998 and more) (tools/bench/README.md).
 DEFAULT_NPROBE = 16
 # Training vectors per IVF list: faiss asks 39 at least and samples 256 at most. 256 trained the
 # 4,000 lists of 1,000,000 x 128 in 383 s, 64 in 93 s, to the same recall (tools/bench/README.md).
@@ -253,6 +253,9 @@ def nearest_neighbours(
     [1, 0, 0]
     """
     check_search(vectors, k, queries, index, faiss_type)
+    for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
+        if value is not None and value < 1:
+            raise UserError(f"{name} must be >= 1, got {value}")
     if queries is not None:
         check_finite(queries, "the queries")
     references = unit_vectors(vectors, progress)  # (N, D)
