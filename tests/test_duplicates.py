@@ -76,7 +76,7 @@ def test_semdedup_is_the_plain_loop_over_every_pair(keep, block_rows, monkeypatc
 def test_one_cluster_compares_every_pair(monkeypatch):
     monkeypatch.setattr(duplicates, "rows_per_block", lambda n: 5)
     vectors = near_duplicates(seed=2)
-    found = semdedup(vectors, THRESHOLD, num_clusters=1, keep="first")
+    found = semdedup(vectors, np.float32(THRESHOLD), num_clusters=1, keep="first")  # any real number
     group_of, _ = naive_semdedup(vectors, np.zeros(len(vectors), dtype=np.int64), THRESHOLD, "first")
     np.testing.assert_array_equal(found.group_of, group_of)
     assert found.kmeans == "none"

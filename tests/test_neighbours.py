@@ -122,6 +122,8 @@ def test_mistakes_are_one_line_each(monkeypatch):
         nearest_neighbours(vectors, k=21, queries=vectors[:3])
     with pytest.raises(UserError, match="k must be a whole number >= 1, got 0"):
         nearest_neighbours(vectors, k=0)
+    with pytest.raises(UserError, match="nprobe must be >= 1, got 0"):
+        nearest_neighbours(vectors, k=3, index="faiss", nprobe=0)
     with pytest.raises(UserError, match="the queries have 4 dimensions, the embeddings 8: embed both"):
         nearest_neighbours(vectors, k=3, queries=vectors[:, :4])
     broken = vectors.copy()

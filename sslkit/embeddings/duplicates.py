@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import numbers
 from pathlib import Path
 
 import numpy as np
@@ -112,7 +113,7 @@ class NearCopies:
 
 
 def check_threshold(threshold) -> None:
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 < threshold <= 1:
         raise UserError(
             f"the threshold must be a cosine similarity in (0, 1], e.g. 0.95 (1 - eps in SemDeDup), got {threshold!r}"
         )

@@ -13,7 +13,8 @@ which is their cosine similarity, for sets where N^2 similarities take too long:
 
 - ``ivf``: IVF-Flat, the vectors split into ``nlist`` = 4 sqrt(N) lists by k-means (the faiss
   wiki's 4-16 sqrt(N); at most N / 39, the training points faiss asks per list), trained on up to
-  256 rows per list; a query scans the ``nprobe`` lists nearest to it (:data:`DEFAULT_NPROBE`).
+  :data:`IVF_TRAINING_PER_LIST` rows per list; a query scans the ``nprobe`` lists nearest to it
+  (:data:`DEFAULT_NPROBE`).
 - ``hnsw``: HNSW-Flat, :data:`HNSW_LINKS` links per vector, efConstruction
   :data:`HNSW_EF_CONSTRUCTION`, efSearch ``max(DEFAULT_EF_SEARCH, 2k)``.
 
@@ -47,9 +48,13 @@ FAISS_TYPES = ("ivf", "hnsw")
 # A block of query rows holds at most this many bytes of similarities: 1,118 rows against 60,000.
 SIMILARITY_BLOCK_BYTES = 256 * 2**20
 MAX_ROWS_PER_BLOCK = 4096
-# Lists an IVF query scans. On 1,000,000 clustered vectors (4,000 lists) 16 lists find 0.98 of
-# the exact 10 neighbours, and on Fashion-MNIST embeddings (980 lists) 0.97 (tools/bench/README.md).
+# Lists an IVF query scans. 16 found 0.999 of the exact 10 nearest among 60,000 Fashion-MNIST
+# embeddings (980 lists; 8: 0.987, 32: 1.0 at 2.7x the time) and all of them among 1,000,000
+# clustered vectors (4,000 lists; 8: 0.998 and more) (tools/bench/README.md).
 DEFAULT_NPROBE = 16
+# Training vectors per IVF list: faiss asks 39 at least and samples 256 at most. 256 trained the
+# 4,000 lists of 1,000,000 x 128 in 383 s, 64 in 93 s, to the same recall (tools/bench/README.md).
+IVF_TRAINING_PER_LIST = 64
 HNSW_LINKS = 32
 HNSW_EF_CONSTRUCTION = 40
 DEFAULT_EF_SEARCH = 64
@@ -172,7 +177,7 @@ def build_faiss_index(
         nlist = ivf_lists(num_vectors)
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dimension), dimension, nlist, faiss.METRIC_INNER_PRODUCT)
         index.cp.seed = seed
-        sample = np.random.default_rng(seed).permutation(num_vectors)[: 256 * nlist]
+        sample = np.random.default_rng(seed).permutation(num_vectors)[: IVF_TRAINING_PER_LIST * nlist]
         index.train(references[np.sort(sample)])
         index.nprobe = min(nlist, nprobe or DEFAULT_NPROBE)
     step = FAISS_QUERY_BLOCK
@@ -248,6 +253,9 @@ def nearest_neighbours(
     [1, 0, 0]
     """
     check_search(vectors, k, queries, index, faiss_type)
+    for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
+        if value is not None and value < 1:
+            raise UserError(f"{name} must be >= 1, got {value}")
     if queries is not None:
         check_finite(queries, "the queries")
     references = unit_vectors(vectors, progress)  # (N, D)
