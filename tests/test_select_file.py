@@ -13,7 +13,7 @@ from command_utils import run_main
 
 from sslkit.cli import evaluate as evaluate_cli
 from sslkit.cli import pretrain as pretrain_cli
-from sslkit.cli import select as select_cli
+from sslkit.cli import selection as select_cli
 from sslkit.config import load_config
 from sslkit.datasets import build_dataset, build_splits
 from sslkit.embeddings import write_embeddings

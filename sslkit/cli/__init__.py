@@ -12,7 +12,7 @@ command                         what it does                                modu
 ``sslkit-report``               a run's report.md with its curves           :mod:`sslkit.cli.report`
 ``sslkit-show-augmentations``   a PNG grid of a recipe's views              :mod:`sslkit.cli.show_augmentations`
 ``sslkit-write-shards``         an image folder as webdataset tar shards    :mod:`sslkit.cli.write_shards`
-``sslkit-select``               which images to label, from embeddings      :mod:`sslkit.cli.select`
+``sslkit-select``               which images to label, from embeddings      :mod:`sslkit.cli.selection`
 ==============================  ==========================================  =============================
 
 ``python -m sslkit.cli.<module>`` is the same command. A launcher starts the training commands
