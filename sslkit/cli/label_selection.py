@@ -3,13 +3,17 @@
     sslkit-embed runs/fm-simclr                                  # embeddings of the run's training split
     sslkit-select runs/fm-simclr/embeddings-fashion_mnist-train --budget 100 --strategy typiclust \\
         --out labels.json
-    sslkit-pretrain fashion_mnist_finetune run.init_from=runs/fm-simclr data.label_subset=labels.json
+    sslkit-pretrain fashion_mnist_finetune run.init_from=runs/fm-simclr data.label_fraction=null \\
+        data.label_subset=labels.json
 
 Strategies: ``random``, ``kmeans`` (the image nearest each of N k-means centres), ``typiclust``,
 ``probcover`` and ``kcenter`` (greedy k-center, Coreset); see :mod:`sslkit.selection`. With
 ``--labelled FILE`` (an earlier label file, or a text file of items) the N images are added to
 those: an active-learning round. A bad request (a budget of 0 or more than the unlabelled images,
 an unknown strategy, labelled items the embeddings do not hold) is one line, and writes nothing.
+
+Its module is ``selection``, not ``select``: ``python sslkit/cli/pretrain.py`` (how a launcher may start
+training) puts this folder first on the path, where a ``select.py`` would hide the standard library's.
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ def summary(record: dict, path: Path) -> list[str]:
                 f"{details['random_picks']} were drawn at random (a smaller --delta spreads the budget further)"
             )
     if "indices" in record:
-        lines.append(f"train on them: sslkit-pretrain RECIPE data.label_subset={path}")
+        # data.label_fraction=null: the few-label recipes keep a fraction of their own, which the file replaces.
+        lines.append(f"train on them: sslkit-pretrain RECIPE data.label_fraction=null data.label_subset={path}")
     else:
         lines.append(
             "the file names the images as items.csv does (paths), not by dataset index: data.label_subset reads "

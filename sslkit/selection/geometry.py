@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-# Rows of a distance block: 1024 x 60,000 float32 is 245 MB.
-BLOCK_ROWS = 1024
+# Rows of a distance block: 512 x 60,000 float32 is 123 MB.
+BLOCK_ROWS = 512
 
 # TypiClust's clustering (deep-al/pycls/al/typiclust.py): full KMeans up to this many clusters,
 # MiniBatchKMeans with batches of KMEANS_BATCH images beyond.
@@ -47,7 +47,23 @@ def squared_distances(queries: torch.Tensor, features: torch.Tensor) -> torch.Te
     Shape:
         queries: (B, D); features: (N, D); returns: (B, N).
     """
-    return (2 - 2 * queries @ features.T).clamp_(min=0)
+    return (queries @ features.T).mul_(-2).add_(2).clamp_(min=0)  # in place: one (B, N) block, no temporaries
+
+
+def distance_blocks(queries: torch.Tensor, features: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
+    """``(rows, squared distances of queries[rows] to every feature)``, block after block, all in one buffer.
+
+    A caller keeps what it needs of a block before asking for the next, which overwrites it. One
+    buffer rather than a fresh block each time: the C allocator would place blocks of under 32 MB on
+    its heap, between the small results a caller keeps, and the heap would grow by a block each time.
+
+    Shape:
+        queries: (M, D) and features: (N, D) unit rows; each block: (at most BLOCK_ROWS, N).
+    """
+    buffer = torch.empty(min(BLOCK_ROWS, len(queries)), len(features))
+    for rows in row_blocks(len(queries)):
+        block = torch.mm(queries[rows], features.T, out=buffer[: rows.stop - rows.start])
+        yield rows, block.mul_(-2).add_(2).clamp_(min=0)
 
 
 def nearest_distances(features: torch.Tensor, k: int) -> torch.Tensor:
@@ -59,9 +75,8 @@ def nearest_distances(features: torch.Tensor, k: int) -> torch.Tensor:
         features: (M, D) unit rows, M > k; returns: (M, k).
     """
     out = torch.empty(len(features), k)
-    for rows in row_blocks(len(features)):
-        nearest = squared_distances(features[rows], features).topk(k + 1, dim=1, largest=False).values
-        out[rows] = nearest[:, 1:].sqrt()
+    for rows, distances in distance_blocks(features, features):
+        out[rows] = distances.topk(k + 1, dim=1, largest=False).values[:, 1:].sqrt()
     return out
 
 

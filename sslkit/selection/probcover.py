@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from sslkit.errors import UserError
-from sslkit.selection.geometry import kmeans, row_blocks, squared_distances
+from sslkit.selection.geometry import BLOCK_ROWS, distance_blocks, kmeans
 
 PURITY_THRESHOLD = 0.95  # the paper's alpha
 DELTA_GRID = np.round(np.arange(1, 201) * 0.01, 2)
@@ -87,9 +87,10 @@ def radius_graph(features: torch.Tensor, delta: float, max_edges: int = MAX_EDGE
         features: (N, D) unit rows.
     """
     counts, columns, total = [], [], 0
-    for rows in row_blocks(len(features)):
-        near = squared_distances(features[rows], features) < delta * delta
-        block_rows, block_columns = near.nonzero(as_tuple=True)  # row-major: sorted by row
+    near = torch.empty(min(BLOCK_ROWS, len(features)), len(features), dtype=torch.bool)  # reused, as the distances
+    for rows, distances in distance_blocks(features, features):
+        block = torch.lt(distances, delta * delta, out=near[: rows.stop - rows.start])
+        block_rows, block_columns = block.nonzero(as_tuple=True)  # row-major: sorted by row
         total += len(block_columns)
         if total > max_edges:
             raise UserError(
@@ -112,9 +113,10 @@ def impure_distances(features: torch.Tensor, pseudo_labels: np.ndarray) -> torch
     """
     labels = torch.from_numpy(pseudo_labels)
     out = torch.empty(len(features))
-    for rows in row_blocks(len(features)):
-        distances = squared_distances(features[rows], features)
-        distances.masked_fill_(labels[rows, None] == labels[None, :], float("inf"))
+    same = torch.empty(min(BLOCK_ROWS, len(features)), len(features), dtype=torch.bool)  # reused, as the distances
+    for rows, distances in distance_blocks(features, features):
+        torch.eq(labels[rows, None], labels[None, :], out=same[: rows.stop - rows.start])
+        distances.masked_fill_(same[: rows.stop - rows.start], float("inf"))
         out[rows] = distances.min(dim=1).values.sqrt()
     return out
 
