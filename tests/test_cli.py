@@ -124,8 +124,9 @@ def test_every_documented_command_runs_by_its_installed_name_from_an_empty_direc
     assert (tmp_path / "v.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_no_command_module_shadows_a_standard_library_module():
-    """``python sslkit/cli/pretrain.py`` puts sslkit/cli/ first on sys.path: a cli/select.py would be imported
-    as the standard library's select by everything that runs after it."""
-    modules = {path.stem for path in (ROOT / "sslkit" / "cli").glob("*.py")}
+@pytest.mark.parametrize("folder", ["sslkit/cli", "tools/bench"])
+def test_no_script_folder_shadows_a_standard_library_module(folder):
+    """``python sslkit/cli/pretrain.py`` or ``python tools/bench/x.py`` puts that folder first on sys.path:
+    a select.py there would be imported as the standard library's select by everything after it."""
+    modules = {path.stem for path in (ROOT / folder).glob("*.py")}
     assert not modules & sys.stdlib_module_names

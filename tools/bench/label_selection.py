@@ -10,8 +10,8 @@ The embeddings of the run's training and test splits are computed once (the back
 as ``sslkit-evaluate`` extracts them) and kept as embeddings folders in ``--work``; ``--train`` and
 ``--test`` take folders written before (``sslkit-embed``'s).
 
-    python tools/bench/select.py --run runs/fashion-mnist-simclr --work /tmp/select-bench --out select.json
-    python tools/bench/select.py --run runs/quickstart --budgets 10,30 --seeds 0 --strategies random,kcenter
+    python tools/bench/label_selection.py --run runs/fashion-mnist-simclr --work /tmp/select-bench --out select.json
+    python tools/bench/label_selection.py --run runs/quickstart --budgets 10,30 --seeds 0 --strategies random,kcenter
 
 The greedy strategies (ProbCover, k-center) choose the same first n images whatever the budget once
 their start is fixed, so they are run once per seed at the largest budget and cut; ProbCover's
