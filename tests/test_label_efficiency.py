@@ -24,8 +24,11 @@ from command_utils import block_matplotlib, jobs_in_this_process, read_csv, run_
 from sslkit.cli.label_efficiency import main
 from sslkit.config import find_recipe
 from sslkit.errors import UserError
+from sslkit.experiments import label_budgets as lb
 from sslkit.experiments import label_efficiency as le
+from sslkit.experiments import label_efficiency_tables as lt
 from sslkit.experiments import runner
+from sslkit.experiments.label_budgets import Budget, LabelPool
 from sslkit.experiments.runs import Run, fraction_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -287,6 +290,9 @@ def test_an_unknown_recipe_fails_before_anything_runs(tmp_path):
 # --------------------------------------------------------------------------- the plan
 
 
+POOL = LabelPool("digits", (100,) * 10)  # 1,000 labelled images, 100 of each class
+
+
 def make_plan(tmp_path: Path, **changes) -> le.Plan:
     settings = dict(
         recipe=Path("/r/pre.yaml"),
@@ -295,8 +301,11 @@ def make_plan(tmp_path: Path, **changes) -> le.Plan:
         overrides=["train.threads=2"],
         pretrain_overrides=["train.epochs=7"],
         finetune_overrides=["train.epochs=5"],
-        fractions=[0.01, 1.0],
+        fixmatch_recipe=None,
+        budgets=[Budget(fraction=0.01), Budget(fraction=1.0)],
+        selections=["balanced"],
         seeds=[3, 4],
+        pool=POOL,
         out=tmp_path,
         pretrained=None,
         scratch_factor=3,
@@ -429,9 +438,10 @@ def test_pretrained_must_be_a_finished_run(tmp_path):
 
 
 def test_parse_fractions_sorts_and_names_them_plainly():
-    assert le.parse_fractions("1,0.01, 0.1") == [0.01, 0.1, 1.0]
-    assert [fraction_text(f) for f in le.parse_fractions("1.0,0.001")] == ["0.001", "1"]
-    assert le.run_name("scratch-long", 1.0, 0) == "scratch-long-f1-s0"
+    assert lb.parse_fractions("1,0.01, 0.1") == [0.01, 0.1, 1.0]
+    assert [fraction_text(f) for f in lb.parse_fractions("1.0,0.001")] == ["0.001", "1"]
+    labels = lb.LabelSet("balanced", Budget(fraction=1.0), 0, POOL, Path("labels"))
+    assert labels.run_name("scratch-long") == "scratch-long-f1-s0"
 
 
 def test_a_run_is_a_job_that_reads_its_own_result():
@@ -446,18 +456,31 @@ def test_a_run_is_a_job_that_reads_its_own_result():
 # --------------------------------------------------------------------------- aggregation and plot
 
 
-def record(kind: str, fraction: float, seed: int, metrics: dict | None, wall: float | None = 10.0) -> dict:
+def record(
+    kind: str, fraction: float, seed: int, metrics: dict | None, wall: float | None = 10.0, selection: str = "balanced"
+) -> dict:
+    """A run's record as the runner writes it, of a run on a class-balanced fraction of POOL's labels (or on labels
+    that ``selection`` chose)."""
+    if kind == "pretrain":
+        return {"name": "pretrain", "kind": kind, "fraction": None, "seed": None, "status": "ok", "skipped": False,
+                "error": None, "wall_s": wall, "metrics": metrics}  # fmt: skip
+    labels = lb.LabelSet(selection, Budget(fraction=fraction), seed, POOL, Path("labels"))
     return {
-        "name": "pretrain" if kind == "pretrain" else le.run_name(kind, fraction, seed),
+        "name": labels.run_name(kind),
         "kind": kind,
         "fraction": fraction,
         "seed": seed,
+        **labels.fields(),
         "status": "failed" if metrics is None else "ok",
         "skipped": False,
         "error": "boom" if metrics is None else None,
         "wall_s": wall,
         "metrics": metrics or {},
     }
+
+
+# The roads of RECORDS: no distill or FixMatch runs.
+TRAINED_ROADS = [road for road in lt.ROADS if road not in ("distill", "fixmatch", "fixmatch-scratch")]
 
 
 def ft(top1: float) -> dict:
@@ -515,8 +538,12 @@ def test_gains_pair_each_seed_with_its_own_scratch_run():
     # seed 0: 0.60 - 0.40; seed 1's fine-tune failed and fraction 1's scratch best too: nothing to pair
     assert le.paired_gains(le.point_rows(RECORDS)) == [
         {
+            "selection": "balanced",
+            "budget": "0.1",
             "fraction": 0.1,
+            "labels": 100,
             "road": "finetune",
+            "versus": "scratch-best",
             "n_seeds": 1,
             "gain_mean": pytest.approx(0.2),
             "gain_std": None,
@@ -537,8 +564,8 @@ def test_gains_pair_each_seed_with_its_own_scratch_run():
 
 
 def test_summary_is_mean_and_sample_std_over_the_seeds_that_succeeded():
-    summary = le.summarize(le.point_rows(RECORDS))
-    assert [(r["fraction"], r["road"]) for r in summary][:6] == [(0.1, road) for road in le.ROADS if road != "distill"]
+    summary = lt.summarize(le.point_rows(RECORDS))
+    assert [(r["fraction"], r["road"]) for r in summary][:6] == [(0.1, road) for road in TRAINED_ROADS]
     by = {(r["fraction"], r["road"]): r for r in summary}
     linear = by[(0.1, "linear")]
     assert linear["top1_mean"] == pytest.approx(0.80) and linear["top1_std"] == pytest.approx(
@@ -555,7 +582,10 @@ def test_tables_table_and_plot_from_records(tmp_path):
     summary = le.write_tables(tmp_path, RECORDS, {"recipe": "r.yaml"})
     rows = read_csv(tmp_path / "summary.csv")
     assert rows[0] == {
+        "selection": "balanced",
+        "budget": "0.1",
         "fraction": "0.1",
+        "labels": "100",
         "road": "linear",
         "n_ok": "2",
         "n_failed": "0",
@@ -566,7 +596,10 @@ def test_tables_table_and_plot_from_records(tmp_path):
     points = read_csv(tmp_path / "points.csv")
     assert len(points) == 18 and points[0]["fraction"] == "0.1" and points[-1]["fraction"] == "1"
     assert read_csv(tmp_path / "gains.csv") == [
-        {"fraction": "0.1", "road": "finetune", "n_seeds": "1", "gain_mean": "0.2", "gain_std": "", "seeds_ahead": "1"}
+        {
+            **{"selection": "balanced", "budget": "0.1", "fraction": "0.1", "labels": "100", "road": "finetune"},
+            **{"versus": "scratch-best", "n_seeds": "1", "gain_mean": "0.2", "gain_std": "", "seeds_ahead": "1"},
+        }
     ]
     saved = json.loads((tmp_path / "points.json").read_text())
     assert saved["recipe"] == "r.yaml" and len(saved["runs"]) == len(RECORDS) and len(saved["points"]) == 18
@@ -574,10 +607,10 @@ def test_tables_table_and_plot_from_records(tmp_path):
     table = le.summary_table(summary, RECORDS[0])
     assert [c.header for c in table.columns] == [
         "labels",
-        *(le.column_header(r) for r in le.ROADS if r != "distill"),
+        *(lt.column_header(r) for r in TRAINED_ROADS),
     ]
     assert "100 s" in table.caption
-    assert le.column_header("finetune") == "fine\ntune" and le.column_header("scratch-long") == "scratch\nlong"
+    assert lt.column_header("finetune") == "fine\ntune" and lt.column_header("scratch-long") == "scratch\nlong"
 
     figure = le.plot(summary, 2, tmp_path / le.PLOT_FILE)
     assert (tmp_path / le.PLOT_FILE).read_bytes().startswith(PNG_MAGIC)
