@@ -63,6 +63,7 @@ PLOTTED_ROADS = {
     "fixmatch": "FixMatch from the encoder",
     "scratch-best": "scratch (better of 1x and {factor}x epochs)",
 }
+PANEL_TITLES = {BALANCED: "class-balanced random draw (reads the labels)"}
 BUDGET_COLUMNS = ["selection", "budget", "fraction", "labels"]
 
 
@@ -306,7 +307,7 @@ def summary_table(summary: list[dict], pretrain: dict | None) -> Table:
     """Budgets (and selections) down, roads across: mean ± std over seeds, and the wall time per run under it."""
     caption = None
     if pretrain is not None and pretrain.get("wall_s") is not None:
-        caption = f"pretraining: {pretrain['wall_s']:.0f} s, once for all the frozen, fine-tune and distill runs"
+        caption = f"pretraining: {pretrain['wall_s']:.0f} s, once for every road from the pretrained encoder"
 
     def cell(row: dict) -> str:
         text = mean_std_text(row["top1_mean"], row["top1_std"])
@@ -379,7 +380,7 @@ def plot(summary: list[dict], seeds: int, path: Path, scratch_factor: int = 3) -
         axes.minorticks_off()
         axes.set_xlabel("fraction of the training labels" if by_fraction else "labelled training images")
         if len(selections) > 1:
-            axes.set_title(f"labels chosen by {selection}", fontsize="medium")
+            axes.set_title(PANEL_TITLES.get(selection, f"labels chosen by {selection}"), fontsize="medium")
     figure.axes[0].set_ylabel("test top-1")
     save_plot(figure, "test top-1 against labels", seeds, path)
     return figure
