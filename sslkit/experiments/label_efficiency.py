@@ -513,10 +513,11 @@ def check_runs(runs: list[Run], plan: Plan) -> None:
                     f"every road needs the same network on the same images: pass {key}={theirs} "
                     f"(an override for every run) or another {RECIPE_OPTIONS[run.kind]}"
                 )
-        key = (run.kind, run.tags.get("selection", ""), run.tags.get("budget", ""))
-        if run.kind in ("finetune", "scratch", "fixmatch") and key not in batch_checked:
-            batch_checked.add(key)  # every seed's labels are as many
-            check_batch(run, cfg, plan)
+        if run.kind in ("finetune", "scratch", "fixmatch"):
+            key = (run.kind, run.tags["selection"], run.tags["budget"])
+            if key not in batch_checked:
+                batch_checked.add(key)  # every seed's labels are as many
+                check_batch(run, cfg, plan)
         if run.run_dir is not None:
             refuse_changed_run_dir(run, cfg)
 
