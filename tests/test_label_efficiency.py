@@ -24,8 +24,11 @@ from command_utils import block_matplotlib, jobs_in_this_process, read_csv, run_
 from sslkit.cli.label_efficiency import main
 from sslkit.config import find_recipe
 from sslkit.errors import UserError
+from sslkit.experiments import label_budgets as lb
 from sslkit.experiments import label_efficiency as le
+from sslkit.experiments import label_efficiency_tables as lt
 from sslkit.experiments import runner
+from sslkit.experiments.label_budgets import Budget, LabelPool
 from sslkit.experiments.runs import Run, fraction_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,6 +221,105 @@ def test_aggregation_of_the_real_results_without_matplotlib(comparison, tmp_path
     assert read_csv(out / "gains.csv") == read_csv(comparison[0] / "gains.csv")
 
 
+# --------------------------------------------------------------------------- chosen labels and FixMatch, for real
+
+# 50 labels (5 of each digit) drawn class-balanced and chosen by TypiClust, every road on each, FixMatch too.
+CHOSEN = [
+    *TINY,
+    "--labels",
+    "50",
+    "--select",
+    "balanced,typiclust",
+    "--fixmatch",
+    "--seeds",
+    "1",
+    "--scratch-factor",
+    "2",
+    "--pretrain-override",
+    "train.epochs=1",
+    *(
+        arg
+        for override in ["train.epochs=1", "train.batch_size=16", "eval.linear_epochs=0"]
+        for arg in ("--finetune-override", override)
+    ),
+]
+CHOSEN_ROADS = ["frozen", "finetune", "distill", "fixmatch", "fixmatch-scratch", "scratch", "scratch-long"]
+CHOSEN_RUNS = [
+    "pretrain",
+    "embed",
+    *(f"{kind}-n50-s0" for kind in CHOSEN_ROADS),
+    "select-typiclust-n50-s0",
+    *(f"{kind}-typiclust-n50-s0" for kind in CHOSEN_ROADS),
+]
+
+
+@pytest.fixture(scope="module")
+def chosen(tmp_path_factory) -> tuple[Path, int, str]:
+    out = tmp_path_factory.mktemp("label_efficiency") / "chosen"
+    status, stdout, stderr = run_tool(*CHOSEN, "--out", str(out))
+    return out, status, stdout + stderr
+
+
+@pytest.mark.slow
+def test_labels_chosen_by_a_strategy_go_down_every_road_and_fixmatch_too(chosen):
+    out, status, output = chosen
+    assert status == 0, output
+    recorded = json.loads((out / "points.json").read_text())
+    assert [r["name"] for r in recorded["runs"]] == CHOSEN_RUNS
+    assert (recorded["labels"], recorded["select"], recorded["classes"]) == ([50], ["balanced", "typiclust"], 10)
+
+    # Every typiclust road trained (or was evaluated) on exactly the images of the label file sslkit-select wrote.
+    label_file = json.loads((out / "labels" / "typiclust-n50-s0.json").read_text())
+    assert (label_file["strategy"], label_file["budget"], len(label_file["indices"])) == ("typiclust", 50, 50)
+    assert label_file["embeddings"]["count"] == 1437  # chosen among every image of the digits' training split
+    runs = out / "runs"
+    for kind in CHOSEN_ROADS[1:]:
+        saved = json.loads((runs / f"{kind}-typiclust-n50-s0" / "label_subset.json").read_text())
+        assert saved["indices"] == label_file["indices"], kind
+        assert saved["file"] == str(out / "labels" / "typiclust-n50-s0.json")
+    balanced = json.loads((runs / "finetune-n50-s0" / "label_subset.json").read_text())
+    assert (balanced["per_class"], balanced["seed"], len(balanced["indices"])) == (5, 0, 50)
+    assert balanced["indices"] != label_file["indices"]
+
+    def config(name: str) -> dict:
+        import yaml
+
+        return yaml.safe_load((runs / name / "config.yaml").read_text())
+
+    fixmatch, from_scratch = config("fixmatch-typiclust-n50-s0"), config("fixmatch-scratch-typiclust-n50-s0")
+    assert fixmatch["method"]["name"] == from_scratch["method"]["name"] == "fixmatch"
+    assert (fixmatch["run"]["init_from"], from_scratch["run"]["init_from"]) == (str(runs / "pretrain"), None)
+
+    rows = read_csv(out / "points.csv")
+    by = {(r["selection"], r["road"]): r for r in rows}
+    roads = ["linear", "knn", "finetune", "distill", "fixmatch", "fixmatch-scratch", "scratch", "scratch-long"]
+    for selection in ("balanced", "typiclust"):
+        for road in [*roads, "scratch-best"]:
+            row = by[(selection, road)]
+            assert (row["budget"], row["fraction"], row["labels"], row["status"]) == ("50", "", "50", "ok"), row
+            assert 0 <= float(row["top1"]) <= 1
+    for road in ("fixmatch", "fixmatch-scratch"):  # the top-1 of the run's own classifier, as it reported it
+        trained = json.loads((runs / f"{road}-typiclust-n50-s0" / "results.json").read_text())["results"]["trained"]
+        assert float(by[("typiclust", road)]["top1"]) == pytest.approx(trained["finetune_top1"], rel=1e-5)
+    assert len(rows) == 2 * (len(roads) + 1)
+
+    summary = read_csv(out / "summary.csv")
+    assert [(r["selection"], r["road"]) for r in summary] == [
+        (s, road) for s in ("balanced", "typiclust") for road in [*roads, "scratch-best"]
+    ]
+    gains = read_csv(out / "gains.csv")
+    assert {(g["selection"], g["road"], g["versus"]) for g in gains} == {
+        *(
+            (s, road, "scratch-best")
+            for s in ("balanced", "typiclust")
+            for road in ("finetune", "distill", "fixmatch")
+        ),
+        *(("typiclust", road, "balanced") for road in lt.SELECTION_ROADS),
+    }
+    assert "what selection buys" in output and "with balanced" in output
+    assert (out / le.PLOT_FILE).read_bytes().startswith(PNG_MAGIC)
+
+
 # --------------------------------------------------------------------------- mistakes, up front
 
 
@@ -270,6 +372,48 @@ def test_a_bad_fraction_gives_one_line_from_the_command(tmp_path):
     ],
 )
 def test_mistakes_fail_before_anything_runs(tmp_path, argv, words):
+    check_one_line_and_nothing_written(tmp_path, argv, words)
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--fractions", "0.1", "--labels", "50"], ["--fractions", "--labels", "one of the two; both given"]),
+        ([], ["--fractions", "--labels", "neither given"]),
+        (["--labels", "50,ten"], ["'ten' is not a whole number"]),
+        (["--labels", "0"], ["0 labels leave nothing"]),
+        (["--labels", "50,50"], ["twice"]),
+        (["--labels", "5000", "--select", "random"], ["--labels 5000", "has 1437 images", "at most 1437"]),
+        (["--labels", "55"], ["--labels 55", "10 classes of digits", "multiple of 10, e.g. 50 or 60"]),
+        (["--labels", "5"], ["multiple of 10, e.g. 10"]),
+        (["--labels", "1430"], ["--labels 1430", "143 images of every class", "only 139"]),
+        (["--labels", "20"], ["run finetune-n20-s0", "--labels 20 leaves 20 labelled images", "batch_size 32"]),
+        (
+            ["--labels", "50", "--select", "random,typiclus"],
+            ["unknown selection 'typiclus'", "balanced, random, kmeans, typiclust, probcover, kcenter"],
+        ),
+        (["--labels", "50", "--select", "random,random"], ["--select 'random,random'", "twice"]),
+        (["--fractions", "0.0001", "--select", "random"], ["--fractions 0.0001", "no image for --select"]),
+        (["--fractions", "1", "--fixmatch"], ["--fixmatch needs unlabelled", "every budget labels all 1437"]),
+        (["--labels", "1437", "--select", "kmeans"], ["--select kmeans chooses images", "add a smaller budget"]),
+        (["--labels", "50", "--select", "kcenter", "data.holdout_classes=[0]"], ["data.holdout_classes"]),
+        (["--labels", "50", "--epochs", "0.1=3"], ["--epochs '0.1=3'", "not one of --labels 50"]),
+        (["--labels", "50", "data.label_subset=mine.json"], ["data.label_subset", "--select"]),
+        (  # a FixMatch step of 7 x 300 unlabelled digits: more than there are
+            ["--labels", "500", "--fixmatch", "--finetune-override", "train.batch_size=300"],
+            ["run fixmatch-n500-s0", "300 x 7", "more than the 1437", "train.batch_size=205"],
+        ),
+        (
+            ["--labels", "50", "--fixmatch", "--fixmatch-recipe", "fashion_mnist_fixmatch"],
+            ["run fixmatch-n50-s0: data.name=fashion_mnist", "--fixmatch-recipe"],
+        ),
+    ],
+)
+def test_budget_selection_and_fixmatch_mistakes_fail_before_anything_runs(tmp_path, argv, words):
+    check_one_line_and_nothing_written(tmp_path, argv, words)
+
+
+def check_one_line_and_nothing_written(tmp_path: Path, argv: list[str], words: list[str]) -> None:
     status, stdout, stderr = run_tool(*argv, "--out", str(tmp_path / "out"))
     assert status == 2, stdout + stderr
     lines = [line for line in stderr.splitlines() if line.strip()]
@@ -287,6 +431,9 @@ def test_an_unknown_recipe_fails_before_anything_runs(tmp_path):
 # --------------------------------------------------------------------------- the plan
 
 
+POOL = LabelPool("digits", (100,) * 10)  # 1,000 labelled images, 100 of each class
+
+
 def make_plan(tmp_path: Path, **changes) -> le.Plan:
     settings = dict(
         recipe=Path("/r/pre.yaml"),
@@ -295,8 +442,11 @@ def make_plan(tmp_path: Path, **changes) -> le.Plan:
         overrides=["train.threads=2"],
         pretrain_overrides=["train.epochs=7"],
         finetune_overrides=["train.epochs=5"],
-        fractions=[0.01, 1.0],
+        fixmatch_recipe=None,
+        budgets=[Budget(fraction=0.01), Budget(fraction=1.0)],
+        selections=["balanced"],
         seeds=[3, 4],
+        pool=POOL,
         out=tmp_path,
         pretrained=None,
         scratch_factor=3,
@@ -414,6 +564,110 @@ def test_a_scratch_recipe_of_its_own_sets_the_scratch_runs_and_their_longer_epoc
     assert "train.epochs=300" in runs["scratch-long-f0.01-s3"].command  # --scratch-factor times its own epochs
 
 
+def test_labels_chosen_by_a_strategy_are_embedded_once_selected_per_seed_and_given_to_every_road(tmp_path):
+    budgets = [Budget(count=50), Budget(count=1000)]  # 1000: every label of POOL
+    plan = make_plan(
+        tmp_path, budgets=budgets, selections=["balanced", "typiclust"], fixmatch_recipe=Path("/r/fm.yaml")
+    )
+    runs = le.plan_runs(plan)
+    roads = ["frozen", "finetune", "distill", "fixmatch", "fixmatch-scratch", "scratch", "scratch-long"]
+    assert [r.name for r in runs] == [
+        "pretrain",
+        "embed",
+        *(
+            name
+            for seed in (3, 4)
+            for name in (
+                *(f"{kind}-n50-s{seed}" for kind in roads),
+                f"select-typiclust-n50-s{seed}",
+                *(f"{kind}-typiclust-n50-s{seed}" for kind in roads),
+            )
+        ),
+        # every label, once per seed: no selection, nothing to distill on, nothing unlabelled for FixMatch
+        *(f"{kind}-n1000-s{seed}" for seed in (3, 4) for kind in ("frozen", "finetune", "scratch", "scratch-long")),
+    ]
+    by = {r.name: r for r in runs}
+    pre, python, embeddings = tmp_path / "runs" / "pretrain", sys.executable, tmp_path / "embeddings"
+    embed = by["embed"]
+    assert embed.command == [
+        *(python, "-m", runner.EMBED, str(pre), "train.threads=2"),
+        *("--split", "train", "--out", str(embeddings)),
+    ]
+    assert (embed.needs, embed.result) == (("pretrain",), embeddings / "meta.json")
+    assert embed.job().complete_key == "complete"
+    label_file = tmp_path / "labels" / "typiclust-n50-s4.json"
+    select = by["select-typiclust-n50-s4"]
+    assert select.command == [
+        *(python, "-m", runner.SELECT, str(embeddings), "--budget", "50", "--strategy", "typiclust"),
+        *("--seed", "4", "--out", str(label_file)),
+    ]
+    assert (select.needs, select.result) == (("embed",), label_file)
+
+    chosen = ["data.label_fraction=null", "data.labels_per_class=null", f"data.label_subset={label_file}"]
+    frozen = by["frozen-typiclust-n50-s4"]
+    assert frozen.command[4:-2] == [
+        "train.threads=2",
+        *chosen,
+        "eval.label_fraction=null",
+        "eval.labels_per_class=null",
+        "run.seed=4",
+    ]
+    assert frozen.needs == ("pretrain", "select-typiclust-n50-s4")
+    tail = [f"run.output_dir={tmp_path / 'runs'}", "run.name=finetune-typiclust-n50-s4", "run.resume=auto"]
+    finetune = by["finetune-typiclust-n50-s4"]
+    assert finetune.command[3:] == ["/r/ft.yaml", "train.threads=2", "train.epochs=5", f"run.init_from={pre}"] + [
+        *chosen,
+        "run.seed=4",
+        *tail,
+    ]
+    assert finetune.job().fields == {
+        **{"kind": "finetune", "fraction": None, "seed": 4},
+        **{"selection": "typiclust", "budget": "50", "labels": 50},
+    }
+    for kind in roads[1:]:
+        assert f"data.label_subset={label_file}" in by[f"{kind}-typiclust-n50-s4"].command
+        assert "select-typiclust-n50-s4" in by[f"{kind}-typiclust-n50-s4"].needs
+    fixmatch, from_scratch = by["fixmatch-typiclust-n50-s4"], by["fixmatch-scratch-typiclust-n50-s4"]
+    assert fixmatch.command[3:7] == ["/r/fm.yaml", "train.threads=2", "train.epochs=5", f"run.init_from={pre}"]
+    assert from_scratch.command[6] == "run.init_from=null"
+    assert (fixmatch.needs, from_scratch.needs) == (
+        ("pretrain", "select-typiclust-n50-s4"),
+        ("select-typiclust-n50-s4",),
+    )
+
+    # 50 labels drawn class-balanced: 5 of each of the 10 classes, for the probes as for the trained runs
+    assert by["frozen-n50-s3"].command[5:-2] == [
+        "eval.label_fraction=null",
+        "eval.labels_per_class=5",
+        "data.label_seed=3",
+        "run.seed=3",
+    ]
+    assert by["scratch-n50-s3"].command[7:11] == [
+        "data.label_fraction=null",
+        "data.labels_per_class=5",
+        "data.label_seed=3",
+        "run.seed=3",
+    ]
+    assert by["scratch-n50-s3"].needs == ()
+    every = by["finetune-n1000-s3"]
+    assert "data.label_fraction=1" in every.command and every.tags == {
+        "selection": "all",
+        "budget": "1000",
+        "labels": 1000,
+    }
+
+
+def test_a_fraction_chosen_by_a_strategy_is_that_share_of_the_images(tmp_path):
+    plan = make_plan(tmp_path, selections=["kcenter"], scratch_factor=1, distill_recipe=None)
+    runs = {r.name: r for r in le.plan_runs(plan)}
+    select = runs["select-kcenter-f0.01-s3"]
+    assert select.command[select.command.index("--budget") + 1] == "10"  # 0.01 of POOL's 1000 images
+    assert select.result == tmp_path / "labels" / "kcenter-f0.01-s3.json"
+    assert runs["finetune-kcenter-f0.01-s3"].tags == {"selection": "kcenter", "budget": "0.01", "labels": 10}
+    assert "finetune-f1-s3" in runs and "select-kcenter-f1-s3" not in runs  # every label: nothing to choose
+    assert le.parse_epochs("50=60", [50.0, 600.0], "--labels") == {"50": 60}
+
+
 def test_a_pretraining_with_labels_gets_a_note(tmp_path):
     assert le.labels_note(make_plan(tmp_path, recipe=find_recipe("quickstart"), pretrain_overrides=[])) is None
     note = le.labels_note(make_plan(tmp_path, recipe=find_recipe("supcon"), pretrain_overrides=[]))
@@ -429,9 +683,10 @@ def test_pretrained_must_be_a_finished_run(tmp_path):
 
 
 def test_parse_fractions_sorts_and_names_them_plainly():
-    assert le.parse_fractions("1,0.01, 0.1") == [0.01, 0.1, 1.0]
-    assert [fraction_text(f) for f in le.parse_fractions("1.0,0.001")] == ["0.001", "1"]
-    assert le.run_name("scratch-long", 1.0, 0) == "scratch-long-f1-s0"
+    assert lb.parse_fractions("1,0.01, 0.1") == [0.01, 0.1, 1.0]
+    assert [fraction_text(f) for f in lb.parse_fractions("1.0,0.001")] == ["0.001", "1"]
+    labels = lb.LabelSet("balanced", Budget(fraction=1.0), 0, POOL, Path("labels"))
+    assert labels.run_name("scratch-long") == "scratch-long-f1-s0"
 
 
 def test_a_run_is_a_job_that_reads_its_own_result():
@@ -446,18 +701,31 @@ def test_a_run_is_a_job_that_reads_its_own_result():
 # --------------------------------------------------------------------------- aggregation and plot
 
 
-def record(kind: str, fraction: float, seed: int, metrics: dict | None, wall: float | None = 10.0) -> dict:
+def record(
+    kind: str, fraction: float, seed: int, metrics: dict | None, wall: float | None = 10.0, selection: str = "balanced"
+) -> dict:
+    """A run's record as the runner writes it, of a run on a class-balanced fraction of POOL's labels (or on labels
+    that ``selection`` chose)."""
+    if kind == "pretrain":
+        return {"name": "pretrain", "kind": kind, "fraction": None, "seed": None, "status": "ok", "skipped": False,
+                "error": None, "wall_s": wall, "metrics": metrics}  # fmt: skip
+    labels = lb.LabelSet(selection, Budget(fraction=fraction), seed, POOL, Path("labels"))
     return {
-        "name": "pretrain" if kind == "pretrain" else le.run_name(kind, fraction, seed),
+        "name": labels.run_name(kind),
         "kind": kind,
         "fraction": fraction,
         "seed": seed,
+        **labels.fields(),
         "status": "failed" if metrics is None else "ok",
         "skipped": False,
         "error": "boom" if metrics is None else None,
         "wall_s": wall,
         "metrics": metrics or {},
     }
+
+
+# The roads of RECORDS: no distill or FixMatch runs.
+TRAINED_ROADS = [road for road in lt.ROADS if road not in ("distill", "fixmatch", "fixmatch-scratch")]
 
 
 def ft(top1: float) -> dict:
@@ -515,8 +783,12 @@ def test_gains_pair_each_seed_with_its_own_scratch_run():
     # seed 0: 0.60 - 0.40; seed 1's fine-tune failed and fraction 1's scratch best too: nothing to pair
     assert le.paired_gains(le.point_rows(RECORDS)) == [
         {
+            "selection": "balanced",
+            "budget": "0.1",
             "fraction": 0.1,
+            "labels": 100,
             "road": "finetune",
+            "versus": "scratch-best",
             "n_seeds": 1,
             "gain_mean": pytest.approx(0.2),
             "gain_std": None,
@@ -537,8 +809,8 @@ def test_gains_pair_each_seed_with_its_own_scratch_run():
 
 
 def test_summary_is_mean_and_sample_std_over_the_seeds_that_succeeded():
-    summary = le.summarize(le.point_rows(RECORDS))
-    assert [(r["fraction"], r["road"]) for r in summary][:6] == [(0.1, road) for road in le.ROADS if road != "distill"]
+    summary = lt.summarize(le.point_rows(RECORDS))
+    assert [(r["fraction"], r["road"]) for r in summary][:6] == [(0.1, road) for road in TRAINED_ROADS]
     by = {(r["fraction"], r["road"]): r for r in summary}
     linear = by[(0.1, "linear")]
     assert linear["top1_mean"] == pytest.approx(0.80) and linear["top1_std"] == pytest.approx(
@@ -555,7 +827,10 @@ def test_tables_table_and_plot_from_records(tmp_path):
     summary = le.write_tables(tmp_path, RECORDS, {"recipe": "r.yaml"})
     rows = read_csv(tmp_path / "summary.csv")
     assert rows[0] == {
+        "selection": "balanced",
+        "budget": "0.1",
         "fraction": "0.1",
+        "labels": "100",
         "road": "linear",
         "n_ok": "2",
         "n_failed": "0",
@@ -566,7 +841,10 @@ def test_tables_table_and_plot_from_records(tmp_path):
     points = read_csv(tmp_path / "points.csv")
     assert len(points) == 18 and points[0]["fraction"] == "0.1" and points[-1]["fraction"] == "1"
     assert read_csv(tmp_path / "gains.csv") == [
-        {"fraction": "0.1", "road": "finetune", "n_seeds": "1", "gain_mean": "0.2", "gain_std": "", "seeds_ahead": "1"}
+        {
+            **{"selection": "balanced", "budget": "0.1", "fraction": "0.1", "labels": "100", "road": "finetune"},
+            **{"versus": "scratch-best", "n_seeds": "1", "gain_mean": "0.2", "gain_std": "", "seeds_ahead": "1"},
+        }
     ]
     saved = json.loads((tmp_path / "points.json").read_text())
     assert saved["recipe"] == "r.yaml" and len(saved["runs"]) == len(RECORDS) and len(saved["points"]) == 18
@@ -574,10 +852,10 @@ def test_tables_table_and_plot_from_records(tmp_path):
     table = le.summary_table(summary, RECORDS[0])
     assert [c.header for c in table.columns] == [
         "labels",
-        *(le.column_header(r) for r in le.ROADS if r != "distill"),
+        *(lt.column_header(r) for r in TRAINED_ROADS),
     ]
     assert "100 s" in table.caption
-    assert le.column_header("finetune") == "fine\ntune" and le.column_header("scratch-long") == "scratch\nlong"
+    assert lt.column_header("finetune") == "fine\ntune" and lt.column_header("scratch-long") == "scratch\nlong"
 
     figure = le.plot(summary, 2, tmp_path / le.PLOT_FILE)
     assert (tmp_path / le.PLOT_FILE).read_bytes().startswith(PNG_MAGIC)
@@ -597,3 +875,71 @@ def test_the_plot_is_skipped_without_matplotlib(tmp_path, monkeypatch):
     summary = le.write_tables(tmp_path, RECORDS, {})
     assert le.plot(summary, 2, tmp_path / le.PLOT_FILE) is None
     assert not (tmp_path / le.PLOT_FILE).exists() and (tmp_path / "summary.csv").is_file()
+
+
+def chosen_records() -> list[dict]:
+    """Fine-tune and scratch runs at 10% chosen three ways on two seeds, and with every label on one seed."""
+    records = []
+    tuned = {"random": (0.60, 0.62), "typiclust": (0.70, 0.66), "balanced": (0.64, 0.60)}
+    for seed in (0, 1):
+        for selection, values in tuned.items():
+            top1 = values[seed]
+            records += [
+                record("finetune", 0.1, seed, ft(top1), selection=selection),
+                record("scratch", 0.1, seed, ft(top1 - 0.2), selection=selection),
+                record("scratch-long", 0.1, seed, ft(top1 - 0.1), selection=selection),
+            ]
+    every = [record("finetune", 1.0, 0, ft(0.95), selection="all")]
+    every += [record(kind, 1.0, 0, ft(0.85), selection="all") for kind in ("scratch", "scratch-long")]
+    return records + every
+
+
+def test_what_selection_buys_is_each_road_minus_random_on_the_same_seed():
+    rows = le.point_rows(chosen_records())
+    assert lt.selection_baseline(rows) == "random"
+    gains = {(g["selection"], g["road"]): g for g in lt.selection_gains(rows)}
+    assert set(gains) == {(s, road) for s in ("typiclust", "balanced") for road in ("finetune", "scratch-best")}
+    typiclust = gains[("typiclust", "finetune")]  # 0.70 - 0.60 and 0.66 - 0.62
+    assert (typiclust["versus"], typiclust["n_seeds"], typiclust["seeds_ahead"]) == ("random", 2, 2)
+    assert typiclust["gain_mean"] == pytest.approx(0.07) and typiclust["labels"] == 100
+    assert gains[("balanced", "finetune")]["gain_mean"] == pytest.approx(0.01)  # +0.04, -0.02
+    # without random, against balanced; with one selection, against nothing
+    without_random = [r for r in rows if r["selection"] != "random"]
+    assert {g["versus"] for g in lt.selection_gains(without_random)} == {"balanced"}
+    assert lt.selection_gains([r for r in rows if r["selection"] in ("typiclust", "all")]) == []
+    # what pretraining buys, per selection
+    pretraining = lt.paired_gains(rows)
+    assert [(g["selection"], g["road"]) for g in pretraining] == [
+        ("random", "finetune"),
+        ("typiclust", "finetune"),
+        ("balanced", "finetune"),
+        ("all", "finetune"),
+    ]
+    assert all(g["gain_mean"] == pytest.approx(0.1) for g in pretraining)
+
+
+def test_tables_and_plot_show_every_selection(tmp_path):
+    summary = le.write_tables(tmp_path, chosen_records(), {})
+    assert [(r["budget"], r["selection"]) for r in summary if r["road"] == "finetune"] == [
+        ("0.1", "random"),
+        ("0.1", "typiclust"),
+        ("0.1", "balanced"),
+        ("1", "all"),
+    ]
+    versus = [(g["selection"], g["road"], g["versus"]) for g in read_csv(tmp_path / "gains.csv")]
+    assert ("typiclust", "finetune", "scratch-best") in versus and ("typiclust", "finetune", "random") in versus
+    table = le.summary_table(summary, None)
+    assert [c.header for c in table.columns][:3] == ["labels", "selection", "fine\ntune"]
+    assert list(table.columns[1].cells) == ["random", "typiclust", "balanced", "all"]
+    chosen = le.selection_table(le.selection_gains(le.point_rows(chosen_records())))
+    assert "with random" in chosen.title and list(chosen.columns[1].cells) == ["typiclust", "balanced"]
+
+    figure = le.plot(summary, 2, tmp_path / le.PLOT_FILE)
+    assert (tmp_path / le.PLOT_FILE).read_bytes().startswith(PNG_MAGIC)
+    assert [axes.get_title() for axes in figure.axes] == [
+        "labels chosen by random",
+        "labels chosen by typiclust",
+        "class-balanced random draw (reads the labels)",
+    ]
+    for axes in figure.axes:  # fine-tune and scratch best, each closed by the run with every label
+        assert [list(line.get_xdata()) for line, _, _ in axes.containers] == [[0.1, 1.0], [0.1, 1.0]]

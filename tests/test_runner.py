@@ -39,6 +39,18 @@ def test_a_job_that_writes_its_result_is_ok_and_a_rerun_skips_it(tmp_path):
     assert (tmp_path / "logs" / "a.out").is_file()
 
 
+def test_a_result_written_before_the_job_ends_counts_once_it_says_complete(tmp_path):
+    result = tmp_path / "meta.json"
+    result.write_text(json.dumps({"count": 10, "complete": False}))  # an embedding stopped part-way
+    embed = runner.Job("embed", [sys.executable, "-c", "pass"], result, metrics_at=(), complete_key="complete")
+    assert runner.finished_metrics(embed) is None
+    record = runner.run_or_skip(embed, tmp_path / "logs", None, {})  # runs again; still incomplete: failed
+    assert (record["skipped"], record["status"]) == (False, "failed")
+    result.write_text(json.dumps({"count": 10, "complete": True}))
+    assert runner.run_or_skip(embed, tmp_path / "logs", 3.0, {})["skipped"] is True
+    assert runner.finished_metrics(runner.Job("x", [], result, metrics_at=())) == {"count": 10.0}
+
+
 def test_a_failing_job_is_recorded_with_its_error_and_what_needs_it_is_not_run(tmp_path):
     record = runner.run_or_skip(job(tmp_path, "teacher", FAILS), tmp_path / "logs", None, {})
     assert (record["status"], record["error"], record["skipped"]) == ("failed", "the teacher ran away", False)
@@ -108,6 +120,15 @@ def test_config_differences_compare_paths_resolved_and_runs_of_the_sweep_by_name
     assert runner.config_differences({**moved, "run.init_from": "/old/runs/pretrain"}, before, PATHS) == [
         "run.init_from"
     ]
+    # ... and on the label file it wrote in a folder beside its runs, not on another
+    keys = (*PATHS, "data.label_subset")
+    labels = {**moved, "data.label_subset": "/new/labels/typiclust-n100-s0.json"}
+    assert (
+        runner.config_differences(labels, {**before, "data.label_subset": "/old/labels/typiclust-n100-s0.json"}, keys)
+        == []
+    )
+    other = {**before, "data.label_subset": "/old/labels/typiclust-n100-s1.json"}
+    assert runner.config_differences(labels, other, keys) == ["data.label_subset"]
 
 
 def test_a_run_directory_made_with_other_settings_is_refused_in_one_line(tmp_path):

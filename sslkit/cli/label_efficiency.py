@@ -1,16 +1,19 @@
-"""``sslkit-label-efficiency``: what pretraining buys at few labels, against training from scratch.
+"""``sslkit-label-efficiency``: what pretraining, and the choice of the images to label, buy with few labels.
 
-    sslkit-label-efficiency RECIPE --fractions 0.01,0.1,1 --seeds 3 [--out DIR]
-        [--pretrained RUN_DIR] [--finetune-recipe R] [--distill-recipe R] [--no-distill]
-        [--scratch-recipe R] [--scratch-factor 3] [--epochs F=E,...] [--launcher "..."]
+    sslkit-label-efficiency RECIPE (--fractions 0.01,0.1,1 | --labels 100,600) --seeds 3 [--out DIR]
+        [--select balanced,random,kmeans,typiclust,probcover,kcenter] [--fixmatch] [--pretrained RUN_DIR]
+        [--finetune-recipe R] [--distill-recipe R] [--no-distill] [--fixmatch-recipe R]
+        [--scratch-recipe R] [--scratch-factor 3] [--epochs B=E,...] [--launcher "..."]
         [--pretrain-override K=V ...] [--finetune-override K=V ...]
         [key.sub=value ...]
     sslkit-label-efficiency quickstart --fractions 0.05,0.1,1 --seeds 3 train.threads=2
+    sslkit-label-efficiency quickstart --labels 50,100 --select random,typiclust,balanced --fixmatch --seeds 3
 
-The roads, the runs and the files the comparison writes are :mod:`sslkit.experiments.label_efficiency`'s;
-this command parses its options into :func:`~sslkit.experiments.label_efficiency.plan_label_efficiency`,
-runs the plan and prints its tables. Exit status: 0 when every run succeeded, 1 when any failed, 2 for
-a mistake in the command line or a run's config (one line, before anything runs), 130 on Ctrl-C.
+The roads, the selections, the runs and the files the comparison writes are
+:mod:`sslkit.experiments.label_efficiency`'s; this command parses its options into
+:func:`~sslkit.experiments.label_efficiency.plan_label_efficiency`, runs the plan and prints its tables.
+Exit status: 0 when every run succeeded, 1 when any failed, 2 for a mistake in the command line or a
+run's config (one line, before anything runs), 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from sslkit.experiments import label_efficiency
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="sslkit-label-efficiency",
-        description="Compare, at several label fractions, a pretrained encoder frozen, fine-tuned and distilled "
-        "against the same network trained from scratch on the same labels.",
+        description="Compare, at several label budgets, a pretrained encoder frozen, fine-tuned and distilled "
+        "(and FixMatch) against the same network trained from scratch on the same labels, with the labelled "
+        "images drawn class-balanced or chosen from the encoder's embeddings.",
     )
     parser.add_argument(
         "recipe",
@@ -39,13 +43,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "overrides", nargs="*", default=[], help="dotted key=value overrides for every run, e.g. train.threads=2"
     )
     parser.add_argument(
-        "--fractions", required=True, metavar="F1,F2,...", help="label fractions in (0, 1], e.g. 0.01,0.1,1"
+        "--fractions", metavar="F1,F2,...", help="label budgets as fractions in (0, 1] of the labels, e.g. 0.01,0.1,1"
+    )
+    parser.add_argument(
+        "--labels",
+        metavar="N1,N2,...",
+        help="label budgets as numbers of labelled images instead, e.g. 100,600 (with balanced: multiples of the "
+        "number of classes)",
+    )
+    parser.add_argument(
+        "--select",
+        default="balanced",
+        metavar="S1,S2,...",
+        help="which images get the labels, each crossed with every road: balanced (the same number of every class "
+        "at random; it reads the labels), or sslkit-select's random, kmeans, typiclust, probcover, kcenter, from "
+        "the pretrained encoder's embeddings (default: balanced)",
+    )
+    parser.add_argument(
+        "--fixmatch",
+        action="store_true",
+        help="add FixMatch on the same labels, from the pretrained encoder and from scratch (not with every label)",
     )
     parser.add_argument(
         "--seeds",
         type=int,
         default=1,
-        help="seeds per fraction (labelled subset and run seed): s, s+1, ... from the recipe's run.seed (default 1)",
+        help="seeds per budget and selection (labelled images and run seed): s, s+1, ... from the recipe's "
+        "run.seed (default 1)",
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="output directory (default: <run.output_dir>/label-efficiency-<recipe>)"
@@ -68,6 +92,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the distillation recipe (default: fashion_mnist_distill or quickstart_distill)",
     )
     parser.add_argument(
+        "--fixmatch-recipe",
+        default=None,
+        help="the FixMatch recipe (default: fashion_mnist_fixmatch or quickstart_fixmatch)",
+    )
+    parser.add_argument(
         "--scratch-recipe",
         default=None,
         help="the scratch runs' recipe (default: the fine-tune recipe), e.g. fashion_mnist_scratch",
@@ -83,8 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--epochs",
         default=None,
-        metavar="F=E,...",
-        help="fine-tune (and scratch) epochs at a fraction instead of the recipe's, e.g. 1=3 (scratch-long: "
+        metavar="B=E,...",
+        help="fine-tune (and scratch) epochs at a budget instead of the recipe's, e.g. 1=3 (scratch-long: "
         "--scratch-factor times these)",
     )
     parser.add_argument(
@@ -106,7 +135,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=V",
-        help="an override for the fine-tune, distill and scratch runs only (repeatable), e.g. train.epochs=5",
+        help="an override for the fine-tune, distill, FixMatch and scratch runs only (repeatable), e.g. "
+        "train.epochs=5",
     )
     # Intermixed: overrides may come before or after the --options, as users type them.
     return parser.parse_intermixed_args(argv)
@@ -118,10 +148,14 @@ def plan_from(args: argparse.Namespace) -> label_efficiency.Plan:
         args.recipe,
         args.fractions,
         args.seeds,
+        labels=args.labels,
+        select=args.select,
+        fixmatch=args.fixmatch,
         out=args.out,
         pretrained=args.pretrained,
         finetune_recipe=args.finetune_recipe,
         distill_recipe=args.distill_recipe,
+        fixmatch_recipe=args.fixmatch_recipe,
         scratch_recipe=args.scratch_recipe,
         distill=not args.no_distill,
         scratch_factor=args.scratch_factor,

@@ -44,14 +44,18 @@ def have_matplotlib() -> bool:
     return True
 
 
-def new_figure(width: float = 6.0, height: float = 4.0) -> Any:
-    """A matplotlib ``Figure`` with one set of axes (``figure.axes[0]``), or None without matplotlib."""
+def new_figure(width: float = 6.0, height: float = 4.0, panels: int = 1) -> Any:
+    """A matplotlib ``Figure`` with ``panels`` sets of axes side by side, sharing their y axis
+    (``figure.axes[0]`` the first), or None without matplotlib."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         return None
     figure = Figure(figsize=(width, height), layout="constrained")
-    figure.add_subplot()
+    if panels == 1:
+        figure.add_subplot()
+    else:
+        figure.subplots(1, panels, sharey=True)
     return figure
 
 

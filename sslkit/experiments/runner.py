@@ -40,6 +40,8 @@ from sslkit.errors import UserError
 
 PRETRAIN = "sslkit.cli.pretrain"
 EVALUATE = "sslkit.cli.evaluate"
+EMBED = "sslkit.cli.embed"
+SELECT = "sslkit.cli.label_selection"
 TRAINED = ("results", "trained")  # where a pretraining run's results.json holds the trained encoder's metrics
 
 
@@ -54,6 +56,8 @@ class Job:
     """One process of a sweep: its command, the JSON file whose metrics say it finished, and the jobs it needs.
 
     ``fields`` are the caller's own columns (swept values, seed, kind, ...), copied into the job's record.
+    ``complete_key``: a key at the top of ``result`` that must be true for the job to count as finished, for a
+    result file written before the job ends (an embeddings folder's meta.json says ``complete`` at its end).
     """
 
     name: str
@@ -63,6 +67,7 @@ class Job:
     needs: tuple[str, ...] = ()
     shown: tuple[str, ...] = ("knn_top1", "linear_top1")  # printed when it finishes
     fields: dict[str, Any] = field(default_factory=dict)
+    complete_key: str | None = None
 
 
 def read_metrics(path: Path, keys: tuple[str, ...] = TRAINED) -> dict[str, float] | None:
@@ -76,6 +81,18 @@ def read_metrics(path: Path, keys: tuple[str, ...] = TRAINED) -> dict[str, float
     if not isinstance(metrics, dict):
         return None
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def finished_metrics(job: Job) -> dict[str, float] | None:
+    """The metrics of ``job``'s result file when it says the job finished (:func:`read_metrics`), else None."""
+    metrics = read_metrics(job.result, job.metrics_at)
+    if metrics is None or job.complete_key is None:
+        return metrics
+    try:
+        complete = json.loads(job.result.read_text()).get(job.complete_key) is True
+    except (OSError, ValueError, AttributeError):
+        return None
+    return metrics if complete else None
 
 
 def run_process(command: list[str], log_dir: Path, name: str) -> tuple[int, str | None, float]:
@@ -126,14 +143,14 @@ def run_or_skip(job: Job, log_dir: Path, previous_wall_s: float | None, failed: 
         "result": str(job.result),
         "command": shlex.join(job.command),
     }
-    metrics = read_metrics(job.result, job.metrics_at)
+    metrics = finished_metrics(job)
     if metrics is not None:
         return {**record, "skipped": True, "metrics": metrics, "wall_s": previous_wall_s}
     blocked = [name for name in job.needs if name in failed]
     if blocked:
         return {**record, "status": "failed", "error": f"not run: {blocked[0]} failed"}
     status, error, wall = run_process(job.command, log_dir, job.name)
-    metrics = read_metrics(job.result, job.metrics_at) if status == 0 else None
+    metrics = finished_metrics(job) if status == 0 else None
     if metrics is None:
         missing = f"finished without writing {job.result.name}"
         return {**record, "status": "failed", "error": error or missing, "wall_s": wall}
@@ -270,9 +287,10 @@ def config_differences(wanted: dict, saved: dict, path_keys: tuple[str, ...] = (
     """Keys whose values differ between the flattened config a run would get and the one it was run with.
 
     ``run.output_dir``: the same place, maybe spelled differently. A path (``path_keys``) to another run
-    of the same ``run.output_dir`` (a pretraining, a teacher) is compared by its name there, so that
-    the sweep's folder may move; other paths are compared resolved. Keys the saved config lacks came
-    with a newer sslkit: the run predates them, which alone is no reason to refuse it.
+    of the same ``run.output_dir`` (a pretraining, a teacher), or to a file in a folder beside it (a label
+    file the sweep wrote), is compared by where it is from there, so that the sweep's folder may move;
+    other paths are compared resolved. Keys the saved config lacks came with a newer sslkit: the run
+    predates them, which alone is no reason to refuse it.
     """
 
     def place(config: dict, key: str) -> Any:
@@ -282,6 +300,8 @@ def config_differences(wanted: dict, saved: dict, path_keys: tuple[str, ...] = (
         runs = config.get("run.output_dir")
         if runs is not None and path.parent == Path(str(runs)).resolve():
             return ("run.output_dir", path.name)
+        if runs is not None and path.parent.parent == Path(str(runs)).resolve().parent:
+            return ("beside run.output_dir", path.parent.name, path.name)
         return path
 
     def same(key: str) -> bool:

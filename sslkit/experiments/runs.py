@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sslkit import methods
 from sslkit.config import Config, find_recipe, flatten, to_dict
@@ -34,11 +35,13 @@ RESERVED_KEYS = (
     "data.label_fraction",
     "data.labels_per_class",
     "data.label_seed",
+    "data.label_subset",
     "eval.label_fraction",
     "eval.labels_per_class",
 )
-# Paths: the same place may be spelled differently (relative, absolute); compared resolved.
-PATH_KEYS = ("run.init_from", "method.teacher")
+# Paths: the same place may be spelled differently (relative, absolute); compared resolved. Validation leaves
+# them out: they name what earlier runs of the experiment write (a backbone, a teacher, a label file).
+PATH_KEYS = ("run.init_from", "method.teacher", "data.label_subset")
 # What a trained run must share with the pretrained encoder: the network its backbone loads into, and the images.
 SAME_AS_PRETRAINED = ("data.name", "model.backbone", "model.width", "model.cifar_stem", "model.kwargs")
 
@@ -48,8 +51,8 @@ class Run:
     """One subprocess of an experiment: its command, the file that says it finished, and the runs it needs."""
 
     name: str
-    kind: str  # pretrain, frozen, finetune, distill, scratch, scratch-long, calibrate
-    fraction: float | None  # None: a pretraining
+    kind: str  # pretrain, frozen, finetune, distill, fixmatch, scratch, ..., calibrate; embed, select
+    fraction: float | None  # None: a pretraining, or a budget counted in labels
     seed: int | None
     command: list[str]
     result: Path  # results.json in its run directory, or the frozen evaluation's JSON
@@ -58,19 +61,31 @@ class Run:
     recipe: Path | None = None
     overrides: list[str] = field(default_factory=list)
     run_dir: Path | None = None  # for pretraining runs: where its config.yaml is saved
+    tags: dict[str, Any] = field(default_factory=dict)  # the experiment's own columns for its record
 
     def job(self) -> runner.Job:
-        """The run as the runner runs it; its record keeps the kind, fraction and seed."""
-        frozen = self.kind == "frozen"
+        """The run as the runner runs it; its record keeps the kind, fraction, seed and tags."""
+        metrics_at, shown, complete_key = RESULT_FILES.get(self.kind, (runner.TRAINED, ("finetune_top1",), None))
         return runner.Job(
             name=self.name,
             command=self.command,
             result=self.result,
-            metrics_at=("results",) if frozen else runner.TRAINED,
+            metrics_at=metrics_at,
             needs=self.needs,
-            shown=("linear_top1", "knn_top1") if frozen else ("finetune_top1",),
-            fields={"kind": self.kind, "fraction": self.fraction, "seed": self.seed},
+            shown=shown,
+            fields={"kind": self.kind, "fraction": self.fraction, "seed": self.seed, **self.tags},
+            complete_key=complete_key,
         )
+
+
+# What the result file of a run that is not a training run holds: where its figures are, those printed when it
+# finishes, and the key that says it is whole. A trained run's is its results.json (runner.TRAINED).
+RESULT_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None]] = {
+    "frozen": (("results",), ("linear_top1", "knn_top1"), None),  # sslkit-evaluate --out
+    # sslkit-embed's meta.json is written before the rows and says "complete" after the last one
+    "embed": ((), (), "complete"),
+    "select": ((), (), None),  # sslkit-select's label file, written whole
+}
 
 
 def fraction_text(fraction: float) -> str:

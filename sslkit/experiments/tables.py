@@ -48,21 +48,32 @@ def seeds_text(n_ok: int, n_failed: int) -> str:
     return seeds if not n_failed else f"[red]{seeds}"
 
 
-def error_bars(axes: Any, xs: Sequence[float], rows: Sequence[dict], metric: str, label: str | None) -> None:
+def error_bars(
+    axes: Any, xs: Sequence[float], rows: Sequence[dict], metric: str, label: str | None, **style: Any
+) -> None:
     """One line of ``rows``' ``<metric>_mean`` against ``xs`` on matplotlib ``axes``, one ``<metric>_std`` as error
-    bars; a row without a mean is a gap, and a line of gaps says in its label that every run failed."""
+    bars (``style``: matplotlib's ``errorbar`` keywords, e.g. ``color``); a row without a mean is a gap, and a
+    line of gaps says in its label that every run failed."""
     ys = [math.nan if r[f"{metric}_mean"] is None else r[f"{metric}_mean"] for r in rows]
     errors = [r[f"{metric}_std"] or 0.0 for r in rows]
     if label and all(math.isnan(y) for y in ys):
         label += " (every run failed)"
-    axes.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=label)
+    axes.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=label, **style)
 
 
 def save_plot(figure: Any, title: str, seeds: int, path: Path, legend: bool = True) -> None:
-    """Title (saying what the error bars are when there are several seeds), grid, legend; saved to ``path``."""
-    axes = figure.axes[0]
-    axes.set_title(title + (f" (error bars: std over {seeds} seeds)" if seeds > 1 else ""))
-    axes.grid(alpha=0.3)
+    """Title (saying what the error bars are when there are several seeds), grid, legend; saved to ``path``.
+
+    A figure of several panels gets the title above them all and the legend in its first panel.
+    """
+    first = figure.axes[0]
+    text = title + (f" (error bars: std over {seeds} seeds)" if seeds > 1 else "")
+    if len(figure.axes) > 1:
+        figure.suptitle(text)
+    else:
+        first.set_title(text)
+    for axes in figure.axes:
+        axes.grid(alpha=0.3)
     if legend:
-        axes.legend()
+        first.legend()
     figure.savefig(path, dpi=110)
