@@ -88,3 +88,21 @@ def test_accelerate_launch_gets_the_cores_back(tmp_path):
 def test_users_one_thread_is_kept(tmp_path):
     assert _threads_under_accelerate(tmp_path, omp="1") == (1, "torch default")
     assert _threads_under_accelerate(tmp_path, "--num_cpu_threads_per_process", "1") == (1, "torch default")
+
+
+@pytest.mark.slow
+def test_after_accelerate_config_default_the_launcher_starts_sslkit_quietly(tmp_path):
+    """README: after ``accelerate config default``, ``accelerate launch --num_cpu_threads_per_process N -m
+    sslkit.cli.pretrain`` lists no defaulted settings (without them, Accelerate lists four before every run)."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ROOT)}
+
+    def run(*command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+
+    launch = (*ACCELERATE, "-m", "sslkit.cli.pretrain", "--help")
+    unconfigured = run(*launch)
+    assert "were not passed to `accelerate launch`" in unconfigured.stderr  # what the README says it does
+    assert run(sys.executable, "-m", "accelerate.commands.accelerate_cli", "config", "default").returncode == 0
+    configured = run(*ACCELERATE, "--num_cpu_threads_per_process", "2", *launch[len(ACCELERATE) :])
+    assert configured.returncode == 0 and configured.stdout.startswith("usage: sslkit-pretrain"), configured.stderr
+    assert "were not passed" not in configured.stderr, configured.stderr
