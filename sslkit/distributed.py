@@ -19,8 +19,23 @@ Measured directly on the embeddings, a process's gradient is ``world_size`` time
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
+
+
+def cpu_processes_launched() -> bool:
+    """Whether this process is one of several started for the CPU, so that Accelerate must be told ``cpu=True``.
+
+    ``accelerate launch --cpu`` says so itself (``ACCELERATE_USE_CPU``). torchrun, srun or a batch script
+    only set the ranks (``WORLD_SIZE``, ``LOCAL_RANK``), and on a machine without CUDA Accelerate then
+    takes each process for a run of its own: N runs writing one run directory at once.
+    """
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"):
+        return True
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or "LOCAL_RANK" in os.environ
+    return launched and not torch.cuda.is_available()
 
 
 def is_distributed() -> bool:

@@ -40,11 +40,13 @@ def start(
     with a ``launcher``, the one process that starts the run's processes."""
     command = [*(launcher or [sys.executable]), *PRETRAIN, str(QUICKSTART), f"run.output_dir={tmp_path}"]
     command += [f"run.name={name}", *COMMON, *overrides]
-    ranks = [{"ACCELERATE_USE_CPU": "true"}] if launcher else [{}]  # torchrun's CPU processes: see docs/cluster.md
+    # Only the ranks, as torchrun and srun set them: on a machine without a GPU sslkit tells Accelerate they are CPU
+    # processes of one run (without, each would train a run of its own into the same directory).
+    ranks = [{}]
     if world > 1:
         port = str(_free_port())
         shared = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1"}
-        shared.update(MASTER_PORT=port, ACCELERATE_USE_CPU="true")
+        shared.update(MASTER_PORT=port)
         ranks = [dict(shared, RANK=str(r), LOCAL_RANK=str(r)) for r in range(world)]
     return [
         subprocess.Popen(
@@ -137,6 +139,7 @@ def straight_two_processes(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("straight")
     straight = finish(start(out, "straight", TWO_PROCESS_EPOCHS, world=2))
     assert [code for code, *_ in straight] == [0, 0], [err[-2000:] for *_, err in straight]
+    assert "2 processes on cpu" in straight[0][1].replace("\n", " "), straight[0][1][:2000]  # one run, not two
     return out / "straight"
 
 

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from sslkit.datasets import collate_batch
 from sslkit.datasets.batches import ImageBatch
+from sslkit.distributed import cpu_processes_launched
 from sslkit.embeddings.encoders import Encoder, load_encoder, recipe_of, source_kind
 from sslkit.embeddings.images import Images, images_to_embed
 from sslkit.embeddings.store import DTYPES
@@ -266,15 +267,12 @@ def embed_to_folder(
 def process_state():
     """This process's place among those launched together (accelerate's ``PartialState``).
 
-    On the CPU, asked for by ``accelerate launch --cpu`` or because there is no GPU: without ``cpu=True``
-    accelerate takes the processes torchrun started for separate runs of one process each.
+    On the CPU, asked for by ``accelerate launch --cpu`` or because there is no GPU
+    (:func:`sslkit.distributed.cpu_processes_launched`).
     """
-    import os
-
     from accelerate import PartialState
 
-    asked = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
-    return PartialState(cpu=asked or not torch.cuda.is_available())
+    return PartialState(cpu=cpu_processes_launched() or not torch.cuda.is_available())
 
 
 class _ImagesPerSecond(ProgressColumn):

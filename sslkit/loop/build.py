@@ -39,6 +39,7 @@ def make_accelerator(cfg: Config, run_dir: Path | None = None) -> Accelerator:
     """The Accelerator of a training run; ``run_dir`` is where trackers write (none: no trackers)."""
     t = cfg.train
     return Accelerator(
+        cpu=distributed.cpu_processes_launched(),
         mixed_precision=t.mixed_precision,
         gradient_accumulation_steps=t.grad_accum_steps,
         log_with=list(t.trackers) if t.trackers and run_dir is not None else None,
