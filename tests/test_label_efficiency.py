@@ -943,3 +943,25 @@ def test_tables_and_plot_show_every_selection(tmp_path):
     ]
     for axes in figure.axes:  # fine-tune and scratch best, each closed by the run with every label
         assert [list(line.get_xdata()) for line, _, _ in axes.containers] == [[0.1, 1.0], [0.1, 1.0]]
+
+
+def test_the_frozen_road_probes_an_encoder_whose_recipe_skipped_the_linear_probe(tmp_path):
+    """A pretraining run with eval.linear_epochs=0 still gets a linear road: its frozen evaluations probe with the
+    default epochs, unless the command's own overrides set eval.linear_epochs."""
+    run = tmp_path / "pre"
+    run.mkdir()
+    import yaml
+
+    from sslkit.config import load_config, to_dict
+
+    encoder = to_dict(load_config(find_recipe("quickstart"), ["eval.linear_epochs=0"]))
+    (run / "config.yaml").write_text(yaml.safe_dump(encoder))
+    (run / "results.json").write_text("{}")
+
+    def frozen_overrides(*overrides: str) -> list[str]:
+        plan = le.plan_label_efficiency("quickstart", "0.1", pretrained=run, out=tmp_path / "out", overrides=overrides)
+        return next(r for r in le.plan_runs(plan) if r.kind == "frozen").overrides
+
+    assert "eval.linear_epochs=100" in frozen_overrides()
+    assert frozen_overrides("eval.linear_epochs=3").count("eval.linear_epochs=3") == 1
+    assert "eval.linear_epochs=100" not in frozen_overrides("eval.linear_epochs=3")

@@ -184,6 +184,8 @@ class Plan:
     scratch_epochs: int  # the scratch recipe's own
     epochs: dict[str, int]  # --epochs: budget text -> fine-tune epochs at that budget, where it differs
     launcher: str | None
+    # The frozen evaluations' own: a linear probe even where the encoder's recipe skipped it (eval.linear_epochs=0)
+    probe_overrides: list[str] = dataclasses.field(default_factory=list)
 
     def label_sets(self) -> list[LabelSet]:
         return label_sets(self.budgets, self.selections, self.seeds, self.pool, self.out / "labels")
@@ -352,9 +354,22 @@ def plan_label_efficiency(
         scratch_epochs=own_epochs["scratch"],
         epochs=parse_epochs(epochs, [b.value for b in budgets], "--labels" if labels is not None else "--fractions"),
         launcher=launcher,
+        probe_overrides=probe_overrides(finished, base, overrides),
     )
     check_runs(plan_runs(plan), plan)
     return plan
+
+
+def probe_overrides(finished: Path | None, base: Config, overrides: list[str]) -> list[str]:
+    """``eval.linear_epochs=E`` (the default E) for the frozen evaluations when the encoder's own config skips the
+    linear probe (a pretraining run with ``eval.linear_epochs=0`` to save time): the linear road needs one. An
+    override of ``eval.linear_epochs`` is the user's choice, and stands."""
+    if any(o.partition("=")[0].strip() == "eval.linear_epochs" for o in overrides):
+        return []
+    encoder = load_config(finished / "config.yaml") if finished is not None else base
+    if encoder.eval.linear_epochs > 0:
+        return []
+    return [f"eval.linear_epochs={type(encoder.eval)().linear_epochs}"]
 
 
 def given_or_default(recipe: str | Path | None, kind: str, base: Config) -> Path:
@@ -445,7 +460,7 @@ def road_runs(plan: Plan, labels: LabelSet, pre: Path, needs_pre: tuple[str, ...
 
     name = labels.run_name("frozen")
     result = plan.out / "points" / f"{name}.json"
-    eval_overrides = [*plan.overrides, *labels.eval_overrides()]
+    eval_overrides = [*plan.overrides, *plan.probe_overrides, *labels.eval_overrides()]
     evaluate = runner.command(runner.EVALUATE, [str(pre), *eval_overrides, "--out", str(result)], plan.launcher)
     frozen = Run(name, "frozen", labels.budget.fraction, labels.seed, evaluate, result, (*needs_pre, *chosen))
     runs = [dataclasses.replace(frozen, overrides=eval_overrides, tags=labels.fields())]
