@@ -59,9 +59,11 @@ def prepare(
     encoder = load_encoder(source, cfg, layer, images.info if images.is_run_data else None)
     takes, given = encoder.transform.channels, images.info.channels
     if takes != given:
+        # Image folders and shards decode every file to RGB, grey ones included.
+        read_as = " (sslkit reads image folders and shards as RGB, grey files too)" if given == 3 else ""
         raise UserError(
-            f"the encoder takes {takes}-channel images but {images.name} has {given}-channel ones; "
-            f"embed images with {takes} channel{'s' if takes > 1 else ''} ({'grey' if takes == 1 else 'RGB'})"
+            f"the encoder takes {takes}-channel images but {images.name} has {given}-channel ones{read_as}; "
+            f"embed them with an encoder trained on {given}-channel images"
         )
     return cfg, images, encoder
 
