@@ -105,7 +105,8 @@ def test_the_folder_holds_the_encoders_features_and_the_function_returns_them(ru
     meta = read.meta
     assert meta["count"] == 360 and meta["dimension"] == 32 and meta["normalized"] and meta["layer"] == "backbone"
     assert meta["transform"]["image_size"] == 8 and meta["transform"]["channels"] == 1
-    assert meta["data"] == {"name": "digits", "split": "test", "root": None, "labelled": True}
+    classes = [str(k) for k in range(10)]  # the names of the labels, which sslkit-map shows
+    assert meta["data"] == {"name": "digits", "split": "test", "root": None, "labelled": True, "classes": classes}
     assert meta["chunks_done"] == [0, 1, 2] and report["rows"] == 360  # 160-row chunks: 16 batches of 10
 
 

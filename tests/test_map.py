@@ -1,5 +1,7 @@
 """sslkit-map: the map and neighbour pictures of an embeddings folder, with thumbnails read back from its images."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,8 @@ from sslkit.embeddings.images import images_to_embed
 from sslkit.embeddings.maps import images_of, thumbnails
 from sslkit.errors import UserError
 from sslkit.schema import Config
+
+FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +41,18 @@ def test_the_command_writes_the_map_page_and_the_neighbour_grid(digits_folder, t
         assert (tmp_path / name).stat().st_size > 10_000, name
     page = (tmp_path / "map.html").read_text()
     assert page.count("data:image/png;base64,") == 1 and '"neighbours":[[' in page
+
+
+def test_the_map_names_the_classes_the_folder_names(tmp_path):
+    images = images_to_embed(Config(), "fashion_mnist", "test") if FASHION.is_dir() else None
+    if images is None:
+        pytest.skip("Fashion-MNIST's files are not installed")
+    vectors = np.random.default_rng(0).normal(size=(60, 4)).astype(np.float32)
+    folder = write_embeddings(
+        tmp_path / "e", vectors, images.items[:60], images.labels[:60], {"data": images.describe()}
+    )
+    assert main([str(folder), "--out", str(tmp_path), "--no-thumbnails", "--k", "3"]) == 0
+    assert '"classNames":["T-shirt/top","Trouser",' in (tmp_path / "map.html").read_text()
 
 
 def test_points_only_without_thumbnails(digits_folder, tmp_path):

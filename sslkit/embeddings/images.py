@@ -48,6 +48,7 @@ class Images:
         split: the split.
         root: where its files are (None: the standard place, or bundled).
         is_run_data: the run's own dataset, so its statistics are the run's.
+        classes: the class names, ``classes[k]`` naming label k (empty without labels).
     """
 
     dataset: Dataset
@@ -58,13 +59,15 @@ class Images:
     split: str
     root: str | None
     is_run_data: bool
+    classes: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.items)
 
     def describe(self) -> dict:
         """What ``meta.json`` records of the images."""
-        return {"name": self.name, "split": self.split, "root": self.root, "labelled": self.labels is not None}
+        described = {"name": self.name, "split": self.split, "root": self.root, "labelled": self.labels is not None}
+        return described | ({"classes": list(self.classes)} if self.classes else {})
 
 
 def images_to_embed(cfg, data: str | None = None, split: str | None = None, root: str | None = None) -> Images:
@@ -96,9 +99,10 @@ def images_to_embed(cfg, data: str | None = None, split: str | None = None, root
     dataset = build_dataset(name, split, root, d.download, image_size, max_size)
     labels = dataset.labels.numpy()
     shown = _shown_name(root) if name == "imagefolder" else name
+    labelled = bool((labels >= 0).any())
     return Images(
-        dataset, _items(dataset, root), labels if (labels >= 0).any() else None, dataset.info, shown, split, root,
-        is_run_data,
+        dataset, _items(dataset, root), labels if labelled else None, dataset.info, shown, split, root,
+        is_run_data, tuple(dataset.classes) if labelled else (),
     )  # fmt: skip
 
 

@@ -113,8 +113,11 @@ def draw_pictures(
     similarities, neighbours = nearest_neighbours(vectors, k)  # (n, k) each, itself left out
     pixels = thumbnails(images_of(embeddings), rows) if with_images else None
     title = f"{embeddings.folder.name}: {len(rows)} of {count} rows, {method}"
-    written_map = map_png(points, out / "map.png", labels, pixels, title=title)
-    page = write_html_map(out / "map.html", points, names, labels, pixels, neighbours, similarities, title=title)
+    classes = embeddings.meta.get("data", {}).get("classes")  # names of the labels, where sslkit-embed knew them
+    written_map = map_png(points, out / "map.png", labels, pixels, title=title, class_names=classes)
+    page = write_html_map(
+        out / "map.html", points, names, labels, pixels, neighbours, similarities, title=title, class_names=classes
+    )
     grid = _neighbour_grid(out / "neighbours.png", generator, pixels, similarities, neighbours, labels, names, queries)
     return Pictures(written_map, page, grid, len(rows), count)
 
