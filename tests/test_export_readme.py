@@ -5,11 +5,9 @@ transform, then its trained backbone)."""
 
 from __future__ import annotations
 
-import os
+import importlib
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,15 +30,16 @@ def section_blocks(language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", section, flags=re.S | re.M)
 
 
-def run_command(line: str, cwd: Path) -> None:
+def run_command(line: str, capsys) -> None:
+    """The command's own ``main`` on the line's arguments, in this process (the installed names start the same
+    ``main``: tests/test_cli.py), from the current directory."""
     words = shlex.split(line, comments=True)
     if not words:
         return
     extra = SHORT if words[0] == "sslkit-pretrain" else []
-    command = [sys.executable, "-m", COMMANDS[words[0]], *words[1:], *extra]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"{line}\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+    code = importlib.import_module(COMMANDS[words[0]]).main([*words[1:], *extra])
+    output = capsys.readouterr()
+    assert code == 0, f"{line}\n{output.out[-2000:]}\n{output.err[-2000:]}"
 
 
 def run_features(run_dir: Path, images: torch.Tensor) -> torch.Tensor:
@@ -52,11 +51,11 @@ def run_features(run_dir: Path, images: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_the_readmes_export_commands_and_loading_snippets_run_as_written(tmp_path, monkeypatch):
+def test_the_readmes_export_commands_and_loading_snippets_run_as_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     for block in section_blocks("bash"):
         for line in block.splitlines():
-            run_command(line, tmp_path)
-    monkeypatch.chdir(tmp_path)
+            run_command(line, capsys)
     blocks = section_blocks("python")
     assert len(blocks) == 4, "the README's loading snippets: sslkit, timm, ONNX Runtime, safetensors"
     namespace: dict = {"__name__": "readme"}
