@@ -46,6 +46,58 @@ def test_each_command_starts_and_calls_itself_by_its_installed_name(command, cap
     assert capsys.readouterr().out.startswith(f"usage: {command} ")
 
 
+HEAVY_LIBRARIES = ("torch", "torchvision", "numpy", "kornia", "accelerate", "sklearn", "matplotlib")
+
+# Each command's --help, then its command line without arguments (argparse's one error), in one process; a
+# line per command names the heavy libraries it imported that the commands before it had not.
+HELP_AND_USAGE_ERROR = f"""
+import contextlib, importlib, io, sys
+before = set()
+for target in sys.argv[1:]:
+    module, function = target.split(":")
+    main = getattr(importlib.import_module(module), function)
+    for argv, status in ((["--help"], 0), ([], 2)):
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                main(argv)
+        except SystemExit as exited:
+            assert exited.code == status, (target, argv, exited.code)
+        else:
+            raise AssertionError((target, argv, "returned"))
+    imported = set({HEAVY_LIBRARIES!r}) & set(sys.modules)
+    print(target, *sorted(imported - before))
+    before = imported
+"""
+
+
+def test_every_command_answers_help_and_usage_errors_without_the_heavy_libraries():
+    """``--help`` and argparse's errors answer at once, not after seconds of importing torch: each command builds
+    its parser from light modules and imports the library once its arguments are parsed."""
+    targets = sorted(console_scripts().values())
+    result = subprocess.run(
+        [sys.executable, "-c", HELP_AND_USAGE_ERROR, *targets],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    imported = {target: libraries for target, *libraries in map(str.split, result.stdout.splitlines())}
+    assert list(imported) == targets
+    assert {target: libraries for target, libraries in imported.items() if libraries} == {}
+
+
+@pytest.mark.parametrize("package", ["sslkit.embeddings", "sslkit.selection"])
+def test_a_package_that_imports_its_modules_on_first_use_exports_every_name(package):
+    """sslkit.embeddings and sslkit.selection import what they export when it is first asked for (the commands'
+    --help reads their choices alone): every name of ``__all__`` comes, and no other."""
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        getattr(module, name)  # an AttributeError: a name the package does not say where to import from
+    with pytest.raises(AttributeError, match="no_such_name"):
+        module.no_such_name
+
+
 @pytest.mark.parametrize("script", ["sslkit/cli/pretrain.py", "sslkit/pretrain.py"])
 def test_the_file_path_a_launcher_takes_runs_in_a_clone(tmp_path, script):
     """``accelerate launch sslkit/pretrain.py RECIPE`` runs the file: it must work as a script too."""

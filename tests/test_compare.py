@@ -19,7 +19,7 @@ import yaml
 from command_utils import jobs_in_this_process, read_csv, run_main
 
 from sslkit.cli.compare import main
-from sslkit.experiments import compare
+from sslkit.experiments import calibration, compare
 from sslkit.experiments.runs import default_recipe, trained_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,17 +94,17 @@ def test_each_recipe_trains_the_steps_its_measured_speed_allows_then_is_fine_tun
     saved = json.loads((out / "results.json").read_text())
     for row in rows[:3]:
         plan = saved["plans"][row["recipe"]]
-        calibration = out / "runs" / f"calibrate-{row['recipe']}"
-        measured = compare.images_per_s(calibration / "metrics.jsonl", 64, compare.WARMUP_STEPS)[0]
+        calibration_run = out / "runs" / f"calibrate-{row['recipe']}"
+        measured = calibration.images_per_s(calibration_run / "metrics.jsonl", 64, calibration.WARMUP_STEPS)[0]
         assert plan["images_per_s"] == pytest.approx(measured)
-        assert int(row["steps"]) == plan["steps"] == compare.budget_steps(0.01, measured, 64)
+        assert int(row["steps"]) == plan["steps"] == calibration.budget_steps(0.01, measured, 64)
         config = yaml.safe_load((out / "runs" / f"{row['recipe']}-s{row['seed']}" / "config.yaml").read_text())
         assert (config["train"]["max_steps"], config["run"]["seed"]) == (plan["steps"], int(row["seed"]))
         results = json.loads((out / "runs" / f"{row['recipe']}-s{row['seed']}" / "results.json").read_text())
         assert float(row["knn_top1"]) == pytest.approx(results["results"]["trained"]["knn_top1"], abs=1e-5)
         assert 0 < float(row["finetune_top1"]) <= 1 and float(row["images_per_s"]) > 0
-    calibration = yaml.safe_load((out / "runs" / "calibrate-quickstart" / "config.yaml").read_text())
-    assert calibration["train"]["max_steps"] == compare.WARMUP_STEPS + 2
+    calibrated = yaml.safe_load((out / "runs" / "calibrate-quickstart" / "config.yaml").read_text())
+    assert calibrated["train"]["max_steps"] == calibration.WARMUP_STEPS + 2
     summary = read_csv(out / "summary.csv")
     assert [r["recipe"] for r in summary] == ["quickstart", "quickstart_byol", "scratch"]
     knn = [float(r["knn_top1"]) for r in rows[:2]]
@@ -168,12 +168,12 @@ def test_images_per_s_counts_only_the_windows_after_the_warm_up(tmp_path):
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     # After step 5: 5 x 4 images at 100/s, 5 x 4 at 200/s, 2 x 4 at 100/s: 48 images in 0.38 s.
-    speed, seconds = compare.images_per_s(path, 4, after_step=5)
+    speed, seconds = calibration.images_per_s(path, 4, after_step=5)
     assert seconds == pytest.approx(0.38)
     assert speed == pytest.approx(48 / 0.38)
-    assert compare.images_per_s(tmp_path / "missing.jsonl", 4) is None
-    assert compare.budget_steps(10, 600.0, 256) == 1406
-    assert compare.budget_steps(0.001, 1.0, 256) == 1
+    assert calibration.images_per_s(tmp_path / "missing.jsonl", 4) is None
+    assert calibration.budget_steps(10, 600.0, 256) == 1406
+    assert calibration.budget_steps(0.001, 1.0, 256) == 1
 
 
 def test_a_figure_measured_before_a_later_step_failed_is_in_the_summary():

@@ -15,10 +15,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sslkit.console import console, print_table, print_user_error
 from sslkit.errors import UserError
-from sslkit.experiments import ablate
+
+# The experiment (sslkit.config, torch) is imported once the arguments are parsed: --help answers at once.
+if TYPE_CHECKING:
+    from sslkit.experiments import ablate
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,6 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def plan_from(args: argparse.Namespace) -> ablate.Plan:
     """The parsed command line as the library's plan."""
+    from sslkit.experiments import ablate
+
     return ablate.plan_ablation(
         args.recipe,
         args.sweep,
@@ -94,6 +100,8 @@ def plan_from(args: argparse.Namespace) -> ablate.Plan:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from sslkit.experiments import ablate
+
     try:
         plan = plan_from(args)
     except UserError as error:

@@ -19,13 +19,19 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sslkit.console import console, print_table, print_user_error
 from sslkit.errors import UserError
-from sslkit.experiments import compare
+
+# The experiment (sslkit.config, torch) is imported once the arguments are parsed: --help answers at once.
+if TYPE_CHECKING:
+    from sslkit.experiments import compare
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from sslkit.experiments.calibration import WARMUP_STEPS
+
     parser = argparse.ArgumentParser(
         prog="sslkit-compare",
         description="Train every recipe for the same time and tabulate kNN, linear probe, fine-tune and images/s.",
@@ -67,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--calibration-steps",
         type=int,
         default=30,
-        help=f"timed steps of the calibration, after {compare.WARMUP_STEPS} untimed ones (default 30)",
+        help=f"timed steps of the calibration, after {WARMUP_STEPS} untimed ones (default 30)",
     )
     parser.add_argument(
         "--launcher", default=None, help='a prefix for multi-process runs, e.g. "accelerate launch --cpu"'
@@ -85,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def plan_from(args: argparse.Namespace) -> compare.Plan:
     """The parsed command line as the library's plan: the positional items are recipes, or overrides with a ``=``."""
+    from sslkit.experiments import compare
+
     return compare.plan_comparison(
         [item for item in args.items if "=" not in item],
         args.minutes,
@@ -104,6 +112,8 @@ def plan_from(args: argparse.Namespace) -> compare.Plan:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from sslkit.experiments import compare
+
     try:
         outcome = compare.run_comparison(plan_from(args))
     except UserError as error:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from sslkit.embeddings.duplicates import KEEP_RULES, KMEANS_BACKENDS
+    from sslkit.embeddings.choices import KEEP_RULES, KMEANS_BACKENDS
 
     parser = argparse.ArgumentParser(
         prog="sslkit-duplicates",

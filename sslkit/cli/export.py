@@ -50,9 +50,10 @@ def export(target: Path, fmt: str, out: Path | None = None) -> tuple[Path, float
 def main(argv: list[str] | None = None) -> int:
     from sslkit.console import console, print_user_error
     from sslkit.errors import UserError
-    from sslkit.models.export import card_path
 
     args = parse_args(argv)
+    from sslkit.models.export import card_path
+
     try:
         out, difference = export(Path(args.run), args.format, Path(args.out) if args.out else None)
     except UserError as error:

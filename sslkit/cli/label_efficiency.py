@@ -21,10 +21,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sslkit.console import console, error_console, print_table, print_user_error
 from sslkit.errors import UserError
-from sslkit.experiments import label_efficiency
+
+# The experiment (sslkit.config, torch) is imported once the arguments are parsed: --help answers at once.
+if TYPE_CHECKING:
+    from sslkit.experiments import label_efficiency
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -144,6 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def plan_from(args: argparse.Namespace) -> label_efficiency.Plan:
     """The parsed command line as the library's plan."""
+    from sslkit.experiments import label_efficiency
+
     return label_efficiency.plan_label_efficiency(
         args.recipe,
         args.fractions,
@@ -169,6 +175,8 @@ def plan_from(args: argparse.Namespace) -> label_efficiency.Plan:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from sslkit.experiments import label_efficiency
+
     try:
         plan = plan_from(args)
     except UserError as error:

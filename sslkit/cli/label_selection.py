@@ -27,7 +27,7 @@ from sslkit.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sslkit.selection import STRATEGIES
+    from sslkit.selection.choices import STRATEGIES
 
     parser = argparse.ArgumentParser(
         prog="sslkit-select", description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter

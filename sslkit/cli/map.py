@@ -21,11 +21,13 @@ from pathlib import Path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from sslkit.embeddings.projection import METHODS
+    from sslkit.embeddings.choices import MAP_METHODS
 
     parser = argparse.ArgumentParser(prog="sslkit-map", description=__doc__.splitlines()[0])
     parser.add_argument("embeddings", help="an embeddings folder written by sslkit-embed")
-    parser.add_argument("--method", choices=METHODS, default="pca", help="how rows are placed in 2-D (default pca)")
+    parser.add_argument(
+        "--method", choices=MAP_METHODS, default="pca", help="how rows are placed in 2-D (default pca)"
+    )
     parser.add_argument("--out", type=Path, help="the folder for the pictures (default: the embeddings folder)")
     parser.add_argument("--k", type=int, default=8, help="neighbours shown per row (default 8)")
     parser.add_argument("--sample", type=int, default=5000, help="rows drawn at most, a seeded sample (default 5000)")

@@ -31,7 +31,7 @@ OUT_SUFFIXES = (".npz", ".csv")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from sslkit.embeddings.neighbours import FAISS_TYPES, INDEXES
+    from sslkit.embeddings.choices import FAISS_TYPES, INDEXES
 
     parser = argparse.ArgumentParser(
         prog="sslkit-neighbours",
@@ -86,12 +86,12 @@ def find(args: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import numpy as np
-
     from sslkit.console import console, print_user_error
     from sslkit.errors import UserError
 
     args = parse_args(argv)
+    import numpy as np
+
     try:
         embeddings, queries, similarities, indices, seconds, recall, out = find(args)
     except UserError as error:

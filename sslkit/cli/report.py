@@ -16,7 +16,8 @@ from pathlib import Path
 
 from sslkit.console import console, print_user_error
 from sslkit.errors import UserError, install_hint
-from sslkit.experiments.report import have_matplotlib, is_run_dir, write_report
+
+# sslkit.experiments.report (numpy, torch) is imported once the arguments are parsed: --help answers at once.
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,6 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def not_a_run(path: Path) -> UserError:
     """The one-line error for a directory that is not a run, pointing at runs inside it if there are any."""
+    from sslkit.experiments.report import is_run_dir
+
     if not path.is_dir():
         return UserError(f"'{path}' is not a directory; give a run directory, e.g. runs/quickstart")
     inside = sorted(p for p in path.glob("*") if is_run_dir(p)) + sorted(
@@ -48,6 +51,8 @@ def not_a_run(path: Path) -> UserError:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from sslkit.experiments.report import have_matplotlib, is_run_dir, write_report
+
     status, written = 0, 0
     for run_dir in args.run_dirs:
         try:

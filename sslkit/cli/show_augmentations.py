@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sslkit.config import load_config
 from sslkit.console import console, print_user_error
 from sslkit.errors import UserError
 
-# torch, torchvision and kornia are imported where they are used: --help answers at once, not after seconds.
+# sslkit.config, torch, torchvision and kornia are imported where they are used: --help answers at once, not
+# after seconds.
 if TYPE_CHECKING:
     import torch
 
@@ -98,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.images < 1 or args.views < 1:
             raise UserError(f"--images and --views must be >= 1, got --images {args.images} --views {args.views}")
-        cfg = load_config(args.recipe, args.overrides)
+        from sslkit.config import load_config
         from sslkit.datasets import build_dataset
+
+        cfg = load_config(args.recipe, args.overrides)
 
         d = cfg.data
         dataset = build_dataset(d.name, "train", d.root, d.download, d.image_size, d.max_size)

@@ -62,6 +62,7 @@ from sslkit.schema import (
     read_yaml,
     save_config,
     to_dict,
+    unknown_option,
 )
 
 _PRINTED_NOTES: set[tuple[Path, str]] = set()  # the loss-replacement notes this process printed, by recipe
@@ -129,24 +130,25 @@ def check_command_line(argv: list[str], options: typing.Iterable[str]) -> None:
     Settings are ``section.key=value`` overrides; ``--epochs 3`` (as other trainers spell it)
     would otherwise get argparse's usage text listing every later argument as unrecognised.
     """
-    known = set(options) | {"-h", "--help"}
-    for index, token in enumerate(argv):
-        if not token.startswith("-") or token.split("=", 1)[0] in known:
-            continue
-        name = token.lstrip("-").split("=", 1)[0].replace("-", "_")
-        keys = [key for key in recipe_keys() if key.rsplit(".", 1)[-1] == name]
-        following = argv[index + 1] if index + 1 < len(argv) else ""
-        if "=" in token:  # --lr=0.1
-            value = token.split("=", 1)[1]
-        elif following and not following.startswith("-") and "=" not in following:  # --epochs 3
-            value = following
-        else:
-            value = "..."
-        meant = f"; did you mean {' or '.join(f'{key}={value}' for key in keys)}?" if keys else ""
-        raise UserError(
-            f"unknown option '{token}': settings are key=value overrides such as train.epochs=3 "
-            f"(options: {', '.join(sorted(known))}){meant}"
-        )
+    options = tuple(options)
+    index = unknown_option(argv, options)
+    if index is None:
+        return
+    token = argv[index]
+    name = token.lstrip("-").split("=", 1)[0].replace("-", "_")
+    keys = [key for key in recipe_keys() if key.rsplit(".", 1)[-1] == name]
+    following = argv[index + 1] if index + 1 < len(argv) else ""
+    if "=" in token:  # --lr=0.1
+        value = token.split("=", 1)[1]
+    elif following and not following.startswith("-") and "=" not in following:  # --epochs 3
+        value = following
+    else:
+        value = "..."
+    meant = f"; did you mean {' or '.join(f'{key}={value}' for key in keys)}?" if keys else ""
+    raise UserError(
+        f"unknown option '{token}': settings are key=value overrides such as train.epochs=3 "
+        f"(options: {', '.join(sorted({*options, '-h', '--help'}))}){meant}"
+    )
 
 
 def recipe_keys() -> list[str]:

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sslkit.embeddings.choices import KEEP_RULES, KMEANS_BACKENDS
 from sslkit.embeddings.neighbours import (
     check_finite,
     import_faiss,
@@ -54,8 +55,6 @@ from sslkit.embeddings.neighbours import (
 )
 from sslkit.errors import UserError
 
-KEEP_RULES = ("farthest", "nearest", "first")
-KMEANS_BACKENDS = ("auto", "faiss", "torch")
 # Items per cluster when K is not given: the within-cluster pairs cost N x 1,000 similarities.
 DEFAULT_CLUSTER_SIZE = 1000
 KMEANS_ITERATIONS = 20

@@ -40,11 +40,10 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from sslkit.embeddings.choices import FAISS_TYPES, INDEXES
 from sslkit.errors import UserError
 from sslkit.evaluation.retrieval import cosine_blocks, nearest_columns, unit_rows
 
-INDEXES = ("exact", "faiss")
-FAISS_TYPES = ("ivf", "hnsw")
 # A block of query rows holds at most this many bytes of similarities: 1,118 rows against 60,000.
 SIMILARITY_BLOCK_BYTES = 256 * 2**20
 MAX_ROWS_PER_BLOCK = 4096

@@ -15,9 +15,8 @@ import importlib.util
 
 import numpy as np
 
+from sslkit.embeddings.choices import MAP_METHODS
 from sslkit.errors import UserError, install_hint
-
-METHODS = ("pca", "tsne", "umap")
 
 
 def _unit_rows(vectors: np.ndarray) -> np.ndarray:
@@ -26,13 +25,13 @@ def _unit_rows(vectors: np.ndarray) -> np.ndarray:
 
 
 def project_2d(vectors: np.ndarray, method: str = "pca", seed: int = 0) -> np.ndarray:
-    """Two coordinates per row of ``vectors``, by ``method`` (one of :data:`METHODS`).
+    """Two coordinates per row of ``vectors``, by ``method`` (one of :data:`MAP_METHODS`).
 
     Shape:
         vectors: (N, D); returns (N, 2) float32.
     """
-    if method not in METHODS:
-        raise UserError(f"unknown map method '{method}'; choose one of: {', '.join(METHODS)}")
+    if method not in MAP_METHODS:
+        raise UserError(f"unknown map method '{method}'; choose one of: {', '.join(MAP_METHODS)}")
     if len(vectors) < 3:
         raise UserError(f"a map needs at least 3 embeddings, got {len(vectors)}")
     unit = _unit_rows(vectors)

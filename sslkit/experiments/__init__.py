@@ -9,6 +9,7 @@ commands (:mod:`sslkit.cli`) parse their options into these calls and print what
 - :mod:`sslkit.experiments.ablate`  a grid of pretraining runs (sweeps x variants x seeds) (``sslkit-ablate``).
 - :mod:`sslkit.experiments.label_efficiency`  pretrained against scratch at few labels (``sslkit-label-efficiency``).
 - :mod:`sslkit.experiments.compare`  recipes at equal training time (``sslkit-compare``).
+- :mod:`sslkit.experiments.calibration`  a recipe's images/s from a short run, and the steps a time budget allows.
 - :mod:`sslkit.experiments.runs`  the pretraining, fine-tune and scratch runs the last two build alike.
 - :mod:`sslkit.experiments.runner`  runs the jobs of an experiment, each in its own process, resumably.
 - :mod:`sslkit.experiments.stats`  mean and spread over seeds, and paired differences.

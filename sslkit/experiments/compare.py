@@ -12,7 +12,7 @@ method whose step costs twice as much trains half as many steps. For each recipe
 
 1. **calibration**: the recipe runs ``--calibration-steps`` steps after 10 warm-up steps (oneDNN
    builds its kernels on the first calls; the warm-up is not timed), and its training images/s is
-   what the loop logged over the timed steps (``metrics.jsonl``);
+   what the loop logged over the timed steps (``metrics.jsonl``; :mod:`sslkit.experiments.calibration`);
 2. **the budget**: ``steps = minutes x 60 x images/s / images per step`` (``train.batch_size x
    train.grad_accum_steps``), given to the run as
    ``train.max_steps`` (the learning-rate and momentum schedules span exactly those steps) and
@@ -57,12 +57,11 @@ from sslkit.config import Config, find_recipe, load_config, to_dict
 from sslkit.console import console
 from sslkit.errors import UserError
 from sslkit.experiments import runner, runs
+from sslkit.experiments.calibration import CALIBRATION, WARMUP_STEPS, budget_steps, images_per_s
 from sslkit.experiments.runs import SAME_AS_PRETRAINED, Run, first_difference, trained_run
 from sslkit.experiments.stats import mean_std
 from sslkit.experiments.tables import csv_number, mean_std_text, seeds_text, write_csv
 
-WARMUP_STEPS = 10  # untimed steps of a calibration
-LOG_EVERY = 5  # the calibration's log window: every window after the warm-up is timed
 METRICS = ("knn_top1", "linear_top1", "finetune_top1")
 # Set by this tool for every run; an override of them would break its bookkeeping.
 RESERVED_KEYS = (
@@ -71,14 +70,6 @@ RESERVED_KEYS = (
     "train.epochs",
     "run.seed",
 )
-# What a calibration leaves out: it times the training steps, its evaluation is not read.
-CALIBRATION = [
-    "train.knn_every_epochs=0",
-    "eval.linear_epochs=0",
-    "eval.compare_random_init=false",
-    "eval.compare_raw_pixels=false",
-    f"train.log_every_steps={LOG_EVERY}",
-]
 
 
 @dataclass(frozen=True)
@@ -265,34 +256,6 @@ def calibration_run(plan: Plan, entry: Entry) -> Run:
     steps = [f"train.max_steps={WARMUP_STEPS + plan.calibration_steps}", f"train.epochs={entry.steps_per_epoch}"]
     own = [*plan.overrides, *CALIBRATION, *steps]
     return trained_run(f"calibrate-{entry.name}", "calibrate", entry.recipe, own, plan.runs_dir, plan.launcher)
-
-
-def images_per_s(metrics_path: Path, images_per_step: int, after_step: int = 0) -> tuple[float, float] | None:
-    """(images/s, seconds) over the log windows of ``metrics.jsonl`` that end after ``after_step``.
-
-    A window's record holds its last step and its images/s; its images are the steps since the
-    previous record times the images of a step (a window covers the steps since the last line).
-    """
-    try:
-        lines = metrics_path.read_text().splitlines()
-    except OSError:
-        return None
-    images = seconds = 0.0
-    previous = 0
-    for line in lines:
-        record = json.loads(line)
-        if "images_per_s" not in record:
-            continue  # a kNN monitor line
-        count = (record["step"] - previous) * images_per_step
-        previous = record["step"]
-        if record["step"] > after_step and record["images_per_s"] > 0:
-            images, seconds = images + count, seconds + count / record["images_per_s"]
-    return (images / seconds, seconds) if seconds else None
-
-
-def budget_steps(minutes: float, speed: float, images_per_step: int) -> int:
-    """Optimizer steps that take ``minutes`` at ``speed`` images/s (at least 1)."""
-    return max(1, math.floor(minutes * 60 * speed / images_per_step))
 
 
 def training_runs(plan: Plan, entry: Entry, steps: int) -> list[Run]:

@@ -22,6 +22,7 @@ from sslkit.schema.reading import (
     parse_config,
     parse_override,
     read_yaml,
+    unknown_option,
 )
 from sslkit.schema.sections import (
     AugmentConfig,
@@ -63,4 +64,5 @@ __all__ = [
     "read_yaml",
     "save_config",
     "to_dict",
+    "unknown_option",
 ]

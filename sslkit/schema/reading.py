@@ -84,6 +84,19 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
+def unknown_option(argv: list[str], options: typing.Iterable[str]) -> int | None:
+    """The position in ``argv`` of the first ``--option`` that is none of ``options`` (nor ``-h``, ``--help``).
+
+    Settings are ``key=value`` overrides, not options: :func:`sslkit.config.check_command_line` turns
+    what this finds into one line naming the override meant. The search is apart from that message,
+    which needs every method's options, so that a command looks before it imports them.
+    """
+    known = set(options) | {"-h", "--help"}
+    return next(
+        (i for i, token in enumerate(argv) if token.startswith("-") and token.split("=", 1)[0] not in known), None
+    )
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """Apply dotted ``key=value`` overrides to a raw recipe dict (values parsed as YAML)."""
     raw = _to_mutable(raw)

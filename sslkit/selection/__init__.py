@@ -22,10 +22,30 @@ strategy        picks
 - :mod:`.kcenter`     greedy k-center.
 - :mod:`.geometry`    blockwise distances on normalised features, the shared k-means.
 - :mod:`.label_file`  an embeddings folder in, a label file out (``--labelled`` rounds too).
+- :mod:`.choices`     the strategies' names and what each picks, without numpy (``sslkit-select --help``).
 
 Each strategy's module says what follows its paper and what follows its official code.
 """
 
-from sslkit.selection.strategies import STRATEGIES, Selection, choose, select
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from sslkit.selection.choices import STRATEGIES
+
+if TYPE_CHECKING:
+    from sslkit.selection.strategies import Selection, choose, select
+
+# The strategies come on first use (PEP 562), not with the package: sslkit-select's --help reads
+# sslkit.selection.choices without importing numpy. Ten lines, where lazy_loader would be a dependency.
+_EXPORTED_FROM = {"strategies": ("Selection", "choose", "select")}
 
 __all__ = ["STRATEGIES", "Selection", "choose", "select"]
+
+
+def __getattr__(name: str):
+    module = next((module for module, names in _EXPORTED_FROM.items() if name in names), None)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

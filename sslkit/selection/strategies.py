@@ -14,18 +14,11 @@ import dataclasses
 import numpy as np
 
 from sslkit.errors import UserError
+from sslkit.selection.choices import STRATEGIES
 from sslkit.selection.clusters import nearest_to_centres, typiclust
 from sslkit.selection.geometry import normalized
 from sslkit.selection.kcenter import kcenter_greedy
 from sslkit.selection.probcover import probcover
-
-STRATEGIES = {
-    "random": "uniformly at random among the unlabelled images",
-    "kmeans": "the image nearest each of N k-means centres",
-    "typiclust": "the most typical image of each of N clusters (Hacohen et al. 2022)",
-    "probcover": "the greedy cover by delta-balls of a purity-chosen delta (Yehuda et al. 2022)",
-    "kcenter": "farthest-first from the labelled images, greedy k-center (Coreset, Sener & Savarese 2018)",
-}
 
 
 def labelled_mask(count: int, labelled) -> np.ndarray:
