@@ -42,19 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sslkit.cli.options import reject_unknown_option
     from sslkit.console import print_user_error
     from sslkit.errors import UserError
-    from sslkit.schema import unknown_option
 
-    command_line = sys.argv[1:] if argv is None else argv
-    if unknown_option(command_line, OPTIONS) is not None:
-        from sslkit.config import check_command_line  # the library: its one line names the override meant
-
-        try:
-            check_command_line(command_line, OPTIONS)
-        except UserError as error:
-            print_user_error(error)
-            return 2
+    if reject_unknown_option(sys.argv[1:] if argv is None else argv, OPTIONS):
+        return 2
     args = parse_args(argv)
     from sslkit.loop.launch import cpu_threads, relaunch_cpu_processes
 

@@ -34,19 +34,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sslkit.cli.options import reject_unknown_option
     from sslkit.console import print_user_error
     from sslkit.errors import REQUEUE_EXIT_STATUS, Preempted, UserError
-    from sslkit.schema import unknown_option
 
-    command_line = sys.argv[1:] if argv is None else argv
-    if unknown_option(command_line, ()) is not None:
-        from sslkit.config import check_command_line  # the library: its one line names the override meant
-
-        try:
-            check_command_line(command_line, ())
-        except UserError as error:
-            print_user_error(error)
-            return 2
+    if reject_unknown_option(sys.argv[1:] if argv is None else argv, ()):
+        return 2
     args = parse_args(argv)
     from sslkit.loop.launch import relaunch_cpu_processes, stop_with_launcher
 
