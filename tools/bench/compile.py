@@ -99,10 +99,13 @@ def render(result: dict, console: Console) -> None:
         console.print(f"[yellow]note:[/] {result['note']}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tools/bench/compile.py", description=__doc__.split("\n\n")[0])
+def run_step_benchmark(prog: str, description: str, example: str, measure, render, argv: list[str] | None) -> int:
+    """The command line of a benchmark that compares two ways of running a recipe's step (this one and
+    ``precision.py``): ``measure(recipe, overrides, quick, threads, steps, warmup)`` returns the figures,
+    ``render(result, console)`` prints them; ``--out`` writes them as JSON."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--recipe", type=Path, help="YAML recipe (default: as tools/bench/train.py)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.compile_backend=aot_eager")
+    parser.add_argument("overrides", nargs="*", help=f"key=value overrides, e.g. {example}")
     parser.add_argument("--steps", type=int, help=f"timed steps of each (default {FULL_STEPS}, --quick {QUICK_STEPS})")
     parser.add_argument("--warmup", type=int, help=f"untimed first steps (default {FULL_WARMUP})")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as tools/bench/train.py)")
@@ -123,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    description = __doc__.split("\n\n")[0]
+    return run_step_benchmark(
+        "tools/bench/compile.py", description, "train.compile_backend=aot_eager", measure, render, argv
+    )
 
 
 if __name__ == "__main__":

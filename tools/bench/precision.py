@@ -25,9 +25,7 @@ and narrow layers can make either slower than fp32. The CPU's bf16 features are 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -41,12 +39,10 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from tools.bench.compile import fixed_batch  # noqa: E402
+from tools.bench.compile import fixed_batch, run_step_benchmark  # noqa: E402
 from tools.bench.host import describe_host, host_line  # noqa: E402
 from tools.bench.train import build_pieces, optimizer_step, resolve_config  # noqa: E402
 
-FULL_STEPS, QUICK_STEPS = 20, 3
-FULL_WARMUP, QUICK_WARMUP = 3, 1
 PRECISIONS = ("fp32", "bf16")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")  # /proc/cpuinfo's names
 
@@ -149,29 +145,8 @@ def render(result: dict, console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tools/bench/precision.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", type=Path, help="YAML recipe (default: as tools/bench/train.py)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.cifar_stem=true")
-    parser.add_argument("--steps", type=int, help=f"timed rounds (default {FULL_STEPS}, --quick {QUICK_STEPS})")
-    parser.add_argument("--warmup", type=int, help=f"untimed first rounds (default {FULL_WARMUP})")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as tools/bench/train.py)")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: a small model, a few steps")
-    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
-    args = parser.parse_args(argv)
-    from sslkit.console import print_user_error
-    from sslkit.errors import UserError
-
-    steps = args.steps or (QUICK_STEPS if args.quick else FULL_STEPS)
-    warmup = args.warmup if args.warmup is not None else (QUICK_WARMUP if args.quick else FULL_WARMUP)
-    try:
-        result = measure(args.recipe, args.overrides, args.quick, args.threads, steps, warmup)
-    except UserError as error:
-        print_user_error(error)
-        return 2
-    render(result, Console())
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
-    return 0
+    description = __doc__.split("\n\n")[0]
+    return run_step_benchmark("tools/bench/precision.py", description, "model.cifar_stem=true", measure, render, argv)
 
 
 if __name__ == "__main__":
