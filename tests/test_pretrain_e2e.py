@@ -297,7 +297,7 @@ def _wait_for(path_glob: Path, pattern: str, process: subprocess.Popen, timeout:
 @pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     common = ["train.epochs=2", "train.checkpoint_every_steps=3", "train.knn_every_epochs=1"]
-    reference = pretrain(tmp_path, "run.name=straight", *common)
+    reference = pretrain_here(tmp_path, "run.name=straight", *common)  # only the killed run needs a process
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     command = [
@@ -318,7 +318,7 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     process.wait()
     assert not (tmp_path / "killed" / "backbone.safetensors").exists()
 
-    resumed = pretrain(tmp_path, "run.name=killed", "run.resume=auto", *common)
+    resumed = pretrain_here(tmp_path, "run.name=killed", "run.resume=auto", *common)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     # the steps the killed run logged after its last checkpoint are logged once, by the resumed run
@@ -377,9 +377,10 @@ def _one_run_per_directory(tmp_path: Path, run: Path) -> None:
     """A second fresh run into a run's directory, or a resume that changes the model, is one line and changes
     nothing."""
     before = {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")}
-    again = pretrain(tmp_path, f"run.name={run.name}", "train.epochs=1", "train.max_steps=2", timeout=120)
+    # In this process: both are refused before the run starts (the command's own process is tested above).
+    again = pretrain_here(tmp_path, f"run.name={run.name}", "train.epochs=1", "train.max_steps=2")
     assert_one_line_error(again, "already holds a run", "checkpoints up to step 2", "run.resume=auto", "run.name=")
-    wider = pretrain(tmp_path, f"run.name={run.name}", "run.resume=auto", "model.width=8", timeout=120)
+    wider = pretrain_here(tmp_path, f"run.name={run.name}", "run.resume=auto", "model.width=8")
     assert_one_line_error(wider, "model.width=4", "model.width=8", "another run.name")
     assert {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")} == before
 
