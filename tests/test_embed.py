@@ -26,6 +26,7 @@ from sslkit.cli.write_shards import write_shards
 from sslkit.config import load_config, save_config
 from sslkit.datasets import build_dataset
 from sslkit.embeddings import embed, embed_to_folder, read_embeddings
+from sslkit.embeddings.encoders import load_encoder
 from sslkit.errors import UserError
 from sslkit.loop import train
 from sslkit.models import weights
@@ -168,9 +169,33 @@ def test_the_same_command_again_does_nothing_and_another_is_refused(run, tmp_pat
     assert read_embeddings(out).meta["dimension"] == 16
 
 
+def test_a_grey_encoder_reads_rgb_images_as_their_luma(run, rgb_backbone, tmp_path, capsys):
+    """The digits encoder (one channel) on a folder of RGB photos: each photo as PIL's convert("L") makes it,
+    which a folder of those grey files (decoded as RGB, then back) gives to the bit."""
+    photos, grey = rgb_backbone / "photos", tmp_path / "grey"
+    for path in photos.rglob("*.png"):
+        (grey / path.relative_to(photos)).parent.mkdir(parents=True, exist_ok=True)
+        Image.open(path).convert("L").save(grey / path.relative_to(photos))
+    out = tmp_path / "e"
+    assert embed_command.main([str(run), "--data", str(photos), "--out", str(out), "--no-normalize"]) == 0
+    assert "the 3-channel ones were read as grey (ITU-R BT.601 luma)" in capsys.readouterr().out
+    read = read_embeddings(out)
+    assert read.meta["transform"]["channels"] == 1 and read.meta["transform"]["converted_from_channels"] == 3
+    assert torch.equal(torch.from_numpy(np.array(read.vectors)), embed(run, data=str(grey), normalize=False))
+
+
+def test_an_rgb_encoder_reads_grey_images_as_the_grey_channel_three_times(rgb_backbone):
+    source, recipe = rgb_backbone / "backbone.safetensors", rgb_backbone / "recipe.yaml"
+    encoder = load_encoder(source, load_config(recipe), "backbone")
+    digits = build_dataset("digits", "test").images  # (360, 1, 8, 8)
+    with torch.no_grad():
+        expected = encoder.network(encoder.transform.module()(digits.expand(-1, 3, -1, -1)))
+    torch.testing.assert_close(embed(source, data="digits", split="test", recipe=recipe, normalize=False), expected)
+
+
 @pytest.mark.parametrize(
     "case",
-    ["not a source", "images of another channel count", "projector of a backbone file", "a timm folder, no data",
+    ["not a source", "projector of a backbone file", "a timm folder, no data",
      "unknown data", "a folder of other files", "no batch"],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(case, run, rgb_backbone, tmp_path, capsys):
@@ -178,7 +203,6 @@ def test_bad_input_is_one_line_and_writes_nothing(case, run, rgb_backbone, tmp_p
     out = tmp_path / "out"
     args, words = {
         "not a source": ([str(photos)], ["is not a run directory", "a timm folder"]),
-        "images of another channel count": ([str(run), "--data", str(photos)], ["takes 1-channel", "3-channel ones"]),
         "projector of a backbone file": (
             [str(run / "backbone.safetensors"), "--layer", "projector"], ["does not hold", "--layer backbone"]
         ),

@@ -115,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             resumed = f"; {done['resumed_from']} rows were there already" if done["resumed_from"] else ""
             rate = done["rows"] / max(done["seconds"], 1e-9)
             console.print(f"{what} written to {out} ({rate:,.0f} images/s{resumed})", soft_wrap=True)
+        if (given := meta["transform"].get("converted_from_channels")) is not None:
+            takes, how = meta["transform"]["channels"], "as grey (ITU-R BT.601 luma)" if given == 3 else "as RGB"
+            note = f"note: the encoder takes {takes}-channel images: the {given}-channel ones were read {how}"
+            console.print(note, soft_wrap=True)
     state.wait_for_everyone()
     state.destroy_process_group()  # leave together: a process that exits while another tears down gloo can abort
     return 0

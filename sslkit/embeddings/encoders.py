@@ -30,6 +30,7 @@ from torch import nn
 
 from sslkit import methods, models
 from sslkit.augment import EvalTransform
+from sslkit.augment.channels import ConvertChannels
 from sslkit.config import apply_overrides, config_from_dict, load_config
 from sslkit.datasets import DatasetInfo, build_dataset
 from sslkit.errors import UserError
@@ -45,16 +46,24 @@ WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth")
 
 @dataclasses.dataclass(frozen=True)
 class Transform:
-    """What an image goes through before the network: resized to a square, scaled to [0, 1], normalised."""
+    """What an image goes through before the network: resized to a square, scaled to [0, 1], normalised.
+
+    ``converted_from``: the images' own channel count where it is not ``channels`` (grey <-> RGB,
+    :class:`~sslkit.augment.channels.ConvertChannels` first).
+    """
 
     image_size: int
     channels: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
     normalize: bool = True
+    converted_from: int | None = None
 
-    def module(self) -> EvalTransform:
-        return EvalTransform(self.image_size, self.channels, self.mean, self.std, self.normalize)
+    def module(self) -> nn.Module:
+        evaluation = EvalTransform(self.image_size, self.channels, self.mean, self.std, self.normalize)
+        if self.converted_from is None:
+            return evaluation
+        return nn.Sequential(ConvertChannels(self.converted_from, self.channels), evaluation)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ keep the dataset's order whatever the number of processes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -28,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 from torch.utils.data import DataLoader
 
+from sslkit.augment.channels import CONVERTIBLE
 from sslkit.datasets import collate_batch
 from sslkit.datasets.batches import ImageBatch
 from sslkit.distributed import cpu_processes_launched
@@ -58,11 +60,11 @@ def prepare(
     images = images_to_embed(cfg, data, split, root)
     encoder = load_encoder(source, cfg, layer, images.info if images.is_run_data else None)
     takes, given = encoder.transform.channels, images.info.channels
-    if takes != given:
-        # Image folders and shards decode every file to RGB, grey ones included.
-        read_as = " (sslkit reads image folders and shards as RGB, grey files too)" if given == 3 else ""
+    if (given, takes) in CONVERTIBLE:  # grey <-> RGB, as an encoder of the other kind needs them
+        encoder = dataclasses.replace(encoder, transform=dataclasses.replace(encoder.transform, converted_from=given))
+    elif takes != given:
         raise UserError(
-            f"the encoder takes {takes}-channel images but {images.name} has {given}-channel ones{read_as}; "
+            f"the encoder takes {takes}-channel images but {images.name} has {given}-channel ones; "
             f"embed them with an encoder trained on {given}-channel images"
         )
     return cfg, images, encoder
@@ -172,6 +174,8 @@ def description(source: Path, encoder: Encoder, images: Images, normalize: bool)
             "mean": t.mean,
             "std": t.std,
             "normalize": t.normalize,
+            # Only where the images were converted: a folder written without a conversion still says the same.
+            **({"converted_from_channels": t.converted_from} if t.converted_from is not None else {}),
         },
         "weights_sha256": encoder.weights_sha256(),
     }
