@@ -4,6 +4,7 @@
   the batched resized crop they share.
 - :mod:`sslkit.augment.crops`   crop boxes drawn on each image's own size (torchvision's sampling).
 - :mod:`sslkit.augment.colour`  torchvision's colour steps with one factor per image (:class:`ColorJitter`).
+- :mod:`sslkit.augment.channels` grey <-> RGB for an encoder of the other kind (:class:`ConvertChannels`).
 - :mod:`sslkit.augment.strong`  FixMatch's strong view: RandAugment with per-image ops, then Cutout
   (:class:`StrongAugment`).
 """
