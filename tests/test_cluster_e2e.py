@@ -26,7 +26,7 @@ import torch
 from dist_utils import _free_port
 from safetensors.torch import load_file
 from test_preemption_e2e import COMMON, finish, start
-from test_pretrain_e2e import QUICKSTART, env
+from test_pretrain_e2e import QUICKSTART, TINY, env, pretrain_here
 
 # Views that need no random numbers to be equal on every process count; BatchNorm over the global batch.
 SAME_EVERYWHERE = ["augment.crop_scale=[1,1]", "augment.crop_ratio=[1,1]", "augment.jitter_p=0"]
@@ -35,8 +35,13 @@ SAME_EVERYWHERE += ["train.keep_checkpoints=10", "train.knn_every_epochs=0"]
 
 
 def trained(tmp_path, name: str, world: int, *overrides: str) -> dict[str, torch.Tensor]:
-    results = finish(start(tmp_path, name, *SAME_EVERYWHERE, *overrides, world=world))
-    assert [code for code, *_ in results] == [0] * world, [err[-2000:] for *_, err in results]
+    """A run of ``world`` processes; one process is the command's main() in this process."""
+    if world == 1:
+        result = pretrain_here(tmp_path, f"run.name={name}", *COMMON[len(TINY) :], *SAME_EVERYWHERE, *overrides)
+        assert result.returncode == 0, result.stderr[-2000:]
+    else:
+        results = finish(start(tmp_path, name, *SAME_EVERYWHERE, *overrides, world=world))
+        assert [code for code, *_ in results] == [0] * world, [err[-2000:] for *_, err in results]
     return load_file(tmp_path / name / "backbone.safetensors")
 
 
