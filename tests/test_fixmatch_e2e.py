@@ -7,6 +7,8 @@ images: an epoch is 1437 // 112 = 12 steps.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import signal
 import subprocess
@@ -21,6 +23,7 @@ from test_pretrain_e2e import PRETRAIN, _wait_for, env
 
 from sslkit import datasets
 from sslkit.augment import EvalTransform
+from sslkit.cli.pretrain import main
 from sslkit.config import load_config
 from sslkit.methods import build_method
 from sslkit.models import backbone_from_config
@@ -33,9 +36,18 @@ FIXMATCH = ["train.batch_size=16", "train.epochs=3", "train.log_every_steps=1", 
 STEPS = 3 * (1437 // (7 * 16))
 
 
-def pretrain(tmp_path: Path, *args: str, launcher: tuple[str, ...] = (sys.executable,)) -> subprocess.CompletedProcess:
-    command = [*launcher, *PRETRAIN, *args, f"run.output_dir={tmp_path}", *TINY]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env(), cwd=tmp_path)
+def pretrain(tmp_path: Path, *args: str, launcher: tuple[str, ...] | None = None) -> subprocess.CompletedProcess:
+    """A run through a ``launcher``'s processes, or without one through sslkit-pretrain's main() in this process
+    (the killed run below is the process of its own that these tests need)."""
+    if launcher is None:
+        argv = [*args, f"run.output_dir={tmp_path}", *TINY]
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            status = main(argv)
+        result = subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
+    else:
+        command = [*launcher, *PRETRAIN, *args, f"run.output_dir={tmp_path}", *TINY]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env(), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
