@@ -1,9 +1,12 @@
 """sslkit-embed end to end, in real processes: two processes write the file one process writes, and a run
-stopped by ``kill -9`` or by a disk that fills up continues to the same file when the command is run again."""
+stopped by ``kill -9`` or by a disk that fills up continues to the same file when the command is run again (the
+runs that are not stopped go through the command's main() in the test's process)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import json
 import os
 import signal
@@ -16,6 +19,7 @@ import numpy as np
 import pytest
 from test_embed import TINY
 
+from sslkit.cli.embed import main as embed_main
 from sslkit.config import load_config
 from sslkit.embeddings import embed, read_embeddings
 from sslkit.loop import train
@@ -47,9 +51,15 @@ def command(*args: str, launcher: list[str] | None = None) -> list[str]:
 
 
 def embed_command(cwd: Path, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        command(*args, launcher=launcher), capture_output=True, text=True, timeout=300, env=env(), cwd=cwd
-    )
+    """The command through a ``launcher``'s processes, or without one through its main() in this process (the
+    runs that are killed, or meet a full disk, are processes of their own: :func:`start_and_wait_for_a_chunk`)."""
+    if launcher is not None:
+        started = command(*args, launcher=launcher)
+        return subprocess.run(started, capture_output=True, text=True, timeout=300, env=env(), cwd=cwd)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        status = embed_main(list(args))
+    return subprocess.CompletedProcess(args, status, stdout.getvalue(), stderr.getvalue())
 
 
 def rows_done(folder: Path) -> int:
