@@ -25,7 +25,7 @@ from sslkit import datasets
 from sslkit.augment import EvalTransform
 from sslkit.cli.pretrain import main
 from sslkit.config import load_config
-from sslkit.methods import build_method
+from sslkit.methods import build_method, load_teacher
 from sslkit.models import backbone_from_config
 
 pytestmark = pytest.mark.slow
@@ -133,3 +133,23 @@ def test_two_processes_train_on_shares_of_both_streams(encoder, tmp_path):
     assert steps == list(range(1, STEPS // 3 + 1))  # the same 12 steps an epoch as one process
     results = json.loads((run / "results.json").read_text())["results"]["trained"]
     assert results["finetune_top1"] == pytest.approx(own_top1(run), abs=1 / 360)
+
+
+def test_a_distilled_student_learns_from_the_weight_average(encoder, straight, tmp_path):
+    """The distillation road can start from FixMatch: ``method.teacher`` names the run, and the teacher whose
+    predictions the student learns is the average that FixMatch evaluates and exports, not its student."""
+    teacher = load_teacher(str(straight), num_classes=10, in_channels=1)
+    images = torch.rand(6, 1, 8, 8)
+    state = last_checkpoint(straight)
+    cfg = load_config(straight / "config.yaml")
+    fixmatch = build_method(cfg, backbone_from_config(cfg.model, 1), 10)
+    fixmatch.load_state_dict(state)
+    with torch.no_grad():
+        assert torch.equal(teacher.logits(images), fixmatch.eval().logits(images))
+        assert not torch.equal(teacher.logits(images), fixmatch.student(images))
+    args = ["quickstart_distill", "run.name=student", f"method.teacher={straight}", f"run.init_from={encoder}"]
+    pretrain(tmp_path, *args, "train.batch_size=64", "train.epochs=1")
+    student = tmp_path / "student"
+    steps = [json.loads(line)["step"] for line in (student / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 1437 // 64  # every training image, labelled or not
+    assert "finetune_top1" in json.loads((student / "results.json").read_text())["results"]["trained"]

@@ -15,9 +15,9 @@ The loss on a batch of ``B`` images (eq. 2), with teacher and student logits ``t
 
 plus, with ``method.distill_label_weight`` w > 0, ``w`` times the student head's own loss on the
 batch's labelled images (eq. 3 weighs the two; SimCLRv2 uses distillation alone). The teacher is
-a finished run with a classifier (``method.teacher``: ``finetune``, ``supervised`` or ``distill``),
-loaded with its own recipe's model, kept frozen and in eval mode; the student is this run's
-network, started from ``run.init_from``.
+a finished run with a classifier (``method.teacher``: ``finetune``, ``supervised``, ``distill``, or
+``fixmatch``, whose weight average teaches), loaded with its own recipe's model, kept frozen and in
+eval mode; the student is this run's network, started from ``run.init_from``.
 
 The teacher is built and loaded by :func:`sslkit.methods.build_method` (``needs_teacher``): its
 method may be any registered method with a classifier.
