@@ -43,19 +43,19 @@ def jobs_in_this_process(started: list[str] | None = None) -> Iterator[None]:
         started: when given, the names of the jobs that run are appended to it.
     """
 
-    def run_here(command: list[str], log_dir: Path, name: str) -> tuple[int, str | None, float]:
+    def run_here(command: list[str], log_dir: Path, name: str) -> tuple[int, str | None, float, float]:
         python, flag, module, *args = command
         assert (python, flag) == (sys.executable, "-m"), command
         if started is not None:
             started.append(name)
         log_dir.mkdir(parents=True, exist_ok=True)
         err_path = log_dir / f"{name}.err"
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         with open(log_dir / f"{name}.out", "w") as out, open(err_path, "w") as err:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 status = importlib.import_module(module).main(args)
-        wall = time.perf_counter() - start
-        return status, (None if status == 0 else runner.error_line(err_path.read_text(), status)), wall
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        return status, (None if status == 0 else runner.error_line(err_path.read_text(), status)), wall, cpu
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(runner, "run_process", run_here)

@@ -119,7 +119,7 @@ def test_every_road_runs_and_the_tables_hold_what_the_runs_wrote(comparison):
     ]
     runs = out / "runs"
     for row in rows:
-        assert float(row["wall_s"]) > 0 and 0 <= float(row["top1"]) <= 1
+        assert float(row["wall_s"]) > 0 and float(row["cpu_s"]) > 0 and 0 <= float(row["top1"]) <= 1
         if row["road"] in ("linear", "knn"):  # the frozen evaluation's JSON, as sslkit-evaluate wrote it
             results = json.loads((out / "points" / f"{row['run']}.json").read_text())["results"]
             assert float(row["top1"]) == pytest.approx(results[f"{row['road']}_top1"], rel=1e-5)
@@ -132,7 +132,8 @@ def test_every_road_runs_and_the_tables_hold_what_the_runs_wrote(comparison):
         best, short, long = (by[(road, fraction)] for road in ("scratch-best", "scratch", "scratch-long"))
         assert float(best["top1"]) == max(float(short["top1"]), float(long["top1"]))
         assert best["run"] in (short["run"], long["run"])
-        assert float(best["wall_s"]) == pytest.approx(float(short["wall_s"]) + float(long["wall_s"]), abs=0.2)
+        for cost in ("wall_s", "cpu_s"):  # what the figure cost: both runs
+            assert float(best[cost]) == pytest.approx(float(short[cost]) + float(long[cost]), abs=0.2)
 
     # What each run was given: the pretrained backbone, the labels, the teacher; scratch from random weights.
     def config(name: str) -> dict:
@@ -179,8 +180,10 @@ def test_rerun_skips_every_finished_run_and_redoes_an_unfinished_one(comparison,
     assert stdout.count("done, skipped") == len(RUNS)
     after = read_csv(out / "points.csv")
     assert [r["skipped"] for r in after] == ["True"] * len(after)
-    # the skipped runs keep their figures and the wall times of the runs that made them
-    assert [(r["top1"], r["wall_s"]) for r in after] == [(r["top1"], r["wall_s"]) for r in before]
+    # the skipped runs keep their figures and the wall and CPU times of the runs that made them
+    assert [(r["top1"], r["wall_s"], r["cpu_s"]) for r in after] == [
+        (r["top1"], r["wall_s"], r["cpu_s"]) for r in before
+    ]
     # ... also after a command over part of the grid rewrote the tables with its own rows only
     narrow = [("1" if a == "0.1,1" else a) for a in argv]
     assert run_tool(*narrow)[0] == 0 and {r["fraction"] for r in read_csv(out / "points.csv")} == {"1"}
@@ -705,10 +708,11 @@ def record(
     kind: str, fraction: float, seed: int, metrics: dict | None, wall: float | None = 10.0, selection: str = "balanced"
 ) -> dict:
     """A run's record as the runner writes it, of a run on a class-balanced fraction of POOL's labels (or on labels
-    that ``selection`` chose)."""
+    that ``selection`` chose); its CPU time twice its wall time, two busy cores."""
+    cpu = None if wall is None else 2 * wall
     if kind == "pretrain":
         return {"name": "pretrain", "kind": kind, "fraction": None, "seed": None, "status": "ok", "skipped": False,
-                "error": None, "wall_s": wall, "metrics": metrics}  # fmt: skip
+                "error": None, "wall_s": wall, "cpu_s": cpu, "metrics": metrics}  # fmt: skip
     labels = lb.LabelSet(selection, Budget(fraction=fraction), seed, POOL, Path("labels"))
     return {
         "name": labels.run_name(kind),
@@ -720,6 +724,7 @@ def record(
         "skipped": False,
         "error": "boom" if metrics is None else None,
         "wall_s": wall,
+        "cpu_s": cpu,
         "metrics": metrics or {},
     }
 
@@ -818,6 +823,7 @@ def test_summary_is_mean_and_sample_std_over_the_seeds_that_succeeded():
     )
     assert by[(0.1, "scratch-best")]["top1_mean"] == pytest.approx(0.45)
     assert by[(0.1, "scratch-best")]["wall_s_mean"] == pytest.approx(40.0)
+    assert by[(0.1, "scratch-best")]["cpu_s_mean"] == pytest.approx(80.0)
     finetune = by[(0.1, "finetune")]
     assert (finetune["n_ok"], finetune["n_failed"], finetune["top1_mean"], finetune["top1_std"]) == (1, 1, 0.60, None)
     assert by[(1.0, "scratch-best")]["top1_mean"] is None
@@ -837,6 +843,7 @@ def test_tables_table_and_plot_from_records(tmp_path):
         "top1_mean": "0.8",
         "top1_std": f"{statistics.stdev([0.7, 0.9]):.6g}",
         "wall_s_mean": "10",
+        "cpu_s_mean": "20",
     }
     points = read_csv(tmp_path / "points.csv")
     assert len(points) == 18 and points[0]["fraction"] == "0.1" and points[-1]["fraction"] == "1"
@@ -854,7 +861,7 @@ def test_tables_table_and_plot_from_records(tmp_path):
         "labels",
         *(lt.column_header(r) for r in TRAINED_ROADS),
     ]
-    assert "100 s" in table.caption
+    assert "100 s, 3.3 CPU-min" in table.caption  # the pretraining: 100 s on two busy cores
     assert lt.column_header("finetune") == "fine\ntune" and lt.column_header("scratch-long") == "scratch\nlong"
 
     figure = le.plot(summary, 2, tmp_path / le.PLOT_FILE)

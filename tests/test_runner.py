@@ -33,9 +33,13 @@ def test_a_job_that_writes_its_result_is_ok_and_a_rerun_skips_it(tmp_path):
     ok = job(tmp_path, "a", WRITES, fields={"seed": 3})
     record = runner.run_or_skip(ok, tmp_path / "logs", None, {})
     assert (record["status"], record["skipped"], record["seed"]) == ("ok", False, 3) and record["wall_s"] > 0
+    assert record["cpu_s"] > 0  # the interpreter's start, at least
     assert record["metrics"] == {"knn_top1": 0.5, "steps": 3.0}  # numbers only, booleans left out
-    again = runner.run_or_skip(ok, tmp_path / "logs", 12.5, {})
-    assert (again["skipped"], again["wall_s"], again["metrics"]) == (True, 12.5, record["metrics"])
+    again = runner.run_or_skip(ok, tmp_path / "logs", {"wall_s": 12.5, "cpu_s": 20.0}, {})
+    assert (again["skipped"], again["wall_s"], again["cpu_s"]) == (True, 12.5, 20.0)
+    assert again["metrics"] == record["metrics"]
+    unknown = runner.run_or_skip(ok, tmp_path / "logs", None, {})  # skipped, made by a run nobody timed
+    assert (unknown["skipped"], unknown["wall_s"], unknown["cpu_s"]) == (True, None, None)
     assert (tmp_path / "logs" / "a.out").is_file()
 
 
@@ -47,7 +51,7 @@ def test_a_result_written_before_the_job_ends_counts_once_it_says_complete(tmp_p
     record = runner.run_or_skip(embed, tmp_path / "logs", None, {})  # runs again; still incomplete: failed
     assert (record["skipped"], record["status"]) == (False, "failed")
     result.write_text(json.dumps({"count": 10, "complete": True}))
-    assert runner.run_or_skip(embed, tmp_path / "logs", 3.0, {})["skipped"] is True
+    assert runner.run_or_skip(embed, tmp_path / "logs", None, {})["skipped"] is True
     assert runner.finished_metrics(runner.Job("x", [], result, metrics_at=())) == {"count": 10.0}
 
 
@@ -65,10 +69,11 @@ def test_a_failing_job_is_recorded_with_its_error_and_what_needs_it_is_not_run(t
 
 def test_run_jobs_calls_back_after_each_and_keeps_wall_times(tmp_path, capsys):
     jobs = [job(tmp_path, "a", WRITES), job(tmp_path, "b", FAILS), job(tmp_path, "c", WRITES, needs=("b",))]
-    seen, previous = [], {"old": 1.0}
+    seen, previous = [], {"old": {"wall_s": 1.0, "cpu_s": 2.0}}
     records = runner.run_jobs(jobs, tmp_path, previous, lambda records: seen.append(len(records)), "points")
     assert seen == [1, 2, 3] and [r["status"] for r in records] == ["ok", "failed", "failed"]
     assert set(previous) == {"old", "a", "b"}  # c never ran
+    assert previous["a"] == {"wall_s": records[0]["wall_s"], "cpu_s": records[0]["cpu_s"]}
     out = capsys.readouterr().out
     assert "[1/3] a: ok in" in out and "knn_top1 0.5000" in out and "not run: b failed" in out
     outcome = runner.finished(records, tmp_path, "points", [], "results: here")
@@ -139,9 +144,31 @@ def test_a_run_directory_made_with_other_settings_is_refused_in_one_line(tmp_pat
         runner.refuse_changed_run(tmp_path, {"optim.lr": 0.2, "optim.momentum": 0.0}, (), "sweep")
 
 
-def test_previous_wall_times_take_the_records_and_the_saved_wall_times(tmp_path):
+def test_previous_times_take_the_records_and_the_saved_times(tmp_path):
     path = tmp_path / "points.json"
-    assert runner.previous_wall_times(path, "runs") == {}
-    runs = [{"name": "a", "wall_s": 2.0}, {"name": "b", "wall_s": None}]
-    path.write_text(json.dumps({"runs": runs, "wall_times": {"a": 1.0, "gone": 5.0}}))
-    assert runner.previous_wall_times(path, "runs") == {"a": 2.0, "gone": 5.0}
+    assert runner.previous_times(path, "runs") == {}
+    runs = [{"name": "a", "wall_s": 2.0, "cpu_s": 3.0}, {"name": "b", "wall_s": None, "cpu_s": None}]
+    times = {"a": {"wall_s": 1.0, "cpu_s": 1.0}, "gone": {"wall_s": 5.0, "cpu_s": 9.0}}
+    path.write_text(json.dumps({"runs": runs, "times": times}))
+    assert runner.previous_times(path, "runs") == {"a": {"wall_s": 2.0, "cpu_s": 3.0}, "gone": times["gone"]}
+    # a folder whose sweep kept wall seconds alone: its runs' CPU time is unknown, not zero
+    path.write_text(json.dumps({"runs": [{"name": "a", "wall_s": 2.0}], "wall_times": {"gone": 5.0}}))
+    assert runner.previous_times(path, "runs") == {
+        "a": {"wall_s": 2.0, "cpu_s": None},
+        "gone": {"wall_s": 5.0, "cpu_s": None},
+    }
+
+
+BUSY = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass"
+
+
+def test_cpu_seconds_count_the_job_and_the_processes_it_waited_for(tmp_path):
+    """A launcher's workers are its children: their CPU time is the job's too, as it is on a second core."""
+    workers = (
+        "import subprocess, sys, json; "
+        f"procs = [subprocess.Popen([sys.executable, '-c', {BUSY.format(seconds=0.4)!r}]) for _ in range(2)]; "
+        "[p.wait() for p in procs]; json.dump({{'results': {{'trained': {{'ok': 1}}}}}}, open({result!r}, 'w'))"
+    )
+    record = runner.run_or_skip(job(tmp_path, "launched", workers), tmp_path / "logs", None, {})
+    assert record["status"] == "ok", record["error"]
+    assert record["cpu_s"] >= 0.8  # two workers of 0.4 CPU-s each (beside the interpreters' own starts)

@@ -36,7 +36,8 @@ error (the last line of its stderr) and the others still run; the exit status is
 OUT receives, updated after every point:
 
 - ``results.csv`` / ``results.json``: one row per point: swept values, seed, status, error,
-  wall time, and the final metrics of the trained encoder;
+  wall and CPU time (``wall_s``, ``cpu_s``: all the run's processes), and the final metrics of the trained
+  encoder;
 - ``summary.csv``: mean and standard deviation over seeds of every metric, per grid point;
 - ``<metric>.png`` (with matplotlib): kNN and linear top-1 (or ``--metrics``) against the first swept key (a log
   axis for positive values spanning 10x or more), error bars one standard deviation over seeds,
@@ -290,7 +291,7 @@ def write_tables(out: Path, records: list[dict], keys: list[str], header: dict) 
     metrics = metric_names(records)
     write_csv(
         out / "results.csv",
-        ["name", *keys, "seed", "status", "skipped", "error", "wall_s", *metrics],
+        ["name", *keys, "seed", "status", "skipped", "error", *runner.TIMES, *metrics],
         (
             [
                 r["name"],
@@ -299,7 +300,7 @@ def write_tables(out: Path, records: list[dict], keys: list[str], header: dict) 
                 r["status"],
                 r["skipped"],
                 r["error"] or "",
-                "" if r["wall_s"] is None else f"{r['wall_s']:.1f}",
+                *("" if r.get(key) is None else f"{r[key]:.1f}" for key in runner.TIMES),
                 *(csv_number(r["metrics"].get(m)) for m in metrics),
             ]
             for r in records
@@ -486,7 +487,7 @@ def run_ablation(plan: Plan) -> runner.Outcome:
         highlight=False,
         soft_wrap=True,
     )
-    previous = runner.previous_wall_times(out / "results.json", "points")
+    previous = runner.previous_times(out / "results.json", "points")
     records = runner.run_jobs(jobs, out, previous, lambda records: write_tables(out, records, keys, header), "points")
     if records is None:
         return runner.interrupted()

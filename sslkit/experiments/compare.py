@@ -34,7 +34,7 @@ OUT receives, updated after every run:
 
 - ``results.csv`` / ``results.json``: one row per recipe and seed: images/s of the calibration and of
   the training, steps, epochs, training seconds (the loop's timed windows: no evaluation or
-  checkpoints), status, error, and the metrics (``knn_top1``, ``linear_top1``, ``finetune_top1``);
+  checkpoints), the run's wall and CPU seconds (``wall_s``, ``cpu_s``), status, error, and the metrics (``knn_top1``, ``linear_top1``, ``finetune_top1``);
   the scratch runs are rows too;
 - ``summary.csv``: mean and sample standard deviation over seeds, per recipe;
 - ``logs/<run>.out`` / ``.err``: each run's stdout and stderr.
@@ -365,6 +365,7 @@ def point_row(entry: Entry, seed: int, budget: dict, by_name: dict[str, dict]) -
         "images_per_s": None,
         "train_s": None,
         "wall_s": None,
+        "cpu_s": None,
         "metrics": {},
     }
     calibration = by_name.get(f"calibrate-{entry.name}")
@@ -375,7 +376,11 @@ def point_row(entry: Entry, seed: int, budget: dict, by_name: dict[str, dict]) -
         return {**row, "status": "not run", "error": budget.get("error")}
     speed = images_per_s(Path(record["result"]).parent / "metrics.jsonl", entry.images_per_step)
     row.update(
-        status=record["status"], error=record["error"], wall_s=record["wall_s"], metrics=dict(record["metrics"])
+        status=record["status"],
+        error=record["error"],
+        wall_s=record["wall_s"],
+        cpu_s=record.get("cpu_s"),
+        metrics=dict(record["metrics"]),
     )
     if speed is not None:
         row.update(images_per_s=speed[0], train_s=speed[1])
@@ -400,6 +405,7 @@ def scratch_row(record: dict) -> dict:
         "images_per_s": None,
         "train_s": None,
         "wall_s": record["wall_s"],
+        "cpu_s": record.get("cpu_s"),
         "metrics": {k: v for k, v in record["metrics"].items() if k == "finetune_top1"},
     }
 
@@ -429,8 +435,8 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 def write_tables(out: Path, rows: list[dict], records: list[dict], header: dict) -> list[dict]:
     """results.csv, results.json and summary.csv; returns the summary rows."""
-    columns = ["recipe", "seed", "status", "error", *SPEEDS[:2], "steps", "epochs", "train_s", "wall_s", *METRICS]
-    numbers = (*METRICS, *SPEEDS[:3], "wall_s")
+    columns = ["recipe", "seed", "status", "error", *SPEEDS[:2], "steps", "epochs", "train_s", *runner.TIMES, *METRICS]
+    numbers = (*METRICS, *SPEEDS[:3], *runner.TIMES)
     cells = ({**row, **row["metrics"], "error": row["error"] or ""} for row in rows)
     write_csv(
         out / "results.csv",
@@ -519,7 +525,7 @@ def run_comparison(plan: Plan) -> runner.Outcome:
         highlight=False,
         soft_wrap=True,
     )
-    previous = runner.previous_wall_times(out / "results.json", "runs")
+    previous = runner.previous_times(out / "results.json", "runs")
     calibrations = [calibration_run(plan, entry).job() for entry in plan.entries]
     calibrated = runner.run_jobs(calibrations, out, previous, lambda _: None, "calibrations")
     if calibrated is None:
@@ -547,7 +553,7 @@ def run_comparison(plan: Plan) -> runner.Outcome:
         by_name = {r["name"]: r for r in [*calibrated, *records]}
         rows = [point_row(e, seed, budgets[e.name], by_name) for e in plan.entries for seed in e.seeds]
         rows += [scratch_row(r) for r in records if r["kind"] == "scratch"]
-        saved = {**header(plan), "plans": budgets, "wall_times": previous}
+        saved = {**header(plan), "plans": budgets, "times": previous}
         return write_tables(out, rows, [*calibrated, *records], saved)
 
     records = runner.run_jobs([run.job() for run in planned], out, previous, tables, "runs")

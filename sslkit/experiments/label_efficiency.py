@@ -80,10 +80,10 @@ OUT receives, updated after every run (:mod:`sslkit.experiments.label_efficiency
 
 - ``points.csv`` / ``points.json``: one row per road, selection, budget and seed: the selection,
   the budget as asked (``budget``; ``fraction`` when it is one) and the labelled images it made
-  (``labels``), test top-1, status, error, the run it comes from and its wall time
-  (``points.json`` also lists the runs);
+  (``labels``), test top-1, status, error, the run it comes from, its wall time and its CPU time
+  (``wall_s``, ``cpu_s``: all its processes together; ``points.json`` also lists the runs);
 - ``summary.csv``: mean and sample standard deviation over seeds of every road at every budget and
-  selection, and the mean wall time of its runs;
+  selection, and the mean wall and CPU time of its runs;
 - ``gains.csv``: fine-tune, distill and FixMatch minus scratch best, paired by seed (the same labelled
   images), ``versus`` scratch-best; and, with several selections, every road with a selection minus
   with ``random`` (or ``balanced`` without it) at the same budget and seed, ``versus`` that selection:
@@ -629,7 +629,7 @@ def run_label_efficiency(plan: Plan) -> runner.Outcome:
     runs, out = plan_runs(plan), plan.out
     out.mkdir(parents=True, exist_ok=True)
     # Every run ever timed into this output, also those outside this command's grid: skipped runs keep theirs.
-    previous = runner.previous_wall_times(out / "points.json", "runs")
+    previous = runner.previous_times(out / "points.json", "runs")
     console.print(
         f"label efficiency: {len(runs)} runs ({grid_text(plan)}"
         + (", after the pretraining" if plan.pretrained is None else "")
@@ -641,7 +641,7 @@ def run_label_efficiency(plan: Plan) -> runner.Outcome:
     (out / "points").mkdir(exist_ok=True)  # where the frozen evaluations write (--out's folder must exist)
 
     def tables(records: list[dict]) -> list[dict]:
-        header_now = {**header(plan), "pretrain": _pretrain(records), "wall_times": previous}
+        header_now = {**header(plan), "pretrain": _pretrain(records), "times": previous}
         return write_tables(out, records, header_now, plan.scratch_factor > 1)
 
     records = runner.run_jobs([run.job() for run in runs], out, previous, tables, "runs")

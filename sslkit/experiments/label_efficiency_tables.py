@@ -25,6 +25,7 @@ from rich.table import Table
 
 from sslkit.experiments.label_budgets import BALANCED, EVERY_LABEL
 from sslkit.experiments.report import new_figure
+from sslkit.experiments.runner import TIMES
 from sslkit.experiments.stats import mean_std, paired_difference
 from sslkit.experiments.tables import csv_number, error_bars, mean_std_text, save_plot, write_csv
 
@@ -103,6 +104,7 @@ def road_row(road: str, record: dict, metric: str) -> dict:
         "skipped": record["skipped"],
         "error": record["error"],
         "wall_s": record["wall_s"],
+        "cpu_s": record.get("cpu_s"),  # None in an output folder whose runs kept wall seconds alone
         "metric": metric,
         "top1": None,
     }
@@ -125,13 +127,18 @@ def best_of_scratch(scratch: dict, long: dict | None) -> dict:
     if bad:
         return {**row, "status": "failed", "top1": None, "error": f"{bad[0]['run']} failed: {bad[0]['error']}"}
     best = max(parts, key=lambda p: p["top1"])
-    walls = [p["wall_s"] for p in parts]
     return {
         **best,
         "road": "scratch-best",
         "skipped": all(p["skipped"] for p in parts),
-        "wall_s": None if None in walls else sum(walls),  # what the figure cost: both runs
+        **{key: total(p[key] for p in parts) for key in TIMES},  # what the figure cost: both runs
     }
+
+
+def total(values) -> float | None:
+    """The sum of ``values``, or None when any is unknown."""
+    values = list(values)
+    return None if None in values else sum(values)
 
 
 def group_order(rows: list[dict]):
@@ -162,7 +169,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "n_failed": len(members) - len(ok),
                 "top1_mean": mean,
                 "top1_std": std,
-                "wall_s_mean": mean_std([r["wall_s"] for r in members if r["wall_s"] is not None])[0],
+                **{f"{key}_mean": mean_std([r[key] for r in members if r[key] is not None])[0] for key in TIMES},
             }
         )
     return summary
@@ -236,14 +243,14 @@ def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool =
     rows = point_rows(records, long_runs)
     write_csv(
         out / "points.csv",
-        ["road", *BUDGET_COLUMNS, "seed", "run", "status", "skipped", "error", "wall_s", "metric", "top1"],
+        ["road", *BUDGET_COLUMNS, "seed", "run", "status", "skipped", "error", *TIMES, "metric", "top1"],
         (
             [
                 r["road"],
                 *budget_cells(r),
                 *(r[c] for c in ("seed", "run", "status", "skipped")),
                 r["error"] or "",
-                "" if r["wall_s"] is None else f"{r['wall_s']:.1f}",
+                *("" if r[key] is None else f"{r[key]:.1f}" for key in TIMES),
                 r["metric"],
                 csv_number(r["top1"]),
             ]
@@ -252,7 +259,8 @@ def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool =
     )
     (out / "points.json").write_text(json.dumps({**header, "runs": records, "points": rows}, indent=2))
     summary = summarize(rows)
-    budget_csv(out / "summary.csv", summary, ["road", "n_ok", "n_failed"], ["top1_mean", "top1_std", "wall_s_mean"])
+    means = ["top1_mean", "top1_std", *(f"{key}_mean" for key in TIMES)]
+    budget_csv(out / "summary.csv", summary, ["road", "n_ok", "n_failed"], means)
     gains = paired_gains(rows) + selection_gains(rows)
     budget_csv(out / "gains.csv", gains, ["road", "versus", "n_seeds"], ["gain_mean", "gain_std", "seeds_ahead"])
     return summary
@@ -304,22 +312,29 @@ def budget_grid(title: str, rows: list[dict], roads: list[str], header, cell, ca
 
 
 def summary_table(summary: list[dict], pretrain: dict | None) -> Table:
-    """Budgets (and selections) down, roads across: mean ± std over seeds, and the wall time per run under it."""
+    """Budgets (and selections) down, roads across: mean ± std over seeds, and under it a run's wall time and
+    CPU-minutes (all its processes' CPU time: what it costs on a shared machine, where wall time varies)."""
     caption = None
     if pretrain is not None and pretrain.get("wall_s") is not None:
-        caption = f"pretraining: {pretrain['wall_s']:.0f} s, once for every road from the pretrained encoder"
+        cost = cost_text(pretrain["wall_s"], pretrain.get("cpu_s"))
+        caption = f"pretraining: {cost}, once for every road from the pretrained encoder"
 
     def cell(row: dict) -> str:
         text = mean_std_text(row["top1_mean"], row["top1_std"])
         if row["n_failed"]:
             text += f"\n[red]{row['n_failed']} failed[/]"
         if row["wall_s_mean"] is not None:
-            text += f"\n[dim]{row['wall_s_mean']:.0f} s[/]"
+            text += f"\n[dim]{cost_text(row['wall_s_mean'], row['cpu_s_mean'])}[/]"
         return text
 
     roads = [road for road in ROADS if any(row["road"] == road for row in summary)]
-    title = "label efficiency: test top-1, mean ± std over seeds (wall time per run)"
+    title = "label efficiency: test top-1, mean ± std over seeds (wall time and CPU-minutes per run)"
     return budget_grid(title, summary, roads, column_header, cell, caption)
+
+
+def cost_text(wall_s: float, cpu_s: float | None) -> str:
+    """A run's cost in a few characters, ``"301 s, 10.7 CPU-min"``; the wall seconds alone when CPU time is unknown."""
+    return f"{wall_s:.0f} s" + ("" if cpu_s is None else f", {cpu_s / 60:.1f} CPU-min")
 
 
 def gain_cell(row: dict) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shlex
 import signal
 import subprocess
@@ -43,6 +44,7 @@ EVALUATE = "sslkit.cli.evaluate"
 EMBED = "sslkit.cli.embed"
 SELECT = "sslkit.cli.label_selection"
 TRAINED = ("results", "trained")  # where a pretraining run's results.json holds the trained encoder's metrics
+TIMES = ("wall_s", "cpu_s")  # what a job cost: wall seconds, and CPU seconds of all its processes together
 
 
 def command(module: str, args: list[str], launcher: str | None = None) -> list[str]:
@@ -95,22 +97,31 @@ def finished_metrics(job: Job) -> dict[str, float] | None:
     return metrics if complete else None
 
 
-def run_process(command: list[str], log_dir: Path, name: str) -> tuple[int, str | None, float]:
+def run_process(command: list[str], log_dir: Path, name: str) -> tuple[int, str | None, float, float]:
     """Run one command, its stdout and stderr to ``log_dir/<name>.out`` / ``.err``.
 
     Returns:
-        (exit status, its error line or None, wall seconds).
+        (exit status, its error line or None, wall seconds, CPU seconds). The CPU seconds are user plus
+        system time of the command and every process it waited for (a launcher's workers too): on a
+        machine shared with other jobs they say what the job cost where its wall time does not.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     err_path = log_dir / f"{name}.err"
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), children_cpu_seconds()
     with open(log_dir / f"{name}.out", "w") as out_file, open(err_path, "w") as err_file:
         # Unbuffered: a job's log is readable while it runs.
         status = subprocess.run(
             command, stdout=out_file, stderr=err_file, env=dict(os.environ, PYTHONUNBUFFERED="1")
         ).returncode
-    wall = time.perf_counter() - start
-    return status, (None if status == 0 else error_line(err_path.read_text(errors="replace"), status)), wall
+    wall, cpu = time.perf_counter() - start, children_cpu_seconds() - cpu_start
+    return status, (None if status == 0 else error_line(err_path.read_text(errors="replace"), status)), wall, cpu
+
+
+def children_cpu_seconds() -> float:
+    """User plus system CPU seconds of this process's children that have ended and been waited for (with
+    theirs, waited for in turn): the runner runs one job at a time, so a job's cost is the difference."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def error_line(stderr: str, status: int) -> str:
@@ -127,10 +138,11 @@ def error_line(stderr: str, status: int) -> str:
     return f"exited with status {status} and printed nothing on stderr"
 
 
-def run_or_skip(job: Job, log_dir: Path, previous_wall_s: float | None, failed: dict[str, str]) -> dict:
+def run_or_skip(job: Job, log_dir: Path, previous: dict[str, float | None] | None, failed: dict[str, str]) -> dict:
     """One job's record: read from its result file when that holds metrics, else from running it.
 
-    ``failed`` maps the jobs that failed so far to their errors; a job that needs one of them is not started.
+    ``previous`` holds the :data:`TIMES` of the run that made a skipped job's result, when known; ``failed``
+    maps the jobs that failed so far to their errors; a job that needs one of them is not started.
     """
     record = {
         "name": job.name,
@@ -139,31 +151,36 @@ def run_or_skip(job: Job, log_dir: Path, previous_wall_s: float | None, failed: 
         "skipped": False,
         "error": None,
         "wall_s": None,
+        "cpu_s": None,
         "metrics": {},
         "result": str(job.result),
         "command": shlex.join(job.command),
     }
     metrics = finished_metrics(job)
     if metrics is not None:
-        return {**record, "skipped": True, "metrics": metrics, "wall_s": previous_wall_s}
+        return {**record, "skipped": True, "metrics": metrics, **(previous or {})}
     blocked = [name for name in job.needs if name in failed]
     if blocked:
         return {**record, "status": "failed", "error": f"not run: {blocked[0]} failed"}
-    status, error, wall = run_process(job.command, log_dir, job.name)
+    status, error, wall, cpu = run_process(job.command, log_dir, job.name)
+    record.update(wall_s=wall, cpu_s=cpu)
     metrics = finished_metrics(job) if status == 0 else None
     if metrics is None:
-        missing = f"finished without writing {job.result.name}"
-        return {**record, "status": "failed", "error": error or missing, "wall_s": wall}
-    return {**record, "metrics": metrics, "wall_s": wall}
+        return {**record, "status": "failed", "error": error or f"finished without writing {job.result.name}"}
+    return {**record, "metrics": metrics}
 
 
 def run_jobs(
-    jobs: list[Job], out: Path, previous: dict[str, float], after_each: Callable[[list[dict]], None], noun: str
+    jobs: list[Job],
+    out: Path,
+    previous: dict[str, dict[str, float | None]],
+    after_each: Callable[[list[dict]], None],
+    noun: str,
 ) -> list[dict] | None:
     """Run (or skip) every job in order under a progress bar, calling ``after_each(records)`` after each.
 
     Args:
-        previous: wall seconds of jobs an earlier invocation ran, by name (skipped jobs keep theirs);
+        previous: the :data:`TIMES` of jobs an earlier invocation ran, by name (skipped jobs keep theirs);
             updated with every job that runs.
         noun: what the jobs are to the user ("points", "runs"), for the progress bar and the messages.
 
@@ -195,7 +212,7 @@ def run_jobs(
                 )
                 records.append(record)
                 if record["wall_s"] is not None:
-                    previous[job.name] = record["wall_s"]
+                    previous[job.name] = {key: record[key] for key in TIMES}
                 after_each(records)
                 progress.advance(task)
     except KeyboardInterrupt:
@@ -218,7 +235,8 @@ def outcome(record: dict, shown: tuple[str, ...]) -> str:
     if record["status"] == "failed":
         return f"[red]failed[/]{after}: {escape(record['error'])}"
     figures = ", ".join(f"{m} {record['metrics'][m]:.4f}" for m in shown if m in record["metrics"])
-    return f"ok in {record['wall_s']:.0f} s" + (f": {figures}" if figures else "")
+    cost = f"ok in {record['wall_s']:.0f} s" + ("" if record["cpu_s"] is None else f" ({record['cpu_s']:.0f} CPU-s)")
+    return cost + (f": {figures}" if figures else "")
 
 
 @dataclass
@@ -310,12 +328,15 @@ def config_differences(wanted: dict, saved: dict, path_keys: tuple[str, ...] = (
     return sorted(k for k in wanted.keys() & saved.keys() if k != "run.output_dir" and not same(k))
 
 
-def previous_wall_times(path: Path, records_key: str) -> dict[str, float]:
-    """Wall seconds by job name from a sweep's earlier JSON: its ``wall_times`` (every job ever timed into this
-    output) and the records under ``records_key``."""
+def previous_times(path: Path, records_key: str) -> dict[str, dict[str, float | None]]:
+    """The :data:`TIMES` by job name from a sweep's earlier JSON: its ``times`` (every job ever timed into this
+    output; ``wall_times``, wall seconds alone, in a sweep written before CPU seconds were kept) and the
+    records under ``records_key``."""
     try:
         saved = json.loads(path.read_text())
-        timed = {r["name"]: r["wall_s"] for r in saved[records_key] if r.get("wall_s") is not None}
-        return {**saved.get("wall_times", {}), **timed}
+        walls = {name: {"wall_s": wall, "cpu_s": None} for name, wall in saved.get("wall_times", {}).items()}
+        records = [r for r in saved[records_key] if r.get("wall_s") is not None]
+        timed = {r["name"]: {key: r.get(key) for key in TIMES} for r in records}
+        return {**walls, **saved.get("times", {}), **timed}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
