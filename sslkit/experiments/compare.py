@@ -34,8 +34,8 @@ OUT receives, updated after every run:
 
 - ``results.csv`` / ``results.json``: one row per recipe and seed: images/s of the calibration and of
   the training, steps, epochs, training seconds (the loop's timed windows: no evaluation or
-  checkpoints), the run's wall and CPU seconds (``wall_s``, ``cpu_s``), status, error, and the metrics (``knn_top1``, ``linear_top1``, ``finetune_top1``);
-  the scratch runs are rows too;
+  checkpoints), the run's wall and CPU seconds (``wall_s``, ``cpu_s``), status, error, and the
+  metrics (``knn_top1``, ``linear_top1``, ``finetune_top1``); the scratch runs are rows too;
 - ``summary.csv``: mean and sample standard deviation over seeds, per recipe;
 - ``logs/<run>.out`` / ``.err``: each run's stdout and stderr.
 
