@@ -952,6 +952,20 @@ def test_tables_and_plot_show_every_selection(tmp_path):
         assert [list(line.get_xdata()) for line, _, _ in axes.containers] == [[0.1, 1.0], [0.1, 1.0]]
 
 
+def test_the_plot_draws_a_road_from_scratch_dashed_and_open_in_its_pretrained_twins_colour(tmp_path):
+    records = [record(kind, 0.1, 0, ft(0.6), selection="random") for kind in ("finetune", "scratch")]
+    records += [record(kind, 0.1, 0, ft(0.7), selection="random") for kind in ("fixmatch", "fixmatch-scratch")]
+    figure = le.plot(lt.summarize(le.point_rows(records, long_runs=False)), 1, tmp_path / le.PLOT_FILE, 1)
+    axes = figure.axes[0]
+    lines = {text.get_text(): line for text, (line, _, _) in zip(axes.get_legend().get_texts(), axes.containers)}
+    assert list(lines) == ["fine-tune", "FixMatch from the encoder", "scratch", "FixMatch from scratch"]
+    for pretrained, scratch in (("fine-tune", "scratch"), ("FixMatch from the encoder", "FixMatch from scratch")):
+        assert lines[scratch].get_color() == lines[pretrained].get_color()
+        assert (lines[pretrained].get_linestyle(), lines[scratch].get_linestyle()) == ("-", "--")
+        assert lines[scratch].get_markerfacecolor() == "white"  # a single budget draws no line: open markers
+    assert lines["fine-tune"].get_color() != lines["FixMatch from the encoder"].get_color()
+
+
 def test_the_frozen_road_probes_an_encoder_whose_recipe_skipped_the_linear_probe(tmp_path):
     """A pretraining run with eval.linear_epochs=0 still gets a linear road: its frozen evaluations probe with the
     default epochs, unless the command's own overrides set eval.linear_epochs."""

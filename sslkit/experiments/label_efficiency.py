@@ -89,8 +89,9 @@ OUT receives, updated after every run (:mod:`sslkit.experiments.label_efficiency
   with ``random`` (or ``balanced`` without it) at the same budget and seed, ``versus`` that selection:
   mean, sample standard deviation and the number of seeds on which the road is ahead;
 - ``label_efficiency.png`` (with matplotlib): test top-1 against the budget on a log axis, one line per
-  road (linear probe, fine-tune, fine-tune + distill, FixMatch, scratch best), one panel per
-  selection, error bars one standard deviation over seeds;
+  road (linear probe, fine-tune, fine-tune + distill, FixMatch; scratch best and FixMatch from scratch
+  dashed, open markers, in the colour of their pretrained twins), one panel per selection, error bars
+  one standard deviation over seeds;
 - ``embeddings/``, ``labels/``: the pretrained encoder's embeddings and the label files the strategies wrote;
 - ``logs/<run>.out`` / ``.err``: each run's stdout and stderr.
 """

@@ -63,7 +63,10 @@ PLOTTED_ROADS = {
     "distill": "fine-tune + distill",
     "fixmatch": "FixMatch from the encoder",
     "scratch-best": "scratch (better of 1x and {factor}x epochs)",
+    "fixmatch-scratch": "FixMatch from scratch",
 }
+# A road from scratch: its pretrained twin's colour, dashed, with open markers (a single budget draws no line).
+FROM_SCRATCH = {"fixmatch-scratch": "fixmatch", "scratch-best": "finetune"}
 PANEL_TITLES = {BALANCED: "class-balanced random draw (reads the labels)"}
 BUDGET_COLUMNS = ["selection", "budget", "fraction", "labels"]
 
@@ -384,12 +387,16 @@ def plot(summary: list[dict], seeds: int, path: Path, scratch_factor: int = 3) -
     labels = {road: label.format(factor=scratch_factor) for road, label in PLOTTED_ROADS.items()}
     if scratch_factor == 1:
         labels["scratch-best"] = "scratch"
+    colours = {road: f"C{index}" for index, road in enumerate(r for r in PLOTTED_ROADS if r not in FROM_SCRATCH)}
     for axes, selection in zip(figure.axes, selections):
-        for colour, (road, label) in enumerate(labels.items()):
+        for road, label in labels.items():
             rows = [r for r in summary if r["road"] == road and r["selection"] in (selection, EVERY_LABEL)]
             rows.sort(key=lambda r: float(r["budget"]))
+            style = {"color": colours[road]} if road in colours else {"color": colours[FROM_SCRATCH[road]]}
+            if road in FROM_SCRATCH:
+                style.update(linestyle="--", markerfacecolor="white")
             if rows:
-                error_bars(axes, [float(r["budget"]) for r in rows], rows, "top1", label, color=f"C{colour}")
+                error_bars(axes, [float(r["budget"]) for r in rows], rows, "top1", label, **style)
         axes.set_xscale("log")
         axes.set_xticks(budgets, [f"{b:g}" for b in budgets])
         axes.minorticks_off()
