@@ -78,7 +78,7 @@ def test_sweep_runs_every_point_and_writes_tables_and_plots(sweep):
     assert [r["loss.temperature"] for r in rows] == ["0.1", "0.5"]
     for row, name in zip(rows, names):
         trained = json.loads((out / "runs" / name / "results.json").read_text())["results"]["trained"]
-        assert row["status"] == "ok" and row["seed"] == "0" and float(row["wall_s"]) > 0
+        assert row["status"] == "ok" and row["seed"] == "0" and float(row["wall_s"]) > 0 and float(row["cpu_s"]) > 0
         assert float(row["knn_top1"]) == pytest.approx(trained["knn_top1"], rel=1e-5)
         assert float(row["linear_top1"]) == pytest.approx(trained["linear_top1"], rel=1e-5)
     points = json.loads((out / "results.json").read_text())["points"]
@@ -348,6 +348,7 @@ def record(temperature: str, lr: str, seed: int, knn: float | None, linear: floa
         "skipped": False,
         "error": "boom" if failed else None,
         "wall_s": 1.0,
+        "cpu_s": 2.0,
         "metrics": metrics,
         "run_dir": "x",
     }

@@ -300,7 +300,7 @@ def write_tables(out: Path, records: list[dict], keys: list[str], header: dict) 
                 r["status"],
                 r["skipped"],
                 r["error"] or "",
-                *("" if r.get(key) is None else f"{r[key]:.1f}" for key in runner.TIMES),
+                *("" if r[key] is None else f"{r[key]:.1f}" for key in runner.TIMES),
                 *(csv_number(r["metrics"].get(m)) for m in metrics),
             ]
             for r in records

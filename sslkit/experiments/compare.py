@@ -379,7 +379,7 @@ def point_row(entry: Entry, seed: int, budget: dict, by_name: dict[str, dict]) -
         status=record["status"],
         error=record["error"],
         wall_s=record["wall_s"],
-        cpu_s=record.get("cpu_s"),
+        cpu_s=record["cpu_s"],
         metrics=dict(record["metrics"]),
     )
     if speed is not None:
@@ -405,7 +405,7 @@ def scratch_row(record: dict) -> dict:
         "images_per_s": None,
         "train_s": None,
         "wall_s": record["wall_s"],
-        "cpu_s": record.get("cpu_s"),
+        "cpu_s": record["cpu_s"],
         "metrics": {k: v for k, v in record["metrics"].items() if k == "finetune_top1"},
     }
 

@@ -107,7 +107,7 @@ def road_row(road: str, record: dict, metric: str) -> dict:
         "skipped": record["skipped"],
         "error": record["error"],
         "wall_s": record["wall_s"],
-        "cpu_s": record.get("cpu_s"),  # None in an output folder whose runs kept wall seconds alone
+        "cpu_s": record["cpu_s"],
         "metric": metric,
         "top1": None,
     }
@@ -319,7 +319,7 @@ def summary_table(summary: list[dict], pretrain: dict | None) -> Table:
     CPU-minutes (all its processes' CPU time: what it costs on a shared machine, where wall time varies)."""
     caption = None
     if pretrain is not None and pretrain.get("wall_s") is not None:
-        cost = cost_text(pretrain["wall_s"], pretrain.get("cpu_s"))
+        cost = cost_text(pretrain["wall_s"], pretrain["cpu_s"])
         caption = f"pretraining: {cost}, once for every road from the pretrained encoder"
 
     def cell(row: dict) -> str:
@@ -392,7 +392,7 @@ def plot(summary: list[dict], seeds: int, path: Path, scratch_factor: int = 3) -
         for road, label in labels.items():
             rows = [r for r in summary if r["road"] == road and r["selection"] in (selection, EVERY_LABEL)]
             rows.sort(key=lambda r: float(r["budget"]))
-            style = {"color": colours[road]} if road in colours else {"color": colours[FROM_SCRATCH[road]]}
+            style = {"color": colours[FROM_SCRATCH.get(road, road)]}
             if road in FROM_SCRATCH:
                 style.update(linestyle="--", markerfacecolor="white")
             if rows:
