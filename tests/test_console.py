@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from rich.table import Table
 
 from sslkit.console import console, print_table
@@ -51,6 +52,31 @@ def test_the_progress_bar_shows_no_loss_or_speed_before_the_first_logged_step():
     assert "first steps" in shown() and "nan" not in shown() and "0 img/s" not in shown()
     bar.update(2, 0, {"loss": 6.25, "lr": 1e-3, "ips": 120.4})
     assert "loss 6.2500 lr 1.00e-03 120 img/s" in shown() and task.completed == 2
+
+
+def test_images_per_second_count_every_image_a_batch_loaded():
+    """A FixMatch batch of train.batch_size 32 and mu 7 loads 256 images: the speed counts them all."""
+    import time
+
+    import torch
+    from accelerate import Accelerator
+
+    from sslkit.loop.logs import LogWindow
+    from sslkit.loop.state import LoopState
+    from sslkit.loop.step import FiniteLoss
+
+    accelerator = Accelerator(cpu=True)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    before = time.perf_counter()
+    window = LogWindow(FiniteLoss(accelerator))
+    for loss in (1.0, 2.0, 3.0):
+        window.add(torch.tensor(loss), images=256)
+    time.sleep(0.05)
+    added = time.perf_counter()
+    record = window.record(LoopState(step=3), optimizer, accelerator)
+    after = time.perf_counter()
+    assert record["loss"] == pytest.approx(2.0)
+    assert 3 * 256 / (after - before) <= record["images_per_s"] <= 3 * 256 / (added - window.start)
 
 
 def test_under_accelerate_launch_a_users_mistake_says_how_to_leave_out_the_launchers_traceback(monkeypatch, capsys):

@@ -33,12 +33,14 @@ class MetricsLog:
 class LogWindow:
     """Loss, speed and data wait over the batches since the last log line.
 
-    It counts batches, not steps x ``grad_accum_steps``: the last step of an epoch may
-    accumulate fewer batches than that (Accelerate steps at the loader's end).
+    It counts batches and the images loaded, not steps x ``grad_accum_steps`` x ``train.batch_size``: the
+    last step of an epoch may accumulate fewer batches than that (Accelerate steps at the loader's end),
+    and a FixMatch batch holds ``mu`` unlabelled images for every labelled one of ``train.batch_size``.
     """
 
     def __init__(self, finite: FiniteLoss) -> None:
-        self.start, self.data_wait, self.batches, self.loss_sum = time.perf_counter(), 0.0, 0, 0.0
+        self.start, self.data_wait, self.loss_sum = time.perf_counter(), 0.0, 0.0
+        self.batches, self.images = 0, 0
         self.finite = finite  # read with the loss, when a line is logged
 
     def timed(self, batches: Iterable) -> Iterator:
@@ -52,13 +54,16 @@ class LogWindow:
             self.data_wait += time.perf_counter() - fetch_start
             yield batch
 
-    def add(self, loss: torch.Tensor) -> None:
-        """Add a batch's loss, on its device: summed there, read once per log line."""
+    def add(self, loss: torch.Tensor, images: int) -> None:
+        """Add a batch's loss, on its device (summed there, read once per log line), and its ``images``: the
+        images this process loaded for it."""
         self.loss_sum, self.batches = self.loss_sum + loss.detach().float(), self.batches + 1
+        self.images += images
 
-    def record(self, progress: LoopState, optimizer, batch_size: int, accelerator: Accelerator) -> dict:
+    def record(self, progress: LoopState, optimizer, accelerator: Accelerator) -> dict:
         """The log line of this window (every process calls it: the loss is averaged over processes); the
-        scheduled lr is the first group's lr over its scale."""
+        scheduled lr is the first group's lr over its scale; images/s counts every process's images, each
+        process loading as many per batch."""
         loss = accelerator.reduce(torch.as_tensor(self.loss_sum, device=accelerator.device), reduction="mean")
         elapsed = time.perf_counter() - self.start
         group = optimizer.param_groups[0]
@@ -67,7 +72,7 @@ class LogWindow:
             "epoch": progress.epoch,
             "loss": loss.item() / self.batches,
             "lr": group["lr"] / group.get("lr_scale", 1.0),
-            "images_per_s": self.batches * batch_size / elapsed,
+            "images_per_s": self.images * accelerator.num_processes / elapsed,
             "data_wait_share": self.data_wait / elapsed,
         }
 

@@ -186,7 +186,7 @@ def log_step(run: Run, window: LogWindow, bar: ProgressBar) -> LogWindow:
         bar.update(completed=progress.step)
         return window
     window.finite.check(progress)  # before the line: a non-finite loss stops the run rather than being logged
-    r = window.record(progress, run.step.optimizer, run.cfg.train.batch_size, run.accelerator)
+    r = window.record(progress, run.step.optimizer, run.accelerator)
     run.log(r, progress.step)
     bar.update(progress.step, r["epoch"], {"loss": r["loss"], "lr": r["lr"], "ips": r["images_per_s"]})
     if run.main and not console.is_terminal:  # a log file gets a line, a terminal the bar
@@ -228,7 +228,7 @@ def train_epochs(run: Run, stop: StopSignals) -> bool:
                 with torch.no_grad():  # the loader workers made the views already with data.augment_in_workers
                     views = images.views if isinstance(images, AugmentedViews) else run.augment(images)
                 loss = run.step(views, labels, indices, run.schedule.lr(progress.step, cfg), progress)
-                window.add(loss)
+                window.add(loss, len(labels))
                 if run.accelerator.sync_gradients:
                     # Methods with state outside the optimizer (MoCo's momentum encoder) update it here.
                     run.unwrapped.after_optimizer_step(progress.step, total)
