@@ -246,7 +246,9 @@ CHOSEN = [
         for arg in ("--finetune-override", override)
     ),
 ]
-CHOSEN_ROADS = ["frozen", "finetune", "distill", "fixmatch", "fixmatch-scratch", "scratch", "scratch-long"]
+CHOSEN_ROADS = [
+    *("frozen", "finetune", "distill", "fixmatch", "fixmatch-distill", "fixmatch-scratch", "scratch", "scratch-long")
+]
 CHOSEN_RUNS = [
     "pretrain",
     "embed",
@@ -292,16 +294,19 @@ def test_labels_chosen_by_a_strategy_go_down_every_road_and_fixmatch_too(chosen)
     fixmatch, from_scratch = config("fixmatch-typiclust-n50-s0"), config("fixmatch-scratch-typiclust-n50-s0")
     assert fixmatch["method"]["name"] == from_scratch["method"]["name"] == "fixmatch"
     assert (fixmatch["run"]["init_from"], from_scratch["run"]["init_from"]) == (str(runs / "pretrain"), None)
+    student = config("fixmatch-distill-typiclust-n50-s0")  # FixMatch's result teaches a student from the encoder
+    assert (student["method"]["name"], student["run"]["init_from"]) == ("distill", str(runs / "pretrain"))
+    assert student["method"]["teacher"] == str(runs / "fixmatch-typiclust-n50-s0")
 
     rows = read_csv(out / "points.csv")
     by = {(r["selection"], r["road"]): r for r in rows}
-    roads = ["linear", "knn", "finetune", "distill", "fixmatch", "fixmatch-scratch", "scratch", "scratch-long"]
+    roads = ["linear", "knn", *CHOSEN_ROADS[1:]]
     for selection in ("balanced", "typiclust"):
         for road in [*roads, "scratch-best"]:
             row = by[(selection, road)]
             assert (row["budget"], row["fraction"], row["labels"], row["status"]) == ("50", "", "50", "ok"), row
             assert 0 <= float(row["top1"]) <= 1
-    for road in ("fixmatch", "fixmatch-scratch"):  # the top-1 of the run's own classifier, as it reported it
+    for road in ("fixmatch", "fixmatch-distill", "fixmatch-scratch"):  # the run's own classifier, as it reported it
         trained = json.loads((runs / f"{road}-typiclust-n50-s0" / "results.json").read_text())["results"]["trained"]
         assert float(by[("typiclust", road)]["top1"]) == pytest.approx(trained["finetune_top1"], rel=1e-5)
     assert len(rows) == 2 * (len(roads) + 1)
@@ -315,7 +320,7 @@ def test_labels_chosen_by_a_strategy_go_down_every_road_and_fixmatch_too(chosen)
         *(
             (s, road, "scratch-best")
             for s in ("balanced", "typiclust")
-            for road in ("finetune", "distill", "fixmatch")
+            for road in ("finetune", "distill", "fixmatch", "fixmatch-distill")
         ),
         *(("typiclust", road, "balanced") for road in lt.SELECTION_ROADS),
     }
@@ -573,7 +578,6 @@ def test_labels_chosen_by_a_strategy_are_embedded_once_selected_per_seed_and_giv
         tmp_path, budgets=budgets, selections=["balanced", "typiclust"], fixmatch_recipe=Path("/r/fm.yaml")
     )
     runs = le.plan_runs(plan)
-    roads = ["frozen", "finetune", "distill", "fixmatch", "fixmatch-scratch", "scratch", "scratch-long"]
     assert [r.name for r in runs] == [
         "pretrain",
         "embed",
@@ -581,9 +585,9 @@ def test_labels_chosen_by_a_strategy_are_embedded_once_selected_per_seed_and_giv
             name
             for seed in (3, 4)
             for name in (
-                *(f"{kind}-n50-s{seed}" for kind in roads),
+                *(f"{kind}-n50-s{seed}" for kind in CHOSEN_ROADS),
                 f"select-typiclust-n50-s{seed}",
-                *(f"{kind}-typiclust-n50-s{seed}" for kind in roads),
+                *(f"{kind}-typiclust-n50-s{seed}" for kind in CHOSEN_ROADS),
             )
         ),
         # every label, once per seed: no selection, nothing to distill on, nothing unlabelled for FixMatch
@@ -627,7 +631,7 @@ def test_labels_chosen_by_a_strategy_are_embedded_once_selected_per_seed_and_giv
         **{"kind": "finetune", "fraction": None, "seed": 4},
         **{"selection": "typiclust", "budget": "50", "labels": 50},
     }
-    for kind in roads[1:]:
+    for kind in CHOSEN_ROADS[1:]:
         assert f"data.label_subset={label_file}" in by[f"{kind}-typiclust-n50-s4"].command
         assert "select-typiclust-n50-s4" in by[f"{kind}-typiclust-n50-s4"].needs
     fixmatch, from_scratch = by["fixmatch-typiclust-n50-s4"], by["fixmatch-scratch-typiclust-n50-s4"]
@@ -637,6 +641,9 @@ def test_labels_chosen_by_a_strategy_are_embedded_once_selected_per_seed_and_giv
         ("pretrain", "select-typiclust-n50-s4"),
         ("select-typiclust-n50-s4",),
     )
+    student = by["fixmatch-distill-typiclust-n50-s4"]  # taught by FixMatch's run, on the same labels
+    assert f"method.teacher={tmp_path / 'runs' / 'fixmatch-typiclust-n50-s4'}" in student.command
+    assert student.needs == ("pretrain", "fixmatch-typiclust-n50-s4", "select-typiclust-n50-s4")
 
     # 50 labels drawn class-balanced: 5 of each of the 10 classes, for the probes as for the trained runs
     assert by["frozen-n50-s3"].command[5:-2] == [
@@ -730,7 +737,7 @@ def record(
 
 
 # The roads of RECORDS: no distill or FixMatch runs.
-TRAINED_ROADS = [road for road in lt.ROADS if road not in ("distill", "fixmatch", "fixmatch-scratch")]
+TRAINED_ROADS = [road for road in lt.ROADS if "distill" not in road and "fixmatch" not in road]
 
 
 def ft(top1: float) -> dict:

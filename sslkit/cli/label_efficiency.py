@@ -66,7 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--fixmatch",
         action="store_true",
-        help="add FixMatch on the same labels, from the pretrained encoder and from scratch (not with every label)",
+        help="add FixMatch on the same labels, from the pretrained encoder and from scratch, and a student distilled "
+        "from the first (without --no-distill; not with every label)",
     )
     parser.add_argument(
         "--seeds",

@@ -36,6 +36,9 @@ A budget of every label (1, or N) is run once, under the selection ``all``. The 
   labels and every training image unlabelled (``--fixmatch-recipe``), from the pretrained encoder
   (``run.init_from=PRE``) and from random weights; the test top-1 of its weight average's
   classifier, ``finetune_top1``; not at a budget of every label (nothing unlabelled);
+- ``fixmatch-distill`` (with ``--fixmatch`` and the distill road): the distill road with FixMatch's
+  run from the encoder as the teacher (its weight average teaches): pretraining, the unlabelled images
+  twice (pseudo-labels, then the teacher's predictions), and distillation, SimCLRv2's third step;
 - ``scratch``, ``scratch-long``: the same network from random weights on the same labelled images,
   for the recipe's epochs and for ``--scratch-factor`` times as many; ``scratch-best`` is the better
   of the two, per seed. The recipe is the fine-tune recipe (the same augmentation and optimizer), or
@@ -84,8 +87,8 @@ OUT receives, updated after every run (:mod:`sslkit.experiments.label_efficiency
   (``wall_s``, ``cpu_s``: all its processes together; ``points.json`` also lists the runs);
 - ``summary.csv``: mean and sample standard deviation over seeds of every road at every budget and
   selection, and the mean wall and CPU time of its runs;
-- ``gains.csv``: fine-tune, distill and FixMatch minus scratch best, paired by seed (the same labelled
-  images), ``versus`` scratch-best; and, with several selections, every road with a selection minus
+- ``gains.csv``: fine-tune, distill, FixMatch and FixMatch + distill minus scratch best, paired by seed
+  (the same labelled images), ``versus`` scratch-best; and, with several selections, every road with a selection minus
   with ``random`` (or ``balanced`` without it) at the same budget and seed, ``versus`` that selection:
   mean, sample standard deviation and the number of seeds on which the road is ahead;
 - ``label_efficiency.png`` (with matplotlib): test top-1 against the budget on a log axis, one line per
@@ -155,6 +158,7 @@ RECIPE_OPTIONS = {
     "distill": "--distill-recipe",
     "fixmatch": "--fixmatch-recipe",
     "fixmatch-scratch": "--fixmatch-recipe",
+    "fixmatch-distill": "--distill-recipe",
     "scratch": "--scratch-recipe",
     "scratch-long": "--scratch-recipe",
 }
@@ -446,7 +450,8 @@ def select_run(labels: LabelSet, embeddings: Path) -> Run:
 
 
 def road_runs(plan: Plan, labels: LabelSet, pre: Path, needs_pre: tuple[str, ...]) -> list[Run]:
-    """The runs of every road on ``labels``: frozen, fine-tune, distill, FixMatch (twice), scratch, scratch-long."""
+    """The runs of every road on ``labels``: frozen, fine-tune, distill, FixMatch (and distilled, and from scratch),
+    scratch, scratch-long."""
     runs_dir = plan.out / "runs"
     chosen = (labels.select_run,) if labels.select_run else ()  # the label file they train on
     epochs = plan.epochs.get(labels.budget.text)
@@ -474,6 +479,11 @@ def road_runs(plan: Plan, labels: LabelSet, pre: Path, needs_pre: tuple[str, ...
     if plan.fixmatch_recipe is not None and partial:  # its own epochs too: passes over every training image
         recipe, overrides = plan.fixmatch_recipe, plan.finetune_overrides
         runs.append(trained("fixmatch", recipe, overrides, needs_pre, **{"run.init_from": pre}))
+        if plan.distill_recipe is not None:
+            fixmatch = labels.run_name("fixmatch")
+            teacher = {"method.teacher": runs_dir / fixmatch, "run.init_from": pre}
+            needs = (*needs_pre, fixmatch)
+            runs.append(trained("fixmatch-distill", plan.distill_recipe, overrides, needs, **teacher))
         runs.append(trained("fixmatch-scratch", recipe, overrides, (), **{"run.init_from": "null"}))
     # Random weights: run.init_from=null, in case the fine-tune recipe names a start of its own.
     runs.append(trained("scratch", plan.scratch_recipe, own, (), **{"run.init_from": "null"}))

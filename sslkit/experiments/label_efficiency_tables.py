@@ -38,6 +38,7 @@ ROADS = (
     "finetune",
     "distill",
     "fixmatch",
+    "fixmatch-distill",
     "fixmatch-scratch",
     "scratch",
     "scratch-long",
@@ -49,19 +50,30 @@ ROAD_METRIC = {
     "finetune": "finetune_top1",
     "distill": "finetune_top1",
     "fixmatch": "finetune_top1",  # the classifier of FixMatch's weight average
+    "fixmatch-distill": "finetune_top1",
     "fixmatch-scratch": "finetune_top1",
     "scratch": "finetune_top1",
     "scratch-long": "finetune_top1",
 }
-GAIN_ROADS = ("finetune", "distill", "fixmatch")  # compared with scratch-best seed by seed
+GAIN_ROADS = ("finetune", "distill", "fixmatch", "fixmatch-distill")  # compared with scratch-best seed by seed
 # What selection buys, road by road: every road but the two scratch runs scratch-best is the better of.
-SELECTION_ROADS = ("linear", "knn", "finetune", "distill", "fixmatch", "fixmatch-scratch", "scratch-best")
+SELECTION_ROADS = (
+    "linear",
+    "knn",
+    "finetune",
+    "distill",
+    "fixmatch",
+    "fixmatch-distill",
+    "fixmatch-scratch",
+    "scratch-best",
+)
 SELECTION_BASELINES = ("random", BALANCED)  # the first of these that ran is what the others are measured against
 PLOTTED_ROADS = {
     "linear": "linear probe (frozen)",
     "finetune": "fine-tune",
     "distill": "fine-tune + distill",
     "fixmatch": "FixMatch from the encoder",
+    "fixmatch-distill": "FixMatch + distill",
     "scratch-best": "scratch (better of 1x and {factor}x epochs)",
     "fixmatch-scratch": "FixMatch from scratch",
 }
