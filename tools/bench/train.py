@@ -142,7 +142,7 @@ def build_pieces(cfg: Config, total_steps: int) -> Pieces:
 
     splits = build_splits(cfg)
     info = splits.info
-    augment = TwoViewAugment(cfg.augment, info.channels, info.mean, info.std)
+    augment = build.make_augment(cfg, info)  # the loop's views: FixMatch's second one is the strong view
     in_workers = augmented.in_workers(cfg.data.augment_in_workers, accelerator.device, cfg.data.num_workers)
     local_batch = cfg.train.batch_size // accelerator.num_processes
     loader, sampler = build.make_train_loader(cfg, splits.train, local_batch, augment if in_workers else None)
@@ -225,6 +225,7 @@ def time_full_steps(
                 "total": end - start,
                 "cpu": time.process_time() - cpu,
                 "loss": loss,
+                "images": len(labels) * pieces.accelerator.num_processes,  # FixMatch: labelled and unlabelled
             }
         )
     return records
@@ -241,7 +242,8 @@ def time_floor_steps(
         view1, view2, labels, *indices = views
         loss = optimizer_step(pieces, view1, view2, labels, step, *indices)
         _synchronize(device)
-        records.append({"total": time.perf_counter() - start, "cpu": time.process_time() - cpu, "loss": loss})
+        total, images = time.perf_counter() - start, len(labels) * pieces.accelerator.num_processes
+        records.append({"total": total, "cpu": time.process_time() - cpu, "loss": loss, "images": images})
     return records
 
 
@@ -278,22 +280,23 @@ def _median(records: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in records)
 
 
-def summarize(full: list[dict], floor: list[dict], batch_size: int) -> dict:
-    """Headline figures of the two phases (see the module docstring for their meaning)."""
+def summarize(full: list[dict], floor: list[dict]) -> dict:
+    """Headline figures of the two phases (see the module docstring for their meaning); images/s counts every
+    image a step loaded (a FixMatch step: its labelled and its unlabelled images)."""
     full_total = sum(r["total"] for r in full)
     floor_total = sum(r["total"] for r in floor)
     waits = [r["data_wait"] for r in full]
     median_full, median_floor = _median(full, "total"), _median(floor, "total")
     return {
         "full": {
-            "images_per_s": batch_size * len(full) / full_total,
+            "images_per_s": sum(r["images"] for r in full) / full_total,
             "median_step_s": median_full,
             "median_cpu_s": _median(full, "cpu"),
             "median_s": {key: _median(full, key) for key in ("data_wait", "augment", "compute")},
             "share": {key: sum(r[key] for r in full) / full_total for key in ("data_wait", "augment", "compute")},
         },
         "floor": {
-            "images_per_s": batch_size * len(floor) / floor_total,
+            "images_per_s": sum(r["images"] for r in floor) / floor_total,
             "median_step_s": median_floor,
             "median_cpu_s": _median(floor, "cpu"),
         },
@@ -308,8 +311,8 @@ def summarize(full: list[dict], floor: list[dict], batch_size: int) -> dict:
         "data_and_augment_share": max(0.0, 1.0 - median_floor / median_full),
         "data_and_augment_share_in_step": sum(r["data_wait"] + r["augment"] for r in full) / full_total,
         "data_and_augment_share_cpu": max(0.0, 1.0 - _median(floor, "cpu") / _median(full, "cpu")),
-        "floor_over_full_images_per_s": (batch_size * len(floor) / floor_total)
-        / (batch_size * len(full) / full_total),
+        "floor_over_full_images_per_s": (sum(r["images"] for r in floor) / floor_total)
+        / (sum(r["images"] for r in full) / full_total),
     }
 
 
@@ -434,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         "cores": os.cpu_count(),
         "load_average": [load_before, os.getloadavg()[0]],
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
-        "summary": summarize(full, floor, cfg.train.batch_size),
+        "summary": summarize(full, floor),
         "per_step": {"full": full, "floor": floor},
     }
     console = Console(width=max(120, Console().width))
