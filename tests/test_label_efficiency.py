@@ -317,11 +317,7 @@ def test_labels_chosen_by_a_strategy_go_down_every_road_and_fixmatch_too(chosen)
     ]
     gains = read_csv(out / "gains.csv")
     assert {(g["selection"], g["road"], g["versus"]) for g in gains} == {
-        *(
-            (s, road, "scratch-best")
-            for s in ("balanced", "typiclust")
-            for road in ("finetune", "distill", "fixmatch", "fixmatch-distill")
-        ),
+        *((s, road, versus) for s in ("balanced", "typiclust") for road, versus in (*lt.PRETRAINING, *lt.UNLABELLED)),
         *(("typiclust", road, "balanced") for road in lt.SELECTION_ROADS),
     }
     assert "what selection buys" in output and "with balanced" in output
@@ -817,7 +813,38 @@ def test_gains_pair_each_seed_with_its_own_scratch_run():
     assert finetune["gain_std"] == pytest.approx(statistics.stdev([0.1, -0.05, 0.1]))
     assert (distill["gain_mean"], distill["seeds_ahead"]) == (pytest.approx(0.1), 2)  # 0.15, -0.05, 0.2
     table = le.gains_table([finetune, distill])
-    assert [c.header for c in table.columns] == ["labels", "finetune gain", "distill gain"]
+    assert [c.header for c in table.columns] == ["labels", "finetune\n- scratch-best", "distill\n- scratch-best"]
+    assert "what pretraining buys" in table.title
+
+
+def test_what_the_unlabelled_images_buy_pairs_each_road_with_its_start_without_them(tmp_path):
+    records = []
+    for seed, (tuned, fixmatch, alone, scratch) in enumerate([(0.6, 0.7, 0.55, 0.5), (0.62, 0.66, 0.6, 0.52)]):
+        records += [record("finetune", 0.01, seed, ft(tuned)), record("fixmatch", 0.01, seed, ft(fixmatch))]
+        records += [record("fixmatch-scratch", 0.01, seed, ft(alone)), record("scratch", 0.01, seed, ft(scratch))]
+        records.append(record("fixmatch-distill", 0.01, seed, ft(fixmatch + 0.01)))
+    rows = le.point_rows(records, long_runs=False)
+    unlabelled = {(g["road"], g["versus"]): g for g in le.paired_gains(rows, le.UNLABELLED)}
+    assert list(unlabelled) == [
+        ("fixmatch", "finetune"),
+        ("fixmatch-scratch", "scratch-best"),
+        ("fixmatch-distill", "fixmatch"),
+    ]  # no distill road ran: nothing for its pair
+    assert unlabelled[("fixmatch", "finetune")]["gain_mean"] == pytest.approx(0.07)  # 0.1 and 0.04
+    assert unlabelled[("fixmatch-scratch", "scratch-best")]["gain_mean"] == pytest.approx(0.065)  # 0.05, 0.08
+    assert unlabelled[("fixmatch-distill", "fixmatch")]["seeds_ahead"] == 2
+    pretraining = {(g["road"], g["versus"]): g for g in le.paired_gains(rows)}
+    assert pretraining[("fixmatch", "fixmatch-scratch")]["gain_mean"] == pytest.approx(0.105)  # 0.15, 0.06
+    table = le.gains_table(le.paired_gains(rows, le.UNLABELLED), le.UNLABELLED)
+    assert "what the unlabelled images buy" in table.title
+    assert [c.header for c in table.columns][1:] == [
+        "fixmatch\n- finetune",
+        "fixmatch-scratch\n- scratch-best",
+        "fixmatch-distill\n- fixmatch",
+    ]
+    le.write_tables(tmp_path, records, {}, long_runs=False)
+    written = {(g["road"], g["versus"]) for g in read_csv(tmp_path / "gains.csv")}
+    assert written == {*unlabelled, *pretraining}
 
 
 def test_summary_is_mean_and_sample_std_over_the_seeds_that_succeeded():

@@ -87,10 +87,13 @@ OUT receives, updated after every run (:mod:`sslkit.experiments.label_efficiency
   (``wall_s``, ``cpu_s``: all its processes together; ``points.json`` also lists the runs);
 - ``summary.csv``: mean and sample standard deviation over seeds of every road at every budget and
   selection, and the mean wall and CPU time of its runs;
-- ``gains.csv``: fine-tune, distill, FixMatch and FixMatch + distill minus scratch best, paired by seed
-  (the same labelled images), ``versus`` scratch-best; and, with several selections, every road with a selection minus
-  with ``random`` (or ``balanced`` without it) at the same budget and seed, ``versus`` that selection:
-  mean, sample standard deviation and the number of seeds on which the road is ahead;
+- ``gains.csv``: paired by seed (the same labelled images), ``road`` minus ``versus``: what pretraining
+  buys (fine-tune, distill, FixMatch and FixMatch + distill minus scratch best, FixMatch from the
+  encoder minus from scratch), what the unlabelled images buy (FixMatch minus the fine-tune, FixMatch
+  from scratch minus scratch best, each distilled student minus its teacher), and, with several
+  selections, every road with a selection minus with ``random`` (or ``balanced`` without it) at the
+  same budget and seed: mean, sample standard deviation and the number of seeds on which the road is
+  ahead;
 - ``label_efficiency.png`` (with matplotlib): test top-1 against the budget on a log axis, one line per
   road (linear probe, fine-tune, fine-tune + distill, FixMatch; scratch best and FixMatch from scratch
   dashed, open markers, in the colour of their pretrained twins), one panel per selection, error bars
@@ -126,6 +129,8 @@ from sslkit.experiments.label_budgets import (
 )
 from sslkit.experiments.label_efficiency_tables import (
     PLOT_FILE,
+    PRETRAINING,
+    UNLABELLED,
     gains_table,
     paired_gains,
     plot,
@@ -662,8 +667,9 @@ def run_label_efficiency(plan: Plan) -> runner.Outcome:
     summary = tables(records)
     shown = [summary_table(summary, _pretrain(records))]
     rows = point_rows(records, plan.scratch_factor > 1)
-    if gains := paired_gains(rows):
-        shown.append(gains_table(gains))
+    for pairs in (PRETRAINING, UNLABELLED):
+        if gains := paired_gains(rows, pairs):
+            shown.append(gains_table(gains, pairs))
     if (chosen := selection_table(selection_gains(rows))) is not None:
         shown.append(chosen)
     figure = plot(summary, len(plan.seeds), out / PLOT_FILE, plan.scratch_factor)

@@ -5,8 +5,11 @@ Every row belongs to a selection (``balanced``, a strategy of :mod:`sslkit.selec
 budget of every label) and a budget (``0.01`` of the labels or ``100`` labels, and ``labels``: the
 images that makes). Two sets of gains are paired by seed:
 
-- what pretraining buys: each road from the pretrained encoder (:data:`GAIN_ROADS`) minus
-  ``scratch-best`` on the same labelled images;
+- what pretraining buys (:data:`PRETRAINING`): each road from the pretrained encoder minus ``scratch-best``
+  on the same labelled images, and FixMatch from the encoder minus FixMatch from scratch;
+- what the unlabelled images buy (:data:`UNLABELLED`): each road that learns from them minus the same
+  start without them (FixMatch minus the fine-tune, FixMatch from scratch minus scratch best, the
+  distilled students minus their teachers);
 - what selection buys, when more than one selection ran and ``random`` or ``balanced`` is among them:
   each road with a selection minus the same road with ``random`` (else ``balanced``), the same
   budget and seed.
@@ -55,7 +58,21 @@ ROAD_METRIC = {
     "scratch": "finetune_top1",
     "scratch-long": "finetune_top1",
 }
-GAIN_ROADS = ("finetune", "distill", "fixmatch", "fixmatch-distill")  # compared with scratch-best seed by seed
+# Paired gains, (road, versus) on the same labelled images and seed: what pretraining buys ...
+PRETRAINING = (
+    ("finetune", "scratch-best"),
+    ("distill", "scratch-best"),
+    ("fixmatch", "scratch-best"),
+    ("fixmatch-distill", "scratch-best"),
+    ("fixmatch", "fixmatch-scratch"),
+)
+# ... and what the unlabelled images buy: a road that learns from them against its start without them.
+UNLABELLED = (
+    ("fixmatch", "finetune"),
+    ("fixmatch-scratch", "scratch-best"),
+    ("distill", "finetune"),
+    ("fixmatch-distill", "fixmatch"),
+)
 # What selection buys, road by road: every road but the two scratch runs scratch-best is the better of.
 SELECTION_ROADS = (
     "linear",
@@ -199,17 +216,17 @@ def by_seed(rows: list[dict]) -> dict[tuple[str, str, str], dict[int, float]]:
     return top1
 
 
-def paired_gains(rows: list[dict]) -> list[dict]:
-    """Per budget and selection, each road from the pretrained encoder minus ``scratch-best`` on the same seed (the
-    same labelled images): :func:`~sslkit.experiments.stats.paired_difference`. Pairing by seed takes out what
-    the choice of labelled images does to both."""
+def paired_gains(rows: list[dict], pairs: tuple[tuple[str, str], ...] = PRETRAINING) -> list[dict]:
+    """Per budget and selection, each ``(road, versus)`` of ``pairs``: the road minus ``versus`` on the same seed
+    (the same labelled images), :func:`~sslkit.experiments.stats.paired_difference`. Pairing by seed takes
+    out what the choice of labelled images does to both."""
     top1, gains = by_seed(rows), []
     for budget, selection in labelled_groups(rows):
-        scratch = top1.get((budget, selection, "scratch-best"), {})
-        for road in GAIN_ROADS:
-            if (gain := paired_difference(top1.get((budget, selection, road), {}), scratch)) is not None:
+        for road, versus in pairs:
+            ours, theirs = top1.get((budget, selection, road), {}), top1.get((budget, selection, versus), {})
+            if (gain := paired_difference(ours, theirs)) is not None:
                 columns = budget_columns(rows, budget, selection)
-                gains.append({**columns, "road": road, "versus": "scratch-best", **gain})
+                gains.append({**columns, "road": road, "versus": versus, **gain})
     return gains
 
 
@@ -276,7 +293,7 @@ def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool =
     summary = summarize(rows)
     means = ["top1_mean", "top1_std", *(f"{key}_mean" for key in TIMES)]
     budget_csv(out / "summary.csv", summary, ["road", "n_ok", "n_failed"], means)
-    gains = paired_gains(rows) + selection_gains(rows)
+    gains = paired_gains(rows, PRETRAINING + UNLABELLED) + selection_gains(rows)
     budget_csv(out / "gains.csv", gains, ["road", "versus", "n_seeds"], ["gain_mean", "gain_std", "seeds_ahead"])
     return summary
 
@@ -360,18 +377,26 @@ def gain_cell(row: dict) -> str:
     return text + f"\n[dim]ahead on {row['seeds_ahead']} of {row['n_seeds']} seeds[/]"
 
 
-def gains_table(gains: list[dict]) -> Table:
-    """Budgets down; per pretrained road, its gain over scratch best (paired by seed) and the seeds it leads on."""
-    gains = [g for g in gains if g["versus"] == "scratch-best"]
-    roads = [road for road in GAIN_ROADS if any(row["road"] == road for row in gains)]
-    title = "what pretraining buys: road - scratch best on the same labelled images, mean ± std"
-    return budget_grid(title, gains, roads, lambda road: f"{road} gain", gain_cell)
+GAINS_TITLES = {
+    PRETRAINING: "what pretraining buys: from the encoder - from scratch, on the same labelled images",
+    UNLABELLED: "what the unlabelled images buy: the road that learns from them - its start without them",
+}
+
+
+def gains_table(gains: list[dict], pairs: tuple[tuple[str, str], ...] = PRETRAINING) -> Table:
+    """Budgets (and selections) down; across, each pair of ``pairs`` that ``gains`` holds: its paired gain, mean
+    ± std over seeds, and the seeds it leads on."""
+    shown = [pair for pair in pairs if any((g["road"], g["versus"]) == pair for g in gains)]
+    cells = [{**g, "road": f"{g['road']} - {g['versus']}"} for g in gains if (g["road"], g["versus"]) in shown]
+    columns = [f"{road} - {versus}" for road, versus in shown]
+    title = f"{GAINS_TITLES[pairs]}, mean ± std"
+    return budget_grid(title, cells, columns, lambda column: column.replace(" - ", "\n- "), gain_cell)
 
 
 def selection_table(gains: list[dict]) -> Table | None:
     """Budgets and selections down, roads across: each road with the selection minus with the baseline selection
     (paired by seed); None when no selection was measured against another."""
-    gains = [g for g in gains if g["versus"] != "scratch-best"]
+    gains = [g for g in gains if g["versus"] in SELECTION_BASELINES]
     if not gains:
         return None
     roads = [road for road in SELECTION_ROADS if any(row["road"] == road for row in gains)]
