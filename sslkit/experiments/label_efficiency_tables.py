@@ -74,16 +74,7 @@ UNLABELLED = (
     ("fixmatch-distill", "fixmatch"),
 )
 # What selection buys, road by road: every road but the two scratch runs scratch-best is the better of.
-SELECTION_ROADS = (
-    "linear",
-    "knn",
-    "finetune",
-    "distill",
-    "fixmatch",
-    "fixmatch-distill",
-    "fixmatch-scratch",
-    "scratch-best",
-)
+SELECTION_ROADS = tuple(road for road in ROADS if road not in ("scratch", "scratch-long"))
 SELECTION_BASELINES = ("random", BALANCED)  # the first of these that ran is what the others are measured against
 PLOTTED_ROADS = {
     "linear": "linear probe (frozen)",
