@@ -7,6 +7,7 @@ import importlib.util
 import json
 import re
 import shutil
+import time
 
 import pytest
 import torch
@@ -59,6 +60,10 @@ def test_tensorboard_and_wandb_get_the_metrics_and_the_resolved_config(tmp_path,
     (hparams,) = run_dir.glob("sslkit/*/hparams.yml")
     assert "augment.crop_scale: '[0.3, 1.0]'" in hparams.read_text()
 
+    # W&B's writer process may still be flushing the run file when the run returns: wait for its last record.
+    deadline = time.monotonic() + 60
+    while not wandb_values(run_dir, "final_knn_top1") and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert wandb_values(run_dir, "augment.crop_scale") == ['"[0.3, 1.0]"']  # config, as TensorBoard got it
     assert wandb_values(run_dir, "train.max_steps") == ["3"]
     # every logged row is in the file twice: as a history row and as the run summary's update
