@@ -287,16 +287,18 @@ def summarize(full: list[dict], floor: list[dict]) -> dict:
     floor_total = sum(r["total"] for r in floor)
     waits = [r["data_wait"] for r in full]
     median_full, median_floor = _median(full, "total"), _median(floor, "total")
+    full_speed = sum(r["images"] for r in full) / full_total
+    floor_speed = sum(r["images"] for r in floor) / floor_total
     return {
         "full": {
-            "images_per_s": sum(r["images"] for r in full) / full_total,
+            "images_per_s": full_speed,
             "median_step_s": median_full,
             "median_cpu_s": _median(full, "cpu"),
             "median_s": {key: _median(full, key) for key in ("data_wait", "augment", "compute")},
             "share": {key: sum(r[key] for r in full) / full_total for key in ("data_wait", "augment", "compute")},
         },
         "floor": {
-            "images_per_s": sum(r["images"] for r in floor) / floor_total,
+            "images_per_s": floor_speed,
             "median_step_s": median_floor,
             "median_cpu_s": _median(floor, "cpu"),
         },
@@ -311,8 +313,7 @@ def summarize(full: list[dict], floor: list[dict]) -> dict:
         "data_and_augment_share": max(0.0, 1.0 - median_floor / median_full),
         "data_and_augment_share_in_step": sum(r["data_wait"] + r["augment"] for r in full) / full_total,
         "data_and_augment_share_cpu": max(0.0, 1.0 - _median(floor, "cpu") / _median(full, "cpu")),
-        "floor_over_full_images_per_s": (sum(r["images"] for r in floor) / floor_total)
-        / (sum(r["images"] for r in full) / full_total),
+        "floor_over_full_images_per_s": floor_speed / full_speed,
     }
 
 
