@@ -161,10 +161,11 @@ def layer_decay_scales(backbone: nn.Module, decay: float) -> dict[str, float]:
     each residual block one more. timm's own grouping (``timm.models.group_parameters``), so that a
     backbone decays here exactly as timm's ``param_groups_layer_decay`` decays it (a test checks that).
     """
-    from timm.models import group_parameters
-
     if decay == 1.0:
         return {}
+    # Imported here: timm takes about a second to import, and a run without layer decay never needs it.
+    from timm.models import group_parameters
+
     matcher = getattr(backbone, "group_matcher", None)
     if not callable(matcher):
         raise ValueError(f"{type(backbone).__name__} has no group_matcher(): its layers are unknown")
