@@ -157,6 +157,17 @@ def test_another_budget_into_the_same_out_is_refused(comparison):
     assert re.search(r"was run with train\.(max_steps|epochs)=", stderr) and "another --out" in stderr
 
 
+def test_a_fixmatch_recipe_is_sized_by_both_of_its_streams():
+    """A FixMatch epoch is a pass over the unlabelled images, mu x B of them a step, and each step loads
+    B (1 + mu) images: the budget divides images/s by those, as the run's own log counts them."""
+    fixmatch, simclr = compare.build_entries(["quickstart_fixmatch", "quickstart"], TINY[:4], 1, [])
+    batch, mu = 16, 7  # recipes/quickstart_fixmatch.yaml
+    assert (fixmatch.images_per_step, fixmatch.steps_per_epoch) == (batch * (1 + mu), 1437 // (batch * mu))
+    assert (simclr.images_per_step, simclr.steps_per_epoch) == (256, 1437 // 256)  # digits' 1437 training images
+    accumulated = compare.build_entries(["quickstart"], [*TINY, "train.grad_accum_steps=4"], 1, [])[0]
+    assert (accumulated.images_per_step, accumulated.steps_per_epoch) == (256, 6)  # 22 batches: 5 windows, 1 short
+
+
 def test_images_per_s_counts_only_the_windows_after_the_warm_up(tmp_path):
     path = tmp_path / "metrics.jsonl"
     lines = [

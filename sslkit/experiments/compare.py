@@ -14,7 +14,8 @@ method whose step costs twice as much trains half as many steps. For each recipe
    builds its kernels on the first calls; the warm-up is not timed), and its training images/s is
    what the loop logged over the timed steps (``metrics.jsonl``; :mod:`sslkit.experiments.calibration`);
 2. **the budget**: ``steps = minutes x 60 x images/s / images per step`` (``train.batch_size x
-   train.grad_accum_steps``), given to the run as
+   train.grad_accum_steps``; FixMatch's steps load ``method.mu`` unlabelled images per labelled one
+   besides), given to the run as
    ``train.max_steps`` (the learning-rate and momentum schedules span exactly those steps) and
    ``train.epochs`` (the epochs they need);
 3. **pretraining**, one run per seed: its kNN and linear probe with every label, as the run
@@ -78,8 +79,8 @@ class Entry:
 
     recipe: Path
     seeds: tuple[int, ...]
-    images_per_step: int  # train.batch_size x train.grad_accum_steps
-    steps_per_epoch: int  # training images // images_per_step
+    images_per_step: int  # images loaded for one optimizer step (images_per_step())
+    steps_per_epoch: int  # optimizer steps in an epoch (steps_per_epoch())
 
     @property
     def name(self) -> str:
@@ -143,12 +144,25 @@ def check_recipes_and_overrides(recipes: Sequence[str | Path], overrides: list[s
 
 
 def steps_per_epoch(cfg: Config) -> int:
-    """Optimizer steps in an epoch of the recipe's training set (the loader drops the last partial batch)."""
+    """Optimizer steps in an epoch of the recipe, as its run counts them: the batches of its training loader
+    (FixMatch's: a pass over the unlabelled images, :mod:`sslkit.datasets.two_streams`) in windows of
+    ``train.grad_accum_steps`` (:class:`sslkit.loop.state.Schedule`)."""
     from sslkit import methods
     from sslkit.datasets import build_splits
+    from sslkit.loop.build import make_train_loader
 
     splits = build_splits(cfg, labelled_training=methods.METHODS[cfg.method.name].needs_labels)
-    return max(1, len(splits.train) // cfg.train.batch_size // cfg.train.grad_accum_steps)
+    loader, _ = make_train_loader(cfg, splits.train, cfg.train.batch_size)
+    return max(1, math.ceil(len(loader) / cfg.train.grad_accum_steps))
+
+
+def images_per_step(cfg: Config) -> int:
+    """Images an optimizer step loads, as the run's images/s counts them: ``train.batch_size x
+    train.grad_accum_steps``, and for FixMatch ``method.mu`` unlabelled images per labelled one besides."""
+    from sslkit import methods
+
+    method, images = methods.METHODS[cfg.method.name], cfg.train.batch_size * cfg.train.grad_accum_steps
+    return images * (1 + method.options_of(cfg).mu) if issubclass(method, methods.FixMatch) else images
 
 
 def build_entries(recipes: Sequence[str | Path], overrides: list[str], seeds: int, seeds_for: Sequence[str]):
@@ -173,7 +187,7 @@ def build_entries(recipes: Sequence[str | Path], overrides: list[str], seeds: in
             )
         data = data or (path.name, cfg.data.name)
         own = tuple(cfg.run.seed + i for i in range(counts.get(path.stem, seeds)))
-        entries.append(Entry(path, own, cfg.train.batch_size * cfg.train.grad_accum_steps, steps_per_epoch(cfg)))
+        entries.append(Entry(path, own, images_per_step(cfg), steps_per_epoch(cfg)))
     return entries
 
 
