@@ -6,6 +6,8 @@ import collections
 import gzip
 import pickle
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +60,30 @@ def test_digits_splits_shapes_and_determinism():
     for digit in range(10):
         n_test, n_all = int((test.labels == digit).sum()), int((y == digit).sum())
         assert abs(n_test - 0.2 * n_all) <= 1
+
+
+def test_digits_are_scikit_learns_split_in_its_order_read_without_importing_it():
+    """The stored split is what scikit-learn's stratified split gives, in the order it gives them (the samplers
+    shuffle positions, so the order is part of every digits figure), and the file read directly is
+    ``load_digits``; building the dataset imports no scikit-learn."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from sslkit.datasets.digits import bundled_digits
+
+    pixels, labels = load_digits(return_X_y=True)
+    ours = bundled_digits()
+    assert np.array_equal(ours[0], pixels) and np.array_equal(ours[1], labels) and ours[1].dtype.kind == "i"
+    train, test = train_test_split(np.arange(len(labels)), test_size=0.2, stratify=labels, random_state=0)
+    for split, index in (("train", train), ("test", test)):
+        dataset = build_dataset("digits", split)
+        assert torch.equal(dataset.labels, torch.from_numpy(labels[index]))
+        expected = torch.from_numpy(np.round(pixels[index] * (255 / 16)).astype(np.uint8).reshape(-1, 1, 8, 8))
+        assert torch.equal(dataset.images, expected)
+
+    code = "import sys; from sslkit.datasets import build_dataset as b; b('digits'); print('sklearn' in sys.modules)"
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert imported.stdout.strip() == "False", imported.stderr[-2000:]
 
 
 def test_getitem_returns_one_image_and_a_scalar_label():
