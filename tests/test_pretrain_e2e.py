@@ -387,8 +387,9 @@ def _one_run_per_directory(tmp_path: Path, run: Path) -> None:
 
 @pytest.mark.slow
 def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
-    """A half-written checkpoint (.tmp-*) is ignored by resume and cleaned by the next save."""
-    first = pretrain(
+    """A half-written checkpoint (.tmp-*) is ignored by resume and cleaned by the next save (the runs in this
+    process: nothing signals them)."""
+    first = pretrain_here(
         tmp_path,
         "run.name=crash",
         "train.epochs=1",
@@ -404,7 +405,7 @@ def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
     shutil.copytree(checkpoints / "step-00000002", half)
     (half / "progress.json").unlink()
     (half / "model.safetensors").write_bytes(b"\0" * 10)  # torn write
-    resumed = pretrain(
+    resumed = pretrain_here(
         tmp_path,
         "run.name=crash",
         "run.resume=auto",
