@@ -86,6 +86,22 @@ def test_digits_are_scikit_learns_split_in_its_order_read_without_importing_it()
     assert imported.stdout.strip() == "False", imported.stderr[-2000:]
 
 
+def test_digits_from_a_scikit_learn_without_the_file_where_it_was(tmp_path, monkeypatch):
+    """A scikit-learn that keeps its data elsewhere is asked for the digits (``load_digits``)."""
+    import importlib.util
+    import types
+
+    from sklearn.datasets import load_digits
+
+    from sslkit.datasets import digits
+
+    elsewhere = types.SimpleNamespace(origin=str(tmp_path / "sklearn" / "__init__.py"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: elsewhere)
+    pixels, labels = digits.bundled_digits()
+    expected = load_digits(return_X_y=True)
+    assert np.array_equal(pixels, expected[0]) and np.array_equal(labels, expected[1])
+
+
 def test_getitem_returns_one_image_and_a_scalar_label():
     train = build_dataset("digits")
     image, label = train[5]
