@@ -387,9 +387,9 @@ def _one_run_per_directory(tmp_path: Path, run: Path) -> None:
 
 @pytest.mark.slow
 def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
-    """A half-written checkpoint (.tmp-*) is ignored by resume and cleaned by the next save (the runs in this
-    process: nothing signals them)."""
-    first = pretrain_here(
+    """A half-written checkpoint (.tmp-*) is ignored by resume and cleaned by the next save. The runs are
+    processes: Accelerate keeps one precision per process, and an earlier run in this one set fp32."""
+    first = pretrain(
         tmp_path,
         "run.name=crash",
         "train.epochs=1",
@@ -405,7 +405,7 @@ def test_interrupted_save_leaves_last_checkpoint_usable(tmp_path):
     shutil.copytree(checkpoints / "step-00000002", half)
     (half / "progress.json").unlink()
     (half / "model.safetensors").write_bytes(b"\0" * 10)  # torn write
-    resumed = pretrain_here(
+    resumed = pretrain(
         tmp_path,
         "run.name=crash",
         "run.resume=auto",
