@@ -16,9 +16,11 @@ parse and to lay out; one image decoded once and drawn from by offset stays fast
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -79,8 +81,9 @@ def write_html_map(
     }
     sprite, columns = sprite_sheet(images) if images is not None else ("", 0)
     data["spriteColumns"] = columns
-    page = _PAGE.replace("__TITLE__", _escape(title)).replace("__DATA__", json.dumps(data, separators=(",", ":")))
-    page = page.replace("__SPRITE__", sprite)
+    values = {"TITLE": html.escape(title, quote=False), "DATA": script_json(data), "SPRITE": sprite}
+    # One pass: a value is never searched again, so a name holding "__SPRITE__" stays a name.
+    page = _PLACEHOLDER.sub(lambda match: values[match.group(1)], _PAGE)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(page, encoding="utf-8")
@@ -88,8 +91,21 @@ def write_html_map(
     return path
 
 
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def script_json(data) -> str:
+    """``data`` as JSON that can sit inside a ``<script>`` element whatever its strings hold.
+
+    An HTML parser ends a script at the first ``</script`` and treats ``<!--`` specially, whatever
+    JavaScript would make of them, so a file named ``a</script><script>...`` would end the page's script
+    and start its own. JSON may write any character as ``\\uXXXX``: ``<``, ``>`` and ``&`` are written
+    so (no tag, comment or entity can form), and so are U+2028 and U+2029, which JavaScript before
+    ES2019 reads as line ends inside a string. The page reads the data back with ``JSON.parse``.
+    """
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return text.translate(_SCRIPT_SAFE)
+
+
+_SCRIPT_SAFE = {ord(c): f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"}
+_PLACEHOLDER = re.compile(r"__(TITLE|DATA|SPRITE)__")
 
 
 _PAGE = """<!DOCTYPE html>
@@ -97,7 +113,8 @@ _PAGE = """<!DOCTYPE html>
 <style>
 body { margin: 0; font: 13px system-ui, sans-serif; display: flex; height: 100vh; overflow: hidden; }
 #map { flex: 1 1 0; min-width: 0; height: 100vh; display: block; cursor: crosshair; }
-#side { flex: none; width: 260px; padding: 8px; border-left: 1px solid #ddd; overflow-y: auto; }
+#side { flex: none; width: 260px; padding: 8px; border-left: 1px solid #ddd; overflow-y: auto;
+        overflow-wrap: anywhere; }
 #tip { position: fixed; pointer-events: none; background: #fff; border: 1px solid #888; padding: 4px;
        display: none; box-shadow: 0 1px 4px rgba(0,0,0,.3); }
 .row { display: flex; align-items: center; gap: 6px; margin: 2px 0; }
@@ -108,8 +125,9 @@ canvas.thumb { width: 48px; height: 48px; image-rendering: pixelated; border: 1p
 <div id="picked">Click a point to see its neighbours.</div></div>
 <div id="tip"></div>
 <img id="sprite" style="display:none" alt="" src="data:image/png;base64,__SPRITE__">
+<script id="map-data" type="application/json">__DATA__</script>
 <script>
-const D = __DATA__;
+const D = JSON.parse(document.getElementById("map-data").textContent);
 const N = D.x.length, canvas = document.getElementById("map"), ctx = canvas.getContext("2d");
 const tip = document.getElementById("tip"), sprite = document.getElementById("sprite");
 const palette = ["#1f77b4","#ff7f0e","#2ca02c","#d62728","#9467bd","#8c564b","#e377c2","#7f7f7f","#bcbd22",
