@@ -17,8 +17,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sslkit.cli.early_checks import at_least, recipe_with_overrides, refused
 from sslkit.console import console, print_table, print_user_error
 from sslkit.errors import UserError
+from sslkit.schema.reading import find_variants
 
 # The experiment (sslkit.config, torch) is imported once the arguments are parsed: --help answers at once.
 if TYPE_CHECKING:
@@ -98,8 +100,19 @@ def plan_from(args: argparse.Namespace) -> ablate.Plan:
     )
 
 
+def check_early(args: argparse.Namespace) -> None:
+    """The seeds, the variants file, and the recipe's name and keys with the shared overrides, before torch is
+    imported (the sweeps are read by :func:`~sslkit.experiments.ablate.plan_ablation`)."""
+    at_least(args.seeds, 1, "--seeds")
+    if args.variants:
+        find_variants(args.variants)
+    recipe_with_overrides(args.recipe, args.overrides)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if refused(check_early, args):
+        return 2
     from sslkit.experiments import ablate
 
     try:

@@ -21,8 +21,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sslkit.cli.early_checks import recipe_with_overrides, refused
 from sslkit.console import console, print_table, print_user_error
 from sslkit.errors import UserError
+from sslkit.schema import find_recipe
 
 # The experiment (sslkit.config, torch) is imported once the arguments are parsed: --help answers at once.
 if TYPE_CHECKING:
@@ -89,14 +91,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
+def recipes_and_overrides(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The positional items: recipes, and overrides (with a ``=``)."""
+    return [item for item in args.items if "=" not in item], [item for item in args.items if "=" in item]
+
+
 def plan_from(args: argparse.Namespace) -> compare.Plan:
     """The parsed command line as the library's plan: the positional items are recipes, or overrides with a ``=``."""
     from sslkit.experiments import compare
 
+    recipes, overrides = recipes_and_overrides(args)
     return compare.plan_comparison(
-        [item for item in args.items if "=" not in item],
+        recipes,
         args.minutes,
-        overrides=[item for item in args.items if "=" in item],
+        overrides=overrides,
         seeds=args.seeds,
         seeds_for=args.seeds_for,
         out=args.out,
@@ -110,8 +118,21 @@ def plan_from(args: argparse.Namespace) -> compare.Plan:
     )
 
 
+def check_early(args: argparse.Namespace) -> None:
+    """Every recipe's name, then its keys with the overrides (named by its file, as
+    :func:`~sslkit.experiments.compare.plan_comparison` names them), before torch is imported."""
+    recipes, overrides = recipes_and_overrides(args)
+    for path in [find_recipe(recipe).resolve() for recipe in recipes]:
+        try:
+            recipe_with_overrides(path, overrides)
+        except UserError as error:
+            raise UserError(f"{path.name}: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if refused(check_early, args):
+        return 2
     from sslkit.experiments import compare
 
     try:

@@ -116,11 +116,29 @@ def print_groups(console, embeddings, deduplication, threshold: float) -> None:
         console.print(f"largest group: {len(largest)} items, kept {embeddings.items[largest[0]]}", soft_wrap=True)
 
 
+def check_early(args: argparse.Namespace) -> None:
+    """The threshold and the folders, before numpy and torch are imported."""
+    from sslkit.cli.early_checks import embeddings_folder
+    from sslkit.errors import UserError
+
+    if not 0 < args.threshold <= 1:  # the line of sslkit.embeddings.duplicates.check_threshold
+        raise UserError(
+            f"the threshold must be a cosine similarity in (0, 1], e.g. 0.95 (1 - eps in SemDeDup), "
+            f"got {args.threshold!r}"
+        )
+    embeddings_folder(args.embeddings)
+    if args.against:
+        embeddings_folder(args.against)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from sslkit.cli.early_checks import refused
     from sslkit.console import console, print_user_error
     from sslkit.errors import UserError
 
     args = parse_args(argv)
+    if refused(check_early, args):
+        return 2
     try:
         embeddings, train, result, seconds, out = find(args)
     except UserError as error:

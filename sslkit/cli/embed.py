@@ -72,7 +72,17 @@ def split_root(overrides: list[str], data: str | None) -> tuple[list[str], str |
     return [o for o in overrides if not o.startswith("data.root=")], (roots[-1] if roots else None)
 
 
+def check_early(args: argparse.Namespace) -> None:
+    """The batch size and the source, before torch is imported."""
+    from sslkit.cli.early_checks import at_least, existing_path
+
+    if args.batch_size is not None:
+        at_least(args.batch_size, 1, "--batch-size")
+    existing_path(args.source, "a run directory, a checkpoint, a backbone file or a timm folder")
+
+
 def main(argv: list[str] | None = None) -> int:
+    from sslkit.cli.early_checks import refused
     from sslkit.cli.options import reject_unknown_option
     from sslkit.console import print_user_error
     from sslkit.errors import UserError
@@ -80,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     if reject_unknown_option(sys.argv[1:] if argv is None else argv, OPTIONS):
         return 2
     args = parse_args(argv)
+    if refused(check_early, args):
+        return 2
     from sslkit.loop.launch import cpu_threads, relaunch_cpu_processes
 
     if argv is None and (code := relaunch_cpu_processes()) is not None:
@@ -93,8 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         cpu_threads(None)  # accelerate launch may have pinned one thread (sslkit/loop/launch.py)
     overrides, root = split_root(args.overrides, args.data)
     try:
-        if args.batch_size is not None and args.batch_size < 1:
-            raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
         out, done = embed_to_folder(
             args.source, args.out, args.data, args.split, root, args.layer, args.dtype, args.normalize,
             args.batch_size, args.recipe, overrides, args.overwrite,

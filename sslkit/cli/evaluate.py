@@ -41,7 +41,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
+def check_early(args: argparse.Namespace) -> None:
+    """What is evaluated, and the recipe given for it, before torch is imported (the run's own config.yaml is
+    found by :func:`sslkit.evaluation.evaluate.plan_evaluation`)."""
+    from sslkit.cli.early_checks import existing_path, recipe_with_overrides
+
+    existing_path(args.target, "a run directory (runs/<name>), a checkpoint, or a backbone file")
+    if args.recipe:
+        recipe_with_overrides(args.recipe, args.overrides)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from sslkit.cli.early_checks import refused
     from sslkit.cli.options import reject_unknown_option
     from sslkit.console import print_user_error
     from sslkit.errors import UserError
@@ -49,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if reject_unknown_option(sys.argv[1:] if argv is None else argv, OPTIONS):
         return 2
     args = parse_args(argv)
+    if refused(check_early, args):
+        return 2
     from sslkit.loop.launch import cpu_threads, relaunch_cpu_processes
 
     if argv is None and (code := relaunch_cpu_processes()) is not None:

@@ -47,11 +47,21 @@ def export(target: Path, fmt: str, out: Path | None = None) -> tuple[Path, float
     return export_run(Path(target), fmt, out)
 
 
+def check_early(args: argparse.Namespace) -> None:
+    """The run, before torch is imported."""
+    from sslkit.cli.early_checks import existing_path
+
+    existing_path(args.run, "a run directory (runs/<name>) or a checkpoint directory in one")
+
+
 def main(argv: list[str] | None = None) -> int:
+    from sslkit.cli.early_checks import refused
     from sslkit.console import console, print_user_error
     from sslkit.errors import UserError
 
     args = parse_args(argv)
+    if refused(check_early, args):
+        return 2
     from sslkit.models.export import card_path
 
     try:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sslkit.cli.early_checks import at_least, recipe_with_overrides, refused
 from sslkit.console import console, error_console, print_table, print_user_error
 from sslkit.errors import UserError
 
@@ -174,8 +175,18 @@ def plan_from(args: argparse.Namespace) -> label_efficiency.Plan:
     )
 
 
+def check_early(args: argparse.Namespace) -> None:
+    """The seeds, and the pretraining recipe's name and keys with its overrides, before torch is imported (the
+    budgets, the selections and the other recipes are read by
+    :func:`~sslkit.experiments.label_efficiency.plan_label_efficiency`)."""
+    at_least(args.seeds, 1, "--seeds")
+    recipe_with_overrides(args.recipe, [*args.overrides, *args.pretrain_overrides])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if refused(check_early, args):
+        return 2
     from sslkit.experiments import label_efficiency
 
     try:

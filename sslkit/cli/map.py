@@ -36,16 +36,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_early(args: argparse.Namespace) -> None:
+    """The sample and the folder, before numpy and torch are imported."""
+    from sslkit.cli.early_checks import at_least, embeddings_folder
+
+    at_least(args.sample, 3, "--sample")
+    embeddings_folder(args.embeddings)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from sslkit.cli.early_checks import refused
+
     args = parse_args(argv)
+    if refused(check_early, args):
+        return 2
     from sslkit.console import console, print_user_error
     from sslkit.embeddings import read_embeddings
     from sslkit.embeddings.maps import draw_pictures
     from sslkit.errors import UserError
 
     try:
-        if args.sample < 3:
-            raise UserError(f"--sample must be at least 3, got {args.sample}")
         embeddings = read_embeddings(args.embeddings)
         with console.status(f"drawing {min(args.sample, len(embeddings))} rows ({args.method})"):
             pictures = draw_pictures(

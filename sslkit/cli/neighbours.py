@@ -85,11 +85,23 @@ def find(args: argparse.Namespace):
     return embeddings, queries, similarities, indices, seconds, recall, out
 
 
+def check_early(args: argparse.Namespace) -> None:
+    """The folders, before numpy and torch are imported."""
+    from sslkit.cli.early_checks import embeddings_folder
+
+    embeddings_folder(args.embeddings)
+    if args.queries:
+        embeddings_folder(args.queries)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from sslkit.cli.early_checks import refused
     from sslkit.console import console, print_user_error
     from sslkit.errors import UserError
 
     args = parse_args(argv)
+    if refused(check_early, args):
+        return 2
     import numpy as np
 
     try:

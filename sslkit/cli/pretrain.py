@@ -33,7 +33,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
+def check_early(args: argparse.Namespace) -> None:
+    """The recipe's name and its keys and types with the overrides, before torch is imported."""
+    from sslkit.cli.early_checks import recipe_with_overrides
+
+    recipe_with_overrides(args.recipe, args.overrides)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from sslkit.cli.early_checks import refused
     from sslkit.cli.options import reject_unknown_option
     from sslkit.console import print_user_error
     from sslkit.errors import REQUEUE_EXIT_STATUS, Preempted, UserError
@@ -41,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     if reject_unknown_option(sys.argv[1:] if argv is None else argv, ()):
         return 2
     args = parse_args(argv)
+    if refused(check_early, args):
+        return 2
     from sslkit.loop.launch import relaunch_cpu_processes, stop_with_launcher
 
     if argv is None:  # a process of its own: it ends with its launcher until the recipe names its stop signals

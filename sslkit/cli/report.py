@@ -14,10 +14,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from sslkit.cli.early_checks import is_run_dir
 from sslkit.console import console, print_user_error
 from sslkit.errors import UserError, install_hint
 
-# sslkit.experiments.report (numpy, torch) is imported once the arguments are parsed: --help answers at once.
+# sslkit.experiments.report (numpy, torch) is imported once there is a run to report on: --help, and directories
+# that are no runs, answer at once.
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,8 +34,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def not_a_run(path: Path) -> UserError:
     """The one-line error for a directory that is not a run, pointing at runs inside it if there are any."""
-    from sslkit.experiments.report import is_run_dir
-
     if not path.is_dir():
         return UserError(f"'{path}' is not a directory; give a run directory, e.g. runs/quickstart")
     inside = sorted(p for p in path.glob("*") if is_run_dir(p)) + sorted(
@@ -51,7 +51,11 @@ def not_a_run(path: Path) -> UserError:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from sslkit.experiments.report import have_matplotlib, is_run_dir, write_report
+    if not any(map(is_run_dir, args.run_dirs)):
+        for run_dir in args.run_dirs:
+            print_user_error(not_a_run(run_dir))
+        return 2
+    from sslkit.experiments.report import have_matplotlib, write_report
 
     status, written = 0, 0
     for run_dir in args.run_dirs:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sslkit.cli.early_checks import recipe_with_overrides
 from sslkit.console import console, print_user_error
 from sslkit.errors import UserError
 
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.images < 1 or args.views < 1:
             raise UserError(f"--images and --views must be >= 1, got --images {args.images} --views {args.views}")
+        recipe_with_overrides(args.recipe, args.overrides)  # before torch is imported
         from sslkit.config import load_config
         from sslkit.datasets import build_dataset
 

@@ -23,8 +23,19 @@ import argparse
 import sys
 from pathlib import Path
 
+from sslkit.cli.early_checks import at_least
 from sslkit.console import print_user_error
 from sslkit.errors import UserError
+
+
+def check_request(folder: Path, pattern: str, per_shard: int) -> None:
+    """One line for a count, a pattern or a folder that cannot make shards; it imports nothing heavy, so that
+    ``main`` runs it before the datasets (torch) are imported."""
+    at_least(per_shard, 1, "--per-shard")
+    if "%" not in pattern:
+        raise UserError(f"the shard pattern {pattern} needs a number placeholder, e.g. shards/train-%06d.tar")
+    if not folder.is_dir():
+        raise UserError(f"{folder} is not a folder of images")
 
 
 def write_shards(folder: Path, pattern: str, per_shard: int) -> list[str]:
@@ -32,10 +43,7 @@ def write_shards(folder: Path, pattern: str, per_shard: int) -> list[str]:
     from sslkit.datasets import folders, shards
 
     wds = shards._webdataset()
-    if "%" not in pattern:
-        raise UserError(f"the shard pattern {pattern} needs a number placeholder, e.g. shards/train-%06d.tar")
-    if not folder.is_dir():
-        raise UserError(f"{folder} is not a folder of images")
+    check_request(folder, pattern, per_shard)
     paths = folders.list_images(folder)
     if not paths:
         raise UserError(f"no images ({', '.join(folders.IMAGE_EXTENSIONS)}) under {folder}")
@@ -57,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-shard", type=int, default=1000, help="images per shard (default 1000)")
     args = parser.parse_args(argv)
     try:
-        if args.per_shard < 1:
-            raise UserError(f"--per-shard must be at least 1, got {args.per_shard}")
+        check_request(args.folder.expanduser(), args.pattern, args.per_shard)
         written = write_shards(args.folder.expanduser(), args.pattern, args.per_shard)
     except UserError as error:
         print_user_error(error)
