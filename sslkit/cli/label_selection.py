@@ -27,22 +27,7 @@ from sslkit.console import console, print_user_error
 from sslkit.errors import UserError
 
 
-def check_early(args: argparse.Namespace) -> None:
-    """The folder, the labelled file and the strategy, before numpy is imported, in the lines of
-    :func:`sslkit.selection.label_file.select_to_file` (the budget needs the embeddings' count)."""
-    from sslkit.selection.choices import STRATEGIES
-
-    embeddings_folder(args.embeddings)
-    if args.labelled is not None and not args.labelled.is_file():
-        raise UserError(
-            f"--labelled '{args.labelled}' does not exist; give a label file (sslkit-select's, or a run's "
-            f"label_subset.json) or a text file of items, one per line"
-        )
-    if args.strategy not in STRATEGIES:
-        raise UserError(f"unknown strategy '{args.strategy}'; choose one of {', '.join(STRATEGIES)}")
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from sslkit.selection.choices import STRATEGIES
 
     parser = argparse.ArgumentParser(
@@ -66,7 +51,26 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="probcover: k-means pseudo-classes for delta's purity (default: the classes of the embeddings' labels)",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def check_early(args: argparse.Namespace) -> None:
+    """The folder, the labelled file and the strategy, before numpy is imported, in the lines of
+    :func:`sslkit.selection.label_file.select_to_file` (the budget needs the embeddings' count)."""
+    from sslkit.selection.choices import STRATEGIES
+
+    embeddings_folder(args.embeddings)
+    if args.labelled is not None and not args.labelled.is_file():
+        raise UserError(
+            f"--labelled '{args.labelled}' does not exist; give a label file (sslkit-select's, or a run's "
+            f"label_subset.json) or a text file of items, one per line"
+        )
+    if args.strategy not in STRATEGIES:
+        raise UserError(f"unknown strategy '{args.strategy}'; choose one of {', '.join(STRATEGIES)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if refused(check_early, args):
         return 2
     from sslkit.selection.label_file import select_to_file
