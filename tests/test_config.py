@@ -359,3 +359,30 @@ def test_a_bundled_variants_file_is_found_by_name_from_any_directory(tmp_path, m
     assert find_variants(name) == BUNDLED_RECIPES / "variants" / "fashion_mnist_metric_losses.yaml"
     with pytest.raises(UserError, match="bundled variants file's name \\(fashion_mnist_metric_losses"):
         find_variants("nope.yaml")
+
+
+def test_the_command_lines_choice_of_labelled_images_replaces_the_recipes(tmp_path, capsys):
+    cfg = load_config("quickstart_finetune", ["data.label_subset=chosen.json"])  # the recipe keeps 5% of the labels
+    assert cfg.data.label_subset == "chosen.json" and cfg.data.label_fraction is None
+    assert "data.label_subset=chosen.json from the command line replaces the recipe's data.label_fraction=0.05" in (
+        capsys.readouterr().err
+    )
+    recipe = tmp_path / "chosen.yaml"
+    recipe.write_text(
+        (BUNDLED_RECIPES / "quickstart_finetune.yaml")
+        .read_text()
+        .replace("label_fraction: 0.05", "label_subset: a.json")
+    )
+    cfg = load_config(recipe, ["data.labels_per_class=3"])
+    assert cfg.data.labels_per_class == 3 and cfg.data.label_subset is None
+    assert "replaces the recipe's data.label_subset=a.json" in capsys.readouterr().err
+
+
+def test_two_choices_of_labelled_images_are_refused_wherever_they_are_given(tmp_path):
+    with pytest.raises(UserError, match="names the labelled images itself"):
+        load_config("quickstart_finetune", ["data.label_subset=chosen.json", "data.label_fraction=0.1"])
+    recipe = tmp_path / "both.yaml"
+    text = (BUNDLED_RECIPES / "quickstart_finetune.yaml").read_text()
+    recipe.write_text(text.replace("label_fraction: 0.05", "label_fraction: 0.05\n  label_subset: a.json"))
+    with pytest.raises(UserError, match="names the labelled images itself"):
+        load_config(recipe)

@@ -82,12 +82,44 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     raw = read_yaml(path)
     source = str(path) + (" (with command-line overrides)" if overrides else "")
     merged = apply_overrides(raw, overrides or [])
-    replaced = replace_recipe_loss(raw, merged, overrides or [])
-    # Once, not from every process of a launch, nor for every point of a sweep that loads the recipe again.
-    if replaced and (path, replaced) not in _PRINTED_NOTES and os.environ.get("RANK", "0") == "0":
-        _PRINTED_NOTES.add((path, replaced))
-        Console(stderr=True).print(replaced, highlight=False, markup=False, soft_wrap=True)
+    notes = [replace_recipe_loss(raw, merged, overrides or []), replace_recipe_labels(merged, overrides or [])]
+    for note in filter(None, notes):
+        # Once, not from every process of a launch, nor for every point of a sweep that loads the recipe again.
+        if (path, note) not in _PRINTED_NOTES and os.environ.get("RANK", "0") == "0":
+            _PRINTED_NOTES.add((path, note))
+            Console(stderr=True).print(note, highlight=False, markup=False, soft_wrap=True)
     return config_from_dict(merged, source)
+
+
+# The keys that say which images keep their labels; a recipe sets at most one.
+LABEL_CHOICES = ("label_subset", "label_fraction", "labels_per_class")
+
+
+def replace_recipe_labels(merged: dict, overrides: list[str]) -> str:
+    """When the command line says which images keep their labels, drop the recipe's other way of saying it.
+
+    ``data.label_subset``, ``data.label_fraction`` and ``data.labels_per_class`` exclude each other. A
+    recipe with ``label_fraction: 0.01`` run with ``data.label_subset=chosen.json`` on the command line
+    means the label file: the command line is the more specific. Edits ``merged`` in place and returns
+    the note saying what was dropped, or "" if nothing was. Two of them given on the command line are
+    left for :func:`validate` to refuse.
+    """
+    data = merged.get("data")
+    given = {
+        keys[1]
+        for keys, value in map(parse_override, overrides)
+        if len(keys) == 2 and keys[0] == "data" and value is not None
+    }
+    chosen = [key for key in LABEL_CHOICES if key in given and len(given & set(LABEL_CHOICES)) == 1]
+    if not isinstance(data, dict) or not chosen:
+        return ""
+    dropped = [f"data.{key}={data[key]}" for key in LABEL_CHOICES if key != chosen[0] and data.get(key) is not None]
+    if not dropped:
+        return ""
+    for key in LABEL_CHOICES:
+        if key != chosen[0]:
+            data[key] = None
+    return f"note: data.{chosen[0]}={data[chosen[0]]} from the command line replaces the recipe's {', '.join(dropped)}"
 
 
 def replace_recipe_loss(recipe: dict, merged: dict, overrides: list[str]) -> str:

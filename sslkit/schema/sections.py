@@ -76,7 +76,8 @@ class DataConfig:
         label_subset: Keep the labels of the images this label file names instead: ``sslkit-select``'s output
             (images chosen from their embeddings), or a run's ``label_subset.json``; its indices are into the
             labelled training split, and a file chosen on another dataset or split is refused. Used as
-            ``label_fraction``'s subset is (and saved the same way); set at most one of the three.
+            ``label_fraction``'s subset is (and saved the same way); set at most one of the three in a recipe. One
+            given on the command line replaces the recipe's (the start-up notes say so).
         max_size: ``imagefolder``, ``webdataset`` and the benchmarks: shrink an image whose longer side exceeds
             this at decode, keeping its aspect ratio (faster loading of large photos); ``null``: decode at full size.
         on_corrupt: ``imagefolder`` and ``webdataset``: what a corrupt or truncated image does. ``skip`` replaces it
