@@ -5,6 +5,10 @@ so a resumed run would see different batches. Here ``set_epoch`` picks the order
 resumed mid-epoch (Accelerate's ``skip_first_batches``) continues with the very batches it
 would have seen.
 
+A training loader takes its order as batches (:class:`EpochBatchSampler` over either order below, or a
+method's own, such as FixMatch's two streams, :mod:`sslkit.datasets.two_streams`); with loader workers that
+augment, :class:`KeyedBatchSampler` hands them each sample's place in the epoch with its index.
+
 Two orders (``data.sampler``):
 
 - ``random`` (:class:`EpochShuffleSampler`): a permutation of the dataset;
@@ -21,8 +25,9 @@ on its own classes, disjoint from the other processes', and the global batch is 
 from __future__ import annotations
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import BatchSampler, Sampler
 
+from sslkit.datasets.augmented import SampleKey
 from sslkit.errors import UserError
 
 SAMPLERS = ("random", "m_per_class")
@@ -156,6 +161,49 @@ class MPerClassSampler(Sampler[int]):
                 batch += [self._fresh_group(c, generator) for c in extra.tolist()]
             batches.append(torch.cat(batch))
         return iter(torch.cat(batches).tolist() if batches else [])
+
+
+class EpochBatchSampler(BatchSampler):
+    """``sampler``'s order cut into batches of ``batch_size`` (the last, short one dropped), its epoch passed on.
+
+    Each process's batches: Accelerate hands process ``r`` the ``r``-th of every ``W`` of them.
+    """
+
+    def __init__(self, sampler: EpochShuffleSampler | MPerClassSampler, batch_size: int) -> None:
+        super().__init__(sampler, batch_size, drop_last=True)
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+
+class KeyedBatchSampler(Sampler[list[SampleKey]]):
+    """``batches``' indices, each with its epoch and position, for loader workers that augment
+    (``data.augment_in_workers``; :class:`~sslkit.datasets.augmented.AugmentInWorkers`).
+
+    A position counts over every process's batches, ``batch number x batch_size + place in the batch``
+    (every batch is full), so that a batch's first position names it among all processes' batches, as
+    :class:`~sslkit.datasets.augmented.KeyedSampler`'s do.
+    """
+
+    drop_last = True
+
+    def __init__(self, batches: EpochBatchSampler | Sampler[list[int]]) -> None:
+        self.batches, self.batch_size = batches, batches.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batches.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        epoch, size = self.batches.epoch, self.batch_size
+        for number, batch in enumerate(self.batches):
+            yield [SampleKey(index, epoch, number * size + place) for place, index in enumerate(batch)]
 
 
 def training_sampler(

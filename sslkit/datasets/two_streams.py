@@ -37,7 +37,6 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Sampler
 
-from sslkit.datasets.augmented import SampleKey
 from sslkit.datasets.samplers import epoch_generator
 from sslkit.errors import UserError
 
@@ -97,32 +96,6 @@ class TwoStreamBatchSampler(Sampler[list[int]]):
             [labelled.view(batches, self.labelled_batch), unlabelled.view(batches, self.unlabelled_batch)], dim=1
         )  # (batches, (1 + mu) b)
         return iter(rows.tolist())
-
-
-class KeyedBatchSampler(Sampler[list[SampleKey]]):
-    """``batches``' indices, each with its epoch and position, for loader workers that augment
-    (``data.augment_in_workers``; :class:`~sslkit.datasets.augmented.AugmentInWorkers`).
-
-    A position counts over every process's batches, ``batch number x batch_size + place in the batch``,
-    so that a batch's first position names it among all processes' batches, as
-    :class:`~sslkit.datasets.augmented.KeyedSampler`'s do.
-    """
-
-    drop_last = True
-
-    def __init__(self, batches: TwoStreamBatchSampler) -> None:
-        self.batches, self.batch_size = batches, batches.batch_size
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batches.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self):
-        epoch, size = self.batches.epoch, self.batch_size
-        for number, batch in enumerate(self.batches):
-            yield [SampleKey(index, epoch, number * size + place) for place, index in enumerate(batch)]
 
 
 def two_stream_sampler(

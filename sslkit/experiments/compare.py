@@ -157,12 +157,13 @@ def steps_per_epoch(cfg: Config) -> int:
 
 
 def images_per_step(cfg: Config) -> int:
-    """Images an optimizer step loads, as the run's images/s counts them: ``train.batch_size x
-    train.grad_accum_steps``, and for FixMatch ``method.mu`` unlabelled images per labelled one besides."""
+    """Images an optimizer step loads, as the run's images/s counts them: the images a batch of ``train.batch_size``
+    loads (:meth:`~sslkit.methods.base.Method.images_per_batch`: FixMatch's ``method.mu`` unlabelled images per
+    labelled one besides), ``train.grad_accum_steps`` times."""
     from sslkit import methods
 
-    method, images = methods.METHODS[cfg.method.name], cfg.train.batch_size * cfg.train.grad_accum_steps
-    return images * (1 + method.options_of(cfg).mu) if issubclass(method, methods.FixMatch) else images
+    method = methods.METHODS[cfg.method.name]
+    return method.images_per_batch(cfg, cfg.train.batch_size) * cfg.train.grad_accum_steps
 
 
 def build_entries(recipes: Sequence[str | Path], overrides: list[str], seeds: int, seeds_for: Sequence[str]):

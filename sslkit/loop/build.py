@@ -18,12 +18,12 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from sslkit import distributed, methods, models, optim
-from sslkit.augment import StrongAugment, TwoViewAugment
+from sslkit.augment import TwoViewAugment
 from sslkit.config import Config
 from sslkit.console import console
-from sslkit.datasets import DatasetInfo, Splits, WithIndices, collate_batch, shards, training_sampler
-from sslkit.datasets.augmented import Augment, AugmentInWorkers, KeyedSampler
-from sslkit.datasets.two_streams import KeyedBatchSampler, two_stream_sampler
+from sslkit.datasets import DatasetInfo, Splits, WithIndices, collate_batch, shards
+from sslkit.datasets.augmented import Augment, AugmentInWorkers
+from sslkit.datasets.samplers import KeyedBatchSampler
 from sslkit.errors import UserError
 from sslkit.loop.signals import signal_of
 from sslkit.losses.partial_fc import keep_optimizer_state_in_class_order
@@ -74,51 +74,37 @@ def check_training_set(cfg: Config, splits: Splits, world: int) -> int:
 
 
 def make_augment(cfg: Config, info: DatasetInfo) -> TwoViewAugment:
-    """The training views of the recipe's ``augment``: as many as the method takes; for FixMatch a weak view
-    and a strong one (a second weak view, then RandAugment and Cutout, :class:`~sslkit.augment.StrongAugment`)."""
-    method = methods.METHODS[cfg.method.name]
-    strong = None
-    if issubclass(method, methods.FixMatch):
-        m = method.options_of(cfg)
-        strong = StrongAugment(info.channels, m.strong_ops, m.strong_magnitude, m.cutout)
-    return TwoViewAugment(cfg.augment, info.channels, info.mean, info.std, method.num_views, view2_ops=strong)
+    """The training views the method asks for (:meth:`~sslkit.methods.base.Method.training_views`)."""
+    return methods.METHODS[cfg.method.name].training_views(cfg, info)
 
 
 def make_train_loader(
     cfg: Config, train_set, local_batch: int, augment: Augment | None = None
 ) -> tuple[DataLoader, Sampler]:
-    """The training loader (``local_batch`` per process) and the sampler that orders its epochs.
+    """The training loader (``local_batch`` per process) and its batch sampler, whose ``set_epoch`` orders each epoch.
 
     Batches are uint8 images, or with ``augment`` (``data.augment_in_workers``) their views, made
-    where the batch is loaded (:mod:`sslkit.datasets.augmented`). FixMatch's batches hold ``local_batch``
-    labelled images and ``method.mu`` times as many unlabelled ones (:mod:`sslkit.datasets.two_streams`).
+    where the batch is loaded (:mod:`sslkit.datasets.augmented`), in the order the method draws them
+    (:meth:`~sslkit.methods.base.Method.training_batches`).
     """
     method = methods.METHODS[cfg.method.name]
     if isinstance(train_set, shards.ShardStream):  # tar shards: the stream splits and orders its own epochs
-        if method.needs_indices or issubclass(method, methods.FixMatch):
+        if not method.can_stream_shards:
             raise UserError(
                 f"method '{cfg.method.name}' draws images by index, which streamed shards cannot; "
                 f"write the images to a folder (data.name=imagefolder)"
             )
         loader = shards.stream_loader(train_set, local_batch, cfg.data.num_workers, cfg.run.seed, augment)
         return loader, loader
-    d, batch = cfg.data, cfg.train.batch_size
-    if issubclass(method, methods.FixMatch):
-        mu = method.options_of(cfg).mu
-        sampler = two_stream_sampler(train_set.labels, batch, local_batch, mu, cfg.run.seed, cfg.method.name)
-        sampler = KeyedBatchSampler(sampler) if augment is not None else sampler
-        order = {"batch_sampler": sampler}
-    else:
-        sampler = training_sampler(d.sampler, train_set.labels, d.m_per_class, batch, local_batch, cfg.run.seed)
-        sampler = KeyedSampler(sampler) if augment is not None else sampler
-        order = {"batch_size": local_batch, "sampler": sampler, "drop_last": True}
+    batches = method.training_batches(cfg, train_set.labels, local_batch)
+    batches = KeyedBatchSampler(batches) if augment is not None else batches
     # Methods with per-sample state (NPID's memory bank) get each sample's index with its batch.
     dataset = WithIndices(train_set) if method.needs_indices else train_set
     if augment is not None:
         dataset = AugmentInWorkers(dataset, augment, cfg.run.seed)
     loader = DataLoader(
         dataset,
-        **order,
+        batch_sampler=batches,
         collate_fn=collate_batch,
         num_workers=cfg.data.num_workers,
         persistent_workers=cfg.data.num_workers > 0,
@@ -129,7 +115,7 @@ def make_train_loader(
         # RNG (worker base seed), and a resumed run would augment with shifted random numbers.
         generator=torch.Generator().manual_seed(cfg.run.seed),
     )
-    return loader, sampler
+    return loader, batches
 
 
 def ignore_signals(names: tuple[str, ...], worker_id: int = 0) -> None:
@@ -185,22 +171,21 @@ def make_optimizer(cfg: Config, method: torch.nn.Module) -> tuple[torch.optim.Op
     """The optimizer over ``method``'s parameter groups, and the base learning rate after batch scaling."""
     o = cfg.optim
     lr = optim.scaled_lr(o.lr, cfg.train.batch_size, o.lr_scaling)
-    # Per-part learning rates: backbone x backbone_lr_scale, head x head_lr_scale x what the head declares.
-    # (and, with optim.layer_decay, each backbone layer below the top at layer_decay per layer)
-    # FixMatch trains a student and evaluates its weight average (method.backbone, method.head, frozen).
-    trained, prefix = (method.student, "student.") if isinstance(method, methods.FixMatch) else (method, "")
+    # Per-part learning rates of the network the optimizer trains: backbone x backbone_lr_scale, head x head_lr_scale
+    # x what the head declares (and, with optim.layer_decay, each backbone layer below the top at layer_decay per
+    # layer). Named as the method names them: the trained network may be a part of it beside the evaluated one.
+    backbone, head = method.trained_backbone(), method.trained_head()
     try:
-        layers = optim.layer_decay_scales(trained.backbone, o.layer_decay)
+        layers = optim.layer_decay_scales(backbone, o.layer_decay)
     except ValueError as error:
         raise UserError(f"optim.layer_decay={o.layer_decay}: {error}; set optim.layer_decay=1") from None
-    lr_scales = {
-        f"{prefix}backbone.{name}": o.backbone_lr_scale * layers.get(name, 1.0)
-        for name, _ in trained.backbone.named_parameters()
-    }
-    if trained.head is not None:
-        head_scales = _loss_lr_scales(trained.head)
-        lr_scales.update({f"{prefix}head.{name}": scale * o.head_lr_scale for name, scale in head_scales.items()})
-    no_decay = {f"{prefix}backbone.{name}" for name in optim.model_no_weight_decay(trained.backbone)}
+    in_method = _names_in(method, backbone)
+    lr_scales = {in_method[name]: o.backbone_lr_scale * layers.get(name, 1.0) for name in in_method}
+    if head is not None:
+        head_in_method = _names_in(method, head)
+        head_scales = _loss_lr_scales(head)
+        lr_scales.update({head_in_method[name]: scale * o.head_lr_scale for name, scale in head_scales.items()})
+    no_decay = {in_method[name] for name in optim.model_no_weight_decay(backbone)}
     groups = optim.parameter_groups(method, o.weight_decay, o.exclude_bias_and_norm, lr_scales, no_decay)
     optimizer = optim.build_optimizer(o.name, groups, lr, o.momentum, o.weight_decay, o.betas, o.trust_coefficient)
     # Partial FC heads hold a block of classes per process: their optimizer state is saved whole, in class order.
@@ -230,6 +215,12 @@ def prepare_for_training(
 def _compile_mode(cfg: Config) -> str | None:
     # torch.compile takes no mode with a backend other than inductor.
     return cfg.train.compile_mode if cfg.train.compile_backend == "inductor" else None
+
+
+def _names_in(method: torch.nn.Module, part: torch.nn.Module) -> dict[str, str]:
+    """``{name in part: name in method}`` of every parameter of ``part``, a submodule of ``method``."""
+    in_method = {id(param): name for name, param in method.named_parameters()}
+    return {name: in_method[id(param)] for name, param in part.named_parameters()}
 
 
 def _loss_lr_scales(loss: torch.nn.Module) -> dict[str, float]:

@@ -35,7 +35,7 @@ class LogWindow:
 
     It counts batches and the images loaded, not steps x ``grad_accum_steps`` x ``train.batch_size``: the
     last step of an epoch may accumulate fewer batches than that (Accelerate steps at the loader's end),
-    and a FixMatch batch holds ``mu`` unlabelled images for every labelled one of ``train.batch_size``.
+    and a method's batch may load more images than its share of ``train.batch_size`` (``Method.images_per_batch``).
     """
 
     def __init__(self, finite: FiniteLoss) -> None:

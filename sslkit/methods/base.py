@@ -7,6 +7,11 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils.data import Sampler
+
+from sslkit.augment import TwoViewAugment
+from sslkit.datasets import DatasetInfo
+from sslkit.datasets.samplers import EpochBatchSampler, training_sampler
 
 
 @dataclasses.dataclass
@@ -20,8 +25,15 @@ class Method(nn.Module):
     A method holds everything that trains: backbone, heads and the loss (with any parameters of
     its own, such as a classification head), so one ``accelerator.prepare(method)`` and one
     optimizer cover every parameter. A subclass sets the class attributes that differ from
-    these defaults, implements :meth:`from_config` and ``forward``, and is registered by name
-    in :data:`sslkit.methods.METHODS`; see ``docs/add-a-method.md``.
+    these defaults, implements :meth:`from_config` and ``forward``, overrides the hooks whose
+    default does not fit it, and is registered by name in :data:`sslkit.methods.METHODS`; see
+    ``docs/add-a-method.md``.
+
+    What the trainer asks of it beyond the loss, each a hook with a default that fits most methods:
+    the batches it trains on (:meth:`training_batches`, and :attr:`can_stream_shards`), the views it
+    needs (:meth:`training_views`), the images a batch loads (:meth:`images_per_batch`) and the
+    network the optimizer trains (:meth:`trained_backbone`, :meth:`trained_head`), which is not
+    always the one that is evaluated (:attr:`backbone`).
 
     ``forward(view1, view2, labels=None)`` returns the scalar loss; the trainer passes the views by
     position and ``labels`` by name (None unless :attr:`needs_labels`; a method with
@@ -54,9 +66,16 @@ class Method(nn.Module):
         classifier_metric: for a method with a classifier of its own (:meth:`logits` returns
             class scores), the name under which the final evaluation reports its test top-1
             (``finetune_top1``, ``head_top1``); None for the others.
-        backbone: the encoder that is evaluated and exported (set by the subclass).
+        can_stream_shards: its batches can come from streamed tar shards, which order themselves;
+            False for a method that draws images by index (its own :meth:`training_batches`, or
+            per-sample state, :attr:`needs_indices`).
+        backbone: the encoder that is evaluated, exported and saved as ``backbone.*`` in checkpoints,
+            for every method (set by the subclass). Most methods evaluate the encoder the optimizer
+            trains; one that evaluates an average of it (FixMatch) returns the trained one from
+            :meth:`trained_backbone`.
         head: the classifier with weights of its own (a loss of kind ``"head"``: ArcFace, a softmax
-            layer, proxies), or None. The optimizer gives its parameters the learning-rate scales it
+            layer, proxies), or None: the one that is evaluated (:meth:`logits`), as ``backbone`` is.
+            The optimizer gives the parameters of :meth:`trained_head` the learning-rate scales it
             declares (``param_groups``); two-view and label losses, which hold no weights, are the
             method's ``loss``.
         epoch: the epoch being trained (from 0); the trainer sets it when each epoch starts, for a method
@@ -75,6 +94,7 @@ class Method(nn.Module):
     takes_local_views: bool = False
     needs_teacher: bool = False
     classifier_metric: str | None = None
+    can_stream_shards: bool = True
     backbone: nn.Module
 
     def __init__(self) -> None:
@@ -117,6 +137,50 @@ class Method(nn.Module):
         """Notes on settings that run but defeat the method on a training set of ``num_samples`` images."""
         return []
 
+    @classmethod
+    def training_batches(cls, cfg, labels: torch.Tensor, local_batch: int) -> Sampler[list[int]]:
+        """The training loader's batches of one process: indices into the training set, in an order that is a
+        function of ``(run.seed, epoch)`` (``set_epoch`` and ``epoch`` pick it), every batch ``batch_size`` long.
+
+        By default the recipe's ``data.sampler`` (:func:`~sslkit.datasets.samplers.training_sampler`) in batches of
+        ``local_batch``.
+
+        Args:
+            cfg: the run's config.
+            labels: the training set's labels, -1 for an image without one.
+            local_batch: this process's share of ``train.batch_size``.
+
+        Raises:
+            UserError: one line for an order the training set or the batch cannot give.
+
+        Shape:
+            labels: (N,) int64.
+        """
+        d = cfg.data
+        order = training_sampler(d.sampler, labels, d.m_per_class, cfg.train.batch_size, local_batch, cfg.run.seed)
+        return EpochBatchSampler(order, local_batch)
+
+    @classmethod
+    def training_views(cls, cfg, info: DatasetInfo) -> TwoViewAugment:
+        """The augmentation that makes a batch's views, which ``forward`` takes by position: by default
+        :attr:`num_views` views of every image (and the recipe's local views) from the recipe's ``augment``."""
+        return TwoViewAugment(cfg.augment, info.channels, info.mean, info.std, cls.num_views)
+
+    @classmethod
+    def images_per_batch(cls, cfg, batch_size: int) -> int:
+        """Images a batch of ``batch_size`` (a share of ``train.batch_size``) loads: ``batch_size`` by default."""
+        return batch_size
+
+    def trained_backbone(self) -> nn.Module:
+        """The encoder the optimizer trains, at ``optim.backbone_lr_scale`` (and ``optim.layer_decay``), and
+        :meth:`encode` runs: :attr:`backbone` by default."""
+        return self.backbone
+
+    def trained_head(self) -> nn.Module | None:
+        """The classifier the optimizer trains, at ``optim.head_lr_scale`` and the scales it declares: :attr:`head`
+        by default."""
+        return self.head
+
     def start_from(self, source: str) -> None:
         """Load what the method keeps of the ``run.init_from`` run beyond its backbone, which the
         trainer has loaded already (fine-tuning's kept projector layers); nothing by default."""
@@ -128,20 +192,21 @@ class Method(nn.Module):
         """
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """Backbone features; while :attr:`backbone_frozen`, no gradient reaches the backbone and its
+        """Features of the :meth:`trained_backbone`; while :attr:`backbone_frozen`, no gradient reaches it and its
         BatchNorm keeps its statistics.
 
         Freezing this way (no graph through the backbone, rather than ``requires_grad_(False)``)
         can be switched on and off between epochs under DDP, and the optimizer skips parameters
         whose gradient is None, so momentum buffers are not touched while frozen.
         """
+        backbone = self.trained_backbone()
         if not self.backbone_frozen:
-            return self.backbone(images)
-        was_training = self.backbone.training
-        self.backbone.eval()
+            return backbone(images)
+        was_training = backbone.training
+        backbone.eval()
         with torch.no_grad():
-            features = self.backbone(images)
-        self.backbone.train(was_training)
+            features = backbone(images)
+        backbone.train(was_training)
         return features
 
     def encode_views(self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sslkit.augment import StrongAugment, TwoViewAugment
+from sslkit.datasets import DatasetInfo
+from sslkit.datasets.two_streams import TwoStreamBatchSampler, two_stream_sampler
 from sslkit.errors import UserError
 from sslkit.methods.base import Method
 from sslkit.methods.finetune import build_head
@@ -95,7 +98,7 @@ class FixMatch(Method):
     """FixMatch on a weak and a strong view of ``B`` labelled, then ``mu B`` unlabelled images (see the module doc).
 
     Attributes:
-        student: the :class:`Classifier` the optimizer trains.
+        student: the :class:`Classifier` the optimizer trains (:meth:`trained_backbone`, :meth:`trained_head`).
         backbone, head: the student's weight average, evaluated and exported (frozen: no gradient).
 
     Shape:
@@ -107,6 +110,7 @@ class FixMatch(Method):
     loss_names = ("softmax",)
     Options = FixMatchOptions
     classifier_metric = "finetune_top1"
+    can_stream_shards = False  # its batches are drawn by index from two streams
 
     def __init__(self, backbone: nn.Module, head: nn.Module, options: FixMatchOptions | None = None) -> None:
         super().__init__()
@@ -139,23 +143,37 @@ class FixMatch(Method):
     def from_config(cls, cfg, backbone: nn.Module, num_classes: int, num_samples: int | None = None) -> FixMatch:
         return cls(backbone, build_head(cfg, backbone.feature_dim, num_classes), cls.options_of(cfg))
 
+    @classmethod
+    def training_batches(cls, cfg, labels: torch.Tensor, local_batch: int) -> TwoStreamBatchSampler:
+        """``local_batch`` labelled images, then ``mu`` times as many of any (:mod:`sslkit.datasets.two_streams`)."""
+        mu = cls.options_of(cfg).mu
+        return two_stream_sampler(labels, cfg.train.batch_size, local_batch, mu, cfg.run.seed, cfg.method.name)
+
+    @classmethod
+    def training_views(cls, cfg, info: DatasetInfo) -> TwoViewAugment:
+        """A weak view (the recipe's ``augment``) and a strong one: a second weak view, then RandAugment and Cutout
+        (:class:`~sslkit.augment.StrongAugment`)."""
+        m = cls.options_of(cfg)
+        strong = StrongAugment(info.channels, m.strong_ops, m.strong_magnitude, m.cutout)
+        return TwoViewAugment(cfg.augment, info.channels, info.mean, info.std, 2, view2_ops=strong)
+
+    @classmethod
+    def images_per_batch(cls, cfg, batch_size: int) -> int:
+        """``batch_size`` labelled images and ``mu`` times as many unlabelled ones."""
+        return batch_size * (1 + cls.options_of(cfg).mu)
+
+    def trained_backbone(self) -> nn.Module:
+        return self.student.backbone
+
+    def trained_head(self) -> nn.Module:
+        return self.student.head
+
     def train(self, mode: bool = True) -> FixMatch:
         super().train(mode)
         # The average is only evaluated: its BatchNorm keeps the statistics copied from the student.
         self.backbone.eval()
         self.head.eval()
         return self
-
-    def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """The student's features (:meth:`Method.encode` on the student's backbone: no gradient while frozen)."""
-        if not self.backbone_frozen:
-            return self.student.backbone(images)
-        was_training = self.student.backbone.training
-        self.student.backbone.eval()
-        with torch.no_grad():
-            features = self.student.backbone(images)
-        self.student.backbone.train(was_training)
-        return features
 
     def labelled_rows(self, rows: int) -> int:
         """``b``, the labelled images at the top of a batch of ``rows = (1 + mu) b``."""

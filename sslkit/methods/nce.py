@@ -57,6 +57,7 @@ class MemoryBankNCE(Method):
     """
 
     needs_indices = True
+    can_stream_shards = False  # a stream names no image by its index into the training set
     loss_names = ("nce",)
     Options = NCEOptions
     # Equal on every process (same seed, same gathered updates): DDP need not re-send it each step.
