@@ -85,23 +85,36 @@ def resumed_on_one(tmp_path_factory, one_machine) -> Path:
     return out / "resumed"
 
 
-@pytest.mark.slow
-def test_a_run_resumed_on_one_process_ends_where_the_two_process_run_ends(one_machine, resumed_on_one):
-    # The resumed run must skip exactly the global batches already trained on.
-    expected = load_file(one_machine / "backbone.safetensors")
-    assert_close_backbones(expected, load_file(resumed_on_one / "backbone.safetensors"))
+def at_step(run: Path, step: int) -> dict[str, torch.Tensor]:
+    """The weights of ``run``'s checkpoint at ``step``: the backbone, the projector and BatchNorm's statistics."""
+    return load_file(run / "checkpoints" / f"step-{step:08d}" / "model.safetensors")
 
 
 @pytest.mark.slow
-def test_a_run_resumed_on_two_processes_ends_where_the_one_process_run_ends(tmp_path, resumed_on_one):
-    resumed = trained(tmp_path, "resumed", 2, f"run.resume={resumed_on_one / 'checkpoints' / 'step-00000010'}")
-    assert_close_backbones(load_file(resumed_on_one / "backbone.safetensors"), resumed)
+def test_a_run_resumed_on_one_process_trains_as_the_two_process_run(one_machine, resumed_on_one):
+    # The resumed run must skip exactly the global batches already trained on. Compared five steps after the resume.
+    assert_close_weights(at_step(one_machine, 10), at_step(resumed_on_one, 10))
 
 
-def assert_close_backbones(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> None:
+@pytest.mark.slow
+def test_a_run_resumed_on_two_processes_trains_as_the_one_process_run(tmp_path, resumed_on_one):
+    trained(tmp_path, "resumed", 2, f"run.resume={resumed_on_one / 'checkpoints' / 'step-00000010'}")
+    assert_close_weights(at_step(resumed_on_one, 15), at_step(tmp_path / "resumed", 15))
+
+
+def assert_close_weights(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> None:
+    """Equal up to the order of float32 sums, which differs between one process and two.
+
+    Runs stopped at the same step, five steps after the resume. Measured on this test's runs (seeds 0 and 1,
+    2 -> 1 and 1 -> 2): at most 4.8e-7 apart in any weight or statistic, five steps after the resume; the gap
+    grows with every step (up to 2.9e-5 at the end of the epoch, 17 steps after it; two runs whose sums differ
+    from the first step are 3e-5 apart at step 10). The tolerance is 20 times the five-step gap; five steps of
+    training move every tensor by 6.5e-4 to 0.29, so a run that trained one batch twice or skipped one is far
+    outside it.
+    """
     assert expected.keys() == actual.keys()
     for key in expected:
-        torch.testing.assert_close(actual[key], expected[key], rtol=1e-3, atol=1e-4, msg=key)
+        torch.testing.assert_close(actual[key], expected[key], rtol=1e-5, atol=1e-5, msg=key)
 
 
 @pytest.mark.slow

@@ -166,21 +166,23 @@ def launcher_of_two(name: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("launcher", "launcher_status"),
+    ("launcher", "launcher_statuses"),
     [
-        ("accelerate", -signal.SIGTERM),  # dies of it without passing it on: its processes learn of it as it exits
-        ("torchrun", 1),  # passes it on, waits for both, and raises the signal as an error
+        # Dies of it without passing it on (its processes learn of it as it exits): the status of a process killed by
+        # SIGTERM, -15 as Python reports it, or 128 + 15 where the launcher was in a handler that exits with it.
+        ("accelerate", {-signal.SIGTERM, 128 + signal.SIGTERM}),
+        ("torchrun", {1}),  # passes it on, waits for both, and raises the signal as an error
     ],
 )
 def test_a_signal_to_the_launcher_alone_stops_both_processes_after_one_step(
-    tmp_path, straight_two_processes, launcher, launcher_status
+    tmp_path, straight_two_processes, launcher, launcher_statuses
 ):
     [process] = start(tmp_path, "preempted", TWO_PROCESS_EPOCHS, launcher=launcher_of_two(launcher))
     wait_for_step(tmp_path / "preempted", 3, [process])
     process.send_signal(signal.SIGTERM)  # the launcher only, as docker stop, Kubernetes and kill PID do
     # Its output ends when every process it started has ended: they inherited its stdout and stderr.
     [(code, _, stderr)] = finish([process])
-    assert code == launcher_status, stderr[-3000:]
+    assert code in launcher_statuses, stderr[-3000:]
     step = assert_saved_once(stderr, tmp_path / "preempted")
     assert 3 <= step < 264
 
