@@ -2,8 +2,8 @@
 
 Importing torch and the library costs seconds of CPU; the mistakes users make most (a folder that does not
 exist, a misspelled recipe or key) need only the file system and the recipe's schema (:mod:`sslkit.schema`:
-YAML and dataclasses). Each command checks its arguments with these functions as soon as they are parsed, in
-its ``check_early``, and its one line comes in a fraction of a second, as ``--help`` does
+YAML and dataclasses). Each command checks its arguments with these functions as soon as they are parsed (most
+in a ``check_early`` of their own) and its one line comes in a tenth of a CPU-second, as ``--help`` does
 (tools/bench/cli_errors.py measures it).
 
 Each check raises the :class:`~sslkit.errors.UserError` that the library raises for the same mistake, in the
