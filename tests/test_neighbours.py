@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from sslkit.cli import neighbours as cli
 from sslkit.embeddings import nearest_neighbours, neighbours, read_embeddings, recall_at_k, write_embeddings
 from sslkit.errors import UserError
+from sslkit.evaluation import search
 
 
 def brute_force(vectors: np.ndarray, k: int, queries: np.ndarray | None = None):
@@ -49,7 +50,7 @@ def clustered(n: int, dim: int, clusters: int, seed: int = 0) -> np.ndarray:
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Blocks of a few query rows, so that every search crosses block boundaries."""
-    monkeypatch.setattr(neighbours, "SIMILARITY_BLOCK_BYTES", 4 * 300 * 7)
+    monkeypatch.setattr(search, "SIMILARITY_BLOCK_BYTES", 4 * 300 * 7)
 
 
 @pytest.mark.parametrize("k", [1, 5, 40])

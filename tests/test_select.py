@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from sslkit.errors import UserError
+from sslkit.evaluation.clustering import kmeans
+from sslkit.evaluation.search import unit_vectors
 from sslkit.selection import STRATEGIES, choose, select
 from sslkit.selection.clusters import most_typical_per_cluster, typicality, visiting_order
-from sslkit.selection.geometry import kmeans, normalized
 from sslkit.selection.probcover import DELTA_GRID, choose_delta, greedy_cover, radius_graph
 
 
@@ -64,7 +64,7 @@ def naive_typiclust(vectors, cluster_ids, budget, labelled):
 def test_typiclust_matches_the_naive_version_on_its_own_clusters(data):
     for labelled, budget in ((np.empty(0, np.int64), 6), (np.arange(0, 40, 3), 10)):
         picks = select(data, budget, "typiclust", labelled=labelled, seed=0)
-        cluster_ids, _ = kmeans(normalized(data), len(labelled) + budget, seed=0)
+        cluster_ids, _ = kmeans(unit_vectors(data), len(labelled) + budget, seed=0)
         assert picks.tolist() == naive_typiclust(data, cluster_ids, budget, labelled).tolist()
 
 
@@ -74,7 +74,7 @@ def test_typiclust_visits_clusters_by_fewest_labelled_then_largest_and_never_the
     labelled[np.flatnonzero(ids == 1)[:2]] = True  # cluster 1: two labelled
     labelled[np.flatnonzero(ids == 0)[:1]] = True  # cluster 0: one
     assert visiting_order(ids, labelled).tolist() == [4, 2, 0, 1]
-    features = normalized(np.random.default_rng(0).normal(size=(len(ids), 4)).astype(np.float32))
+    features = unit_vectors(np.random.default_rng(0).normal(size=(len(ids), 4)).astype(np.float32))
     picks = most_typical_per_cluster(features, ids, 6, labelled)
     assert ids[picks].tolist() == [4, 2, 0, 1, 4, 2]  # round and round the same order
     assert not labelled[picks].any() and len(set(picks.tolist())) == 6
@@ -86,7 +86,7 @@ def test_typicality_is_the_inverse_mean_l2_distance_to_the_nearest_half_or_20(me
     k = min(20, members // 2)
     nearest = np.sort(pairwise(unit(vectors)), axis=1)[:, 1 : k + 1]
     expected = 1 / (nearest.mean(axis=1) + 1e-5)
-    assert np.allclose(typicality(normalized(vectors)).numpy(), expected, rtol=1e-4)
+    assert np.allclose(typicality(unit_vectors(vectors)).numpy(), expected, rtol=1e-4)
 
 
 def test_typicality_picks_the_densest_image_of_a_cluster():
@@ -94,13 +94,13 @@ def test_typicality_picks_the_densest_image_of_a_cluster():
     tight = rng.normal(scale=0.01, size=(15, 3)) + [1, 0, 0]
     loose = rng.normal(scale=0.3, size=(15, 3)) + [1, 0, 0]
     vectors = np.concatenate([loose, tight]).astype(np.float32)
-    picks = most_typical_per_cluster(normalized(vectors), np.zeros(30, np.int64), 1, np.zeros(30, dtype=bool))
+    picks = most_typical_per_cluster(unit_vectors(vectors), np.zeros(30, np.int64), 1, np.zeros(30, dtype=bool))
     assert picks[0] >= 15  # one of the tight group
 
 
 def test_typiclust_takes_the_small_clusters_only_once_the_others_are_used_up():
     ids = np.repeat([0, 1], [6, 3])
-    features = normalized(np.random.default_rng(0).normal(size=(9, 4)).astype(np.float32))
+    features = unit_vectors(np.random.default_rng(0).normal(size=(9, 4)).astype(np.float32))
     picks = most_typical_per_cluster(features, ids, 8, np.zeros(9, dtype=bool))
     assert ids[picks].tolist() == [0] * 6 + [1, 1] and len(set(picks.tolist())) == 8
 
@@ -110,7 +110,7 @@ def test_typiclust_takes_the_small_clusters_only_once_the_others_are_used_up():
 
 def test_kmeans_takes_the_image_nearest_each_centre(data):
     budget = 8
-    _, centres = kmeans(normalized(data), budget, seed=3)
+    _, centres = kmeans(unit_vectors(data), budget, seed=3)
     distances = np.sqrt(((unit(data)[None] - centres[:, None].astype(np.float64)) ** 2).sum(-1))
     taken, expected = set(), []
     for row in distances:  # each centre in turn, the nearest image not taken
@@ -153,14 +153,14 @@ def test_probcover_greedy_cover_matches_the_dense_version(data):
     for labelled in (np.empty(0, np.int64), np.arange(0, 30, 2)):
         mask = np.zeros(len(data), dtype=bool)
         mask[labelled] = True
-        picks, random_picks, covered = greedy_cover(radius_graph(normalized(data), 0.3), 8, mask, seed=0)
+        picks, random_picks, covered = greedy_cover(radius_graph(unit_vectors(data), 0.3), 8, mask, seed=0)
         expected, expected_covered = naive_cover(data, 0.3, 8, labelled)
         assert random_picks == 0 and picks.tolist() == expected
         assert covered == pytest.approx(expected_covered)
 
 
 def test_probcover_chooses_delta_by_purity_as_the_dense_version(data):
-    features = normalized(data)
+    features = unit_vectors(data)
     delta, purity = choose_delta(features, classes=6, seed=0)
     pseudo_labels, _ = kmeans(features, 6, seed=0)
     assert delta == naive_delta(data, pseudo_labels) and purity >= 0.95
@@ -178,7 +178,7 @@ def test_probcover_draws_the_rest_at_random_once_everything_is_covered():
 
 def test_the_radius_graph_is_refused_past_its_edge_bound(data):
     with pytest.raises(UserError, match="give a smaller --delta"):
-        radius_graph(normalized(data), 1.9, max_edges=1000)
+        radius_graph(unit_vectors(data), 1.9, max_edges=1000)
 
 
 # --------------------------------------------------------------------------- k-center
@@ -226,7 +226,7 @@ def test_random_follows_its_seed(data):
 
 def test_the_labelled_images_steer_the_choice(data):
     """A cluster that holds labels already is where TypiClust goes last and k-center goes away from."""
-    cluster_ids, _ = kmeans(normalized(data), 3, seed=0)
+    cluster_ids, _ = kmeans(unit_vectors(data), 3, seed=0)
     labelled = np.flatnonzero(cluster_ids == 0)[:2]
     picks = select(data, 2, "typiclust", labelled=labelled, seed=0)
     assert len(picks) == 2 and not np.isin(picks, labelled).any()
@@ -258,4 +258,3 @@ def test_features_are_compared_normalised():
     scaled = vectors * rng.uniform(0.5, 20, size=(60, 1)).astype(np.float32)  # lengths change, directions do not
     for strategy in ("kcenter", "typiclust"):
         assert select(vectors, 5, strategy).tolist() == select(scaled, 5, strategy).tolist()
-    assert torch.allclose(normalized(scaled).norm(dim=1), torch.ones(60))

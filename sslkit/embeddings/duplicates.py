@@ -7,7 +7,8 @@ References:
 SemDeDup [0], with a similarity threshold ``T`` in (0, 1] (the paper's ``1 - eps``):
 
 1. L2-normalise the N vectors.
-2. Cluster them into K clusters by spherical k-means (:func:`spherical_kmeans`): two items
+2. Cluster them into K clusters by spherical k-means
+   (:func:`~sslkit.evaluation.clustering.spherical_kmeans`): two items
    are compared only when they share a cluster, so the pairs cost about N^2 / K instead of N^2.
 3. Walk each cluster in the order of the keep rule: ``farthest`` from the cluster's centroid
    first ([0]'s default: the atypical example of a group is kept), ``nearest`` first, or
@@ -28,7 +29,7 @@ Known limitation (step 2): two T-similar items that k-means puts in different cl
 never compared. ``tools/bench/duplicates_fashion_mnist.py`` counts them (docs/neighbours-and-duplicates.md).
 
 Near-copies (:func:`near_copies`): each item's single nearest item in another set (a test set's
-in its training set) by the exact search of :mod:`sslkit.embeddings.neighbours`, a near-copy
+in its training set) by the exact search of :mod:`sslkit.evaluation.search`, a near-copy
 when their similarity is at least ``T``.
 """
 
@@ -46,21 +47,17 @@ import torch.nn.functional as F
 from sslkit.embeddings.choices import KEEP_RULES, KMEANS_BACKENDS
 from sslkit.embeddings.neighbours import (
     check_finite,
-    import_faiss,
     nearest_neighbours,
     progress_bar,
-    rows_per_block,
-    unit_vectors,
+    read_unit_vectors,
     written_whole,
 )
 from sslkit.errors import UserError
+from sslkit.evaluation.clustering import spherical_kmeans
+from sslkit.evaluation.search import import_faiss, rows_per_block
 
 # Items per cluster when K is not given: the within-cluster pairs cost N x 1,000 similarities.
 DEFAULT_CLUSTER_SIZE = 1000
-KMEANS_ITERATIONS = 20
-# k-means learns its centroids from at most this many items per cluster (faiss' default
-# max_points_per_centroid): more barely moves them and costs proportionally more.
-MAX_POINTS_PER_CENTROID = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,77 +115,21 @@ def check_threshold(threshold) -> None:
         )
 
 
-def assign(vectors: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each vector's most similar centroid and their cosine similarity, a block of rows at a time.
-
-    Shape:
-        vectors: (N, D) and centroids: (K, D), both L2-normalised; returns: (N,) int64 and (N,) float32.
-    """
-    clusters = torch.empty(len(vectors), dtype=torch.long)
-    similarity = torch.empty(len(vectors))
-    step = rows_per_block(len(centroids))
-    for start in range(0, len(vectors), step):
-        similarity[start : start + step], clusters[start : start + step] = (
-            vectors[start : start + step] @ centroids.T
-        ).max(dim=1)
-    return clusters, similarity
-
-
-def torch_spherical_kmeans(vectors: torch.Tensor, num_clusters: int, seed: int) -> torch.Tensor:
-    """Centroids by spherical k-means (Lloyd's iterations on cosine similarity, centroids L2-normalised means),
-    as faiss' ``Kmeans(spherical=True)`` computes them: k distinct random items to start, at most
-    :data:`MAX_POINTS_PER_CENTROID` items per cluster to learn from, an emptied cluster restarted at a
-    random item (faiss splits the largest one instead).
-
-    Shape:
-        vectors: (N, D) L2-normalised; returns: (num_clusters, D) L2-normalised.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    sample = vectors[torch.randperm(len(vectors), generator=generator)[: MAX_POINTS_PER_CENTROID * num_clusters]]
-    centroids = sample[torch.randperm(len(sample), generator=generator)[:num_clusters]].clone()
-    for _ in range(KMEANS_ITERATIONS):
-        clusters, _ = assign(sample, centroids)
-        sums = torch.zeros_like(centroids).index_add_(0, clusters, sample)  # (K, D)
-        empty = torch.bincount(clusters, minlength=num_clusters) == 0
-        sums[empty] = sample[torch.randint(len(sample), (int(empty.sum()),), generator=generator)]
-        centroids = F.normalize(sums, dim=1)
-    return centroids
-
-
-def spherical_kmeans(
-    vectors: torch.Tensor, num_clusters: int, seed: int = 0, backend: str = "auto"
+def cluster(
+    vectors: torch.Tensor, num_clusters: int, seed: int, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """Spherical k-means clusters and each item's similarity to its centroid.
-
-    ``backend="auto"`` is faiss' ``Kmeans(spherical=True)`` (SemDeDup's) where faiss is installed,
-    else :func:`torch_spherical_kmeans`; the two learn different centroids from the same items.
-    Why not scikit-learn's ``KMeans``: it is Euclidean, not spherical, and its k-means++ start
-    costs O(N K D log K), hours at a million items and a thousand clusters.
+    """Step 2 of the module docstring: :func:`~sslkit.evaluation.clustering.spherical_kmeans` with ``backend``
+    (``"auto"``: faiss where it is installed, else torch), one line for an unknown one or a missing faiss.
 
     Shape:
-        vectors: (N, D) L2-normalised; returns: clusters (N,) int64, similarity (N,) float32, and
-        the backend that ran (``"faiss"`` or ``"torch"``).
+        vectors: (N, D) L2-normalised; returns: clusters (N,) int64, similarity to the centroid (N,) float32,
+        and the backend that ran.
     """
     if backend not in KMEANS_BACKENDS:
         raise UserError(f"the k-means backend must be one of {', '.join(KMEANS_BACKENDS)}, got {backend!r}")
-    if backend == "auto":
-        try:
-            import faiss  # noqa: F401
-        except ImportError:
-            backend = "torch"
-        else:
-            backend = "faiss"
-    if backend == "torch":
-        centroids = torch_spherical_kmeans(vectors, num_clusters, seed)
-    else:
-        faiss = import_faiss()
-        kmeans = faiss.Kmeans(
-            vectors.shape[1], num_clusters, niter=KMEANS_ITERATIONS, spherical=True, seed=seed,
-            max_points_per_centroid=MAX_POINTS_PER_CENTROID, verbose=False,
-        )  # fmt: skip
-        kmeans.train(vectors.numpy())
-        centroids = F.normalize(torch.from_numpy(kmeans.centroids), dim=1)
-    return *assign(vectors, centroids), backend
+    if backend == "faiss":
+        import_faiss()  # its one line, before any work
+    return spherical_kmeans(vectors, num_clusters, seed, backend)
 
 
 def walk_cluster(vectors: torch.Tensor, threshold: float, block_rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -264,7 +205,7 @@ def semdedup(
         keep: which item of a group is kept: ``"farthest"`` from the centroid, ``"nearest"``, ``"first"`` row.
         clusters: (N,) cluster ids to use instead of k-means (ordered by similarity to each cluster's mean).
         seed: k-means' random start and sample.
-        kmeans: ``"auto"``, ``"faiss"`` or ``"torch"`` (:func:`spherical_kmeans`).
+        kmeans: ``"auto"``, ``"faiss"`` or ``"torch"`` (:func:`~sslkit.evaluation.clustering.spherical_kmeans`).
         progress: show a rich progress bar.
 
     Shape:
@@ -282,7 +223,7 @@ def semdedup(
     num_clusters = num_clusters or max(1, round(len(vectors) / DEFAULT_CLUSTER_SIZE))
     if clusters is None and not 1 <= num_clusters <= len(vectors):
         raise UserError(f"the number of clusters must be between 1 and the {len(vectors)} items, got {num_clusters}")
-    unit = unit_vectors(vectors, progress)  # (N, D)
+    unit = read_unit_vectors(vectors, progress)  # (N, D)
     if not torch.isfinite(unit).all():
         check_finite(vectors, "the embeddings")
     if clusters is not None:
@@ -290,7 +231,7 @@ def semdedup(
     elif num_clusters == 1:
         (assigned, centroid_similarity), backend = given_clusters(unit, np.zeros(len(unit), dtype=np.int64)), "none"
     else:
-        assigned, centroid_similarity, backend = spherical_kmeans(unit, num_clusters, seed, kmeans)
+        assigned, centroid_similarity, backend = cluster(unit, num_clusters, seed, kmeans)
     assigned, centroid_similarity = assigned.numpy(), centroid_similarity.numpy()
     order = walk_order(assigned, centroid_similarity, keep)
     group_of, similarity = np.arange(len(unit)), np.ones(len(unit), dtype=np.float32)

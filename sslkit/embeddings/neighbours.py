@@ -1,26 +1,21 @@
 """Each item's k nearest neighbours by cosine similarity: exact and blockwise, or approximate with faiss.
 
-Exact (``index="exact"``, the default) is the blockwise search of :mod:`sslkit.evaluation.retrieval`
-(:func:`~sslkit.evaluation.retrieval.cosine_blocks` and
-:func:`~sslkit.evaluation.retrieval.nearest_columns`). The set searched is held in memory as
-L2-normalised float32 (N x D x 4 bytes: 123 MB for 60,000 x 512); the queries are read from the
-file one block of rows at a time, and each block's (rows, N) similarities are the only other large
-array, :data:`SIMILARITY_BLOCK_BYTES` at most. Neighbours come most similar first, equal
-similarities by lowest row (the order of faiss' exact index).
+Both searches are :mod:`sslkit.evaluation.search`'s; this module reads them from embeddings files,
+checks the request, shows progress and writes the result.
 
-Approximate (``index="faiss"``) is faiss' index over the inner product of L2-normalised vectors,
-which is their cosine similarity, for sets where N^2 similarities take too long:
+Exact (``index="exact"``, the default): :func:`~sslkit.evaluation.search.exact_search`. The set
+searched is held in memory as L2-normalised float32 (N x D x 4 bytes: 123 MB for 60,000 x 512); the
+queries are read from the file one block of rows at a time, and each block's similarities are the
+only other large array, :data:`~sslkit.evaluation.search.SIMILARITY_BLOCK_BYTES` at most. Neighbours
+come most similar first, equal similarities by lowest row (the order of faiss' exact index).
 
-- ``ivf``: IVF-Flat, the vectors split into ``nlist`` = 4 sqrt(N) lists by k-means (the faiss
-  wiki's 4-16 sqrt(N); at most N / 39, the training points faiss asks per list), trained on up to
-  :data:`IVF_TRAINING_PER_LIST` rows per list; a query scans the ``nprobe`` lists nearest to it
-  (:data:`DEFAULT_NPROBE`).
-- ``hnsw``: HNSW-Flat, :data:`HNSW_LINKS` links per vector, efConstruction
-  :data:`HNSW_EF_CONSTRUCTION`, efSearch ``max(DEFAULT_EF_SEARCH, 2k)``.
-
-faiss holds its own copy of the vectors, so the approximate search needs twice the exact one's
-memory for the set. :func:`recall_at_k` measures what the approximation loses, against the exact
-search on a sample of queries (``tools/bench/neighbours.py``).
+Approximate (``index="faiss"``): faiss' IVF-Flat (``ivf``) or HNSW-Flat (``hnsw``) index over the
+inner product of L2-normalised vectors (:func:`~sslkit.evaluation.search.build_faiss_index`, whose
+module gives the settings), for sets where N^2 similarities take too long; efSearch is
+``max(DEFAULT_EF_SEARCH, 2k)`` unless given. faiss holds its own copy of the vectors, so the
+approximate search needs twice the exact one's memory for the set. :func:`recall_at_k` measures
+what the approximation loses, against the exact search on a sample of queries
+(``tools/bench/neighbours.py``).
 
 When the queries are the set itself (``queries=None``) an item is removed from its own list; an
 exact duplicate of it is not. ``sslkit-neighbours`` writes the result as ``neighbours.npz``
@@ -31,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import math
 import os
 from pathlib import Path
 from typing import Iterator
@@ -42,29 +36,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from sslkit.embeddings.choices import FAISS_TYPES, INDEXES
 from sslkit.errors import UserError
-from sslkit.evaluation.retrieval import cosine_blocks, nearest_columns, unit_rows
-
-# A block of query rows holds at most this many bytes of similarities: 1,118 rows against 60,000.
-SIMILARITY_BLOCK_BYTES = 256 * 2**20
-MAX_ROWS_PER_BLOCK = 4096
-# Lists an IVF query scans. 16 found 0.999 of the exact 10 nearest among 60,000 Fashion-MNIST
-# embeddings (980 lists; 8: 0.987, 32: 1.0 at 2.7x the time) and all of them among 1,000,000
-# clustered vectors (4,000 lists; 8: 0.998 and more) (tools/bench/README.md).
-DEFAULT_NPROBE = 16
-# Training vectors per IVF list: faiss asks 39 at least and samples 256 at most. 256 trained the
-# 4,000 lists of 1,000,000 x 128 in 383 s, 64 in 93 s, to the same recall (tools/bench/README.md).
-IVF_TRAINING_PER_LIST = 64
-HNSW_LINKS = 32
-HNSW_EF_CONSTRUCTION = 40
-DEFAULT_EF_SEARCH = 64
-# Query rows per faiss search call: large enough for its threads, small enough for the progress bar.
-FAISS_QUERY_BLOCK = 16384
-INSTALL_FAISS = 'pip install "sslkit[faiss]" (or pip install faiss-cpu)'
-
-
-def rows_per_block(num_references: int) -> int:
-    """Query rows per block: a (rows, num_references) float32 block within :data:`SIMILARITY_BLOCK_BYTES`."""
-    return max(1, min(MAX_ROWS_PER_BLOCK, SIMILARITY_BLOCK_BYTES // (4 * max(num_references, 1))))
+from sslkit.evaluation.search import (
+    DEFAULT_EF_SEARCH,
+    build_faiss_index,
+    exact_search,
+    faiss_search,
+    rows_per_block,
+    unit_vectors,
+)
 
 
 def progress_bar(description: str, enabled: bool) -> Progress:
@@ -83,20 +62,15 @@ def check_finite(vectors, name: str) -> None:
             raise UserError(f"{name}: row {row} has NaN or inf values; embed again (the encoder diverged?)")
 
 
-def unit_vectors(vectors, progress: bool = False) -> torch.Tensor:
-    """All of ``vectors`` L2-normalised as float32 in memory, read a block of rows at a time.
+def read_unit_vectors(vectors, progress: bool = False) -> torch.Tensor:
+    """:func:`~sslkit.evaluation.search.unit_vectors`, with a progress bar.
 
     Shape:
         vectors: (N, D) tensor or NumPy array (a memory map); returns: (N, D) float32 on the CPU.
     """
-    result = torch.empty(len(vectors), vectors.shape[1], dtype=torch.float32)
-    step = rows_per_block(1)
     with progress_bar("reading vectors", progress) as bar:
         task = bar.add_task("", total=len(vectors))
-        for start in range(0, len(vectors), step):
-            result[start : start + step] = unit_rows(vectors[start : start + step], torch.device("cpu"))
-            bar.advance(task, min(step, len(vectors) - start))
-    return result
+        return unit_vectors(vectors, lambda rows: bar.advance(task, rows))
 
 
 def check_search(vectors, k: int, queries, index: str, faiss_type: str) -> None:
@@ -120,101 +94,48 @@ def check_search(vectors, k: int, queries, index: str, faiss_type: str) -> None:
         raise UserError(f"faiss_type must be one of {', '.join(FAISS_TYPES)}, got {faiss_type!r}")
 
 
-def exact_search(
+def exact_neighbours(
     references: torch.Tensor, queries, k: int, own_columns: torch.Tensor | None, progress: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The k most similar references of each query, by :func:`~sslkit.evaluation.retrieval.cosine_blocks`.
+    """:func:`~sslkit.evaluation.search.exact_search`, with a progress bar, as NumPy arrays.
 
     Shape:
         references: (N, D) L2-normalised float32; queries: (Q, D) tensor or NumPy array;
         own_columns: (Q,) each query's own row among the references (excluded), or None;
         returns: similarities (Q, k) float32 and indices (Q, k) int64.
     """
-    similarities = np.empty((len(queries), k), dtype=np.float32)
-    indices = np.empty((len(queries), k), dtype=np.int64)
     with progress_bar("exact neighbours", progress) as bar:
         task = bar.add_task("", total=len(queries))
-        blocks = cosine_blocks(queries, references, rows_per_block(len(references)), own_columns)
-        for start, stop, similarity in blocks:
-            columns = nearest_columns(similarity, k)  # (c, k)
-            indices[start:stop] = columns.numpy()
-            similarities[start:stop] = similarity.gather(1, columns).numpy()
-            bar.advance(task, stop - start)
-            del similarity  # before the next block is computed: one block in memory at a time
-    return similarities, indices
+        found = exact_search(queries, references, k, own_columns, on_rows=lambda rows: bar.advance(task, rows))
+    return found[0].numpy(), found[1].numpy()
 
 
-def import_faiss():
-    """The faiss module, or one line saying how to install it."""
-    try:
-        import faiss
-    except ImportError:
-        raise UserError(f"the faiss index needs faiss, which is not installed: {INSTALL_FAISS}") from None
-    return faiss
-
-
-def ivf_lists(num_vectors: int) -> int:
-    """nlist = 4 sqrt(N), at most N / 39 (faiss' minimum of training points per list), at least 1."""
-    return max(1, min(round(4 * math.sqrt(num_vectors)), num_vectors // 39))
-
-
-def build_faiss_index(
-    references: np.ndarray, faiss_type: str, nprobe: int | None, ef_search: int, seed: int = 0, progress: bool = False
-):
-    """A trained faiss index over inner products holding ``references`` (module docstring for the settings).
-
-    Shape:
-        references: (N, D) L2-normalised float32, C-contiguous.
-    """
-    faiss = import_faiss()
-    num_vectors, dimension = references.shape
-    if faiss_type == "hnsw":
-        index = faiss.IndexHNSWFlat(dimension, HNSW_LINKS, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
-        index.hnsw.efSearch = ef_search
-    else:
-        nlist = ivf_lists(num_vectors)
-        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dimension), dimension, nlist, faiss.METRIC_INNER_PRODUCT)
-        index.cp.seed = seed
-        sample = np.random.default_rng(seed).permutation(num_vectors)[: IVF_TRAINING_PER_LIST * nlist]
-        index.train(references[np.sort(sample)])
-        index.nprobe = min(nlist, nprobe or DEFAULT_NPROBE)
-    step = FAISS_QUERY_BLOCK
-    with progress_bar(f"building the faiss {faiss_type} index", progress) as bar:
-        task = bar.add_task("", total=num_vectors)
-        for start in range(0, num_vectors, step):
-            index.add(references[start : start + step])
-            bar.advance(task, min(step, num_vectors - start))
-    return index
-
-
-def faiss_search(
-    index, queries, k: int, own_columns: np.ndarray | None, progress: bool = False
+def approximate_neighbours(
+    references: torch.Tensor,
+    queries,
+    k: int,
+    own_columns: torch.Tensor | None,
+    faiss_type: str,
+    nprobe: int | None,
+    ef_search: int,
+    seed: int,
+    progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The index's k neighbours of each query; with ``own_columns``, k + 1 searched and the query's own row dropped
-    (or the last, where the index did not return the query itself). -1 (similarity -inf) where it found fewer.
+    """A faiss index built over ``references`` and searched (:func:`~sslkit.evaluation.search.faiss_search`),
+    with progress bars.
 
     Shape:
-        queries: (Q, D) tensor or NumPy array; own_columns: (Q,) int64 or None;
-        returns: similarities (Q, k) float32 and indices (Q, k) int64.
+        as :func:`exact_neighbours`.
     """
-    extra = int(own_columns is not None)
-    similarities = np.empty((len(queries), k), dtype=np.float32)
-    indices = np.empty((len(queries), k), dtype=np.int64)
+    with progress_bar(f"building the faiss {faiss_type} index", progress) as bar:
+        task = bar.add_task("", total=len(references))
+        index = build_faiss_index(
+            references.numpy(), faiss_type, nprobe, ef_search, seed, lambda rows: bar.advance(task, rows)
+        )
+    own = None if own_columns is None else own_columns.numpy()
     with progress_bar("faiss neighbours", progress) as bar:
         task = bar.add_task("", total=len(queries))
-        for start in range(0, len(queries), FAISS_QUERY_BLOCK):
-            stop = min(start + FAISS_QUERY_BLOCK, len(queries))
-            block = unit_rows(queries[start:stop], torch.device("cpu")).numpy()
-            found_similarity, found = index.search(block, k + extra)  # (c, k + extra)
-            if extra:
-                keep = found != own_columns[start:stop, None]
-                keep[keep.all(axis=1), -1] = False  # itself not among them: drop the least similar instead
-                found_similarity, found = found_similarity[keep].reshape(-1, k), found[keep].reshape(-1, k)
-            found_similarity[found < 0] = -np.inf
-            similarities[start:stop], indices[start:stop] = found_similarity, found
-            bar.advance(task, stop - start)
-    return similarities, indices
+        return faiss_search(index, queries, k, own, lambda rows: bar.advance(task, rows))
 
 
 def nearest_neighbours(
@@ -257,16 +178,15 @@ def nearest_neighbours(
             raise UserError(f"{name} must be >= 1, got {value}")
     if queries is not None:
         check_finite(queries, "the queries")
-    references = unit_vectors(vectors, progress)  # (N, D)
+    references = read_unit_vectors(vectors, progress)  # (N, D)
     if not torch.isfinite(references).all():
         check_finite(vectors, "the embeddings")
     own_columns = torch.arange(len(vectors)) if queries is None else None
     queries = references if queries is None else queries
     if index == "exact":
-        return exact_search(references, queries, k, own_columns, progress)
+        return exact_neighbours(references, queries, k, own_columns, progress)
     ef_search = ef_search or max(DEFAULT_EF_SEARCH, 2 * k)
-    built = build_faiss_index(references.numpy(), faiss_type, nprobe, ef_search, seed, progress)
-    return faiss_search(built, queries, k, None if own_columns is None else own_columns.numpy(), progress)
+    return approximate_neighbours(references, queries, k, own_columns, faiss_type, nprobe, ef_search, seed, progress)
 
 
 def recall_at_k(vectors, indices: np.ndarray, queries=None, sample: int = 1000, seed: int = 0) -> float:
@@ -283,7 +203,7 @@ def recall_at_k(vectors, indices: np.ndarray, queries=None, sample: int = 1000, 
     references = unit_vectors(vectors)
     sampled = references[rows] if queries is None else np.asarray(queries[rows])
     own_columns = torch.from_numpy(rows) if queries is None else None
-    _, exact = exact_search(references, sampled, k, own_columns)
+    _, exact = exact_neighbours(references, sampled, k, own_columns)
     found = [len(np.intersect1d(exact[i], indices[row])) for i, row in enumerate(rows)]
     return float(np.sum(found) / (len(rows) * k))
 

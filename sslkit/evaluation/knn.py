@@ -6,17 +6,19 @@ References:
 
 Why hand-written rather than scikit-learn's ``KNeighborsClassifier``: the InstDisc vote is
 ``exp(s / T)`` of the cosine *similarity*, which sklearn only reaches through a Python weight
-callable, and sklearn holds the whole distance block on the CPU in float64. Here one matrix
-product and one ``topk`` per chunk of test rows run on whatever device the features are on
-(``tools/bench/knn.py`` measures the difference).
+callable, and sklearn holds the whole distance block on the CPU in float64. Here the exact search
+of :mod:`sslkit.evaluation.search` (a matrix product and a top-k per chunk of test rows) runs on
+whatever device the features are on (``tools/bench/knn.py`` measures the difference). Its order
+decides which of several equally similar train rows vote when they straddle the k-th place: the
+lower rows.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from sslkit.evaluation._checks import check_class_ids, check_features
+from sslkit.evaluation.search import exact_search, unit_rows
 
 
 def _check_knn_args(
@@ -66,7 +68,8 @@ def weighted_knn_predict(
 
         w_c = sum_{i <= k, c_i = c} exp(s_i / T)
 
-    and the prediction is ``argmax_c w_c`` (the first class on a tie). ``k`` larger than the
+    and the prediction is ``argmax_c w_c`` (the first class on a tie). Of equally similar train
+    rows at the k-th place, the lower rows vote. ``k`` larger than the
     train set is clipped to it. Test rows are processed ``chunk_size`` at a time, so the peak
     memory is one (chunk_size, N) similarity block: 50k train x 10k test never needs the
     full (M, N) matrix. Everything runs on ``train_features``' device in float32.
@@ -91,24 +94,15 @@ def weighted_knn_predict(
     tensor([1])
     """
     _check_knn_args(train_features, train_labels, test_features, num_classes, k, temperature, chunk_size)
-    device = train_features.device
-    bank = F.normalize(train_features.float(), dim=1)  # (N, D)
-    bank_labels = train_labels.to(device=device, dtype=torch.long)
-    k = min(k, bank.shape[0])
-    predictions = []
-    for start in range(0, test_features.shape[0], chunk_size):
-        queries = F.normalize(test_features[start : start + chunk_size].to(device).float(), dim=1)  # (c, D)
-        similarity = queries @ bank.T  # (c, N)
-        top_similarity, top_index = similarity.topk(k, dim=1)  # (c, k), sorted: column 0 is the row maximum
-        # exp((s - s_max) / T) rescales a row's votes by one positive factor, so the argmax is
-        # that of exp(s / T), but it cannot overflow: exp(1 / T) is inf in float32 for T < 0.0114.
-        weights = ((top_similarity - top_similarity[:, :1]) / temperature).exp()  # (c, k)
-        votes = torch.zeros(queries.shape[0], num_classes, device=device)  # (c, C)
-        votes.scatter_add_(1, bank_labels[top_index], weights)
-        predictions.append(votes.argmax(dim=1))
-    if not predictions:
-        return torch.empty(0, dtype=torch.long, device=device)
-    return torch.cat(predictions)
+    bank = unit_rows(train_features, train_features.device)  # (N, D)
+    bank_labels = train_labels.to(device=bank.device, dtype=torch.long)
+    # (M, k), most similar first: column 0 is the row maximum. Equal similarities by lower train row.
+    top_similarity, top_index = exact_search(test_features, bank, min(k, len(bank)), block_rows=chunk_size)
+    # exp((s - s_max) / T) rescales a row's votes by one positive factor, so the argmax is
+    # that of exp(s / T), but it cannot overflow: exp(1 / T) is inf in float32 for T < 0.0114.
+    weights = ((top_similarity - top_similarity[:, :1]) / temperature).exp()  # (M, k)
+    votes = torch.zeros(len(test_features), num_classes, device=bank.device)  # (M, C)
+    return votes.scatter_add_(1, bank_labels[top_index], weights).argmax(dim=1)
 
 
 def knn_accuracy(

@@ -7,22 +7,20 @@ References:
         (section 3.2, R-Precision and MAP@R)
 
 Bounded memory. Similarities are cosine, computed for one chunk of queries at a time against
-every reference (:func:`cosine_blocks`), so the largest tensor is one (chunk_size, G) block and
-never the (N, G) matrix (60,000 x 60,000 float32 would be 14 GB). Each chunk needs one matrix
-product and one ``topk`` to the depth the metrics look at (:func:`nearest_columns`): the largest
-K, or the largest R of the chunk for MAP@R (``tools/bench/retrieval.py`` measures time and memory
-against the full matrix). The nearest-neighbour part is hand-written because it runs on the
-features' device and needs no extra dependency; pytorch-metric-learning's ``AccuracyCalculator``
-is the test oracle. :func:`sslkit.embeddings.nearest_neighbours` is the same search over an
-embeddings file, its queries read from disk one block at a time.
+every reference (:func:`sslkit.evaluation.search.cosine_blocks`), so the largest tensor is one
+(chunk_size, G) block and never the (N, G) matrix (60,000 x 60,000 float32 would be 14 GB). Each
+chunk needs one matrix product and one top-k to the depth the metrics look at
+(:func:`sslkit.evaluation.search.nearest_columns`): the largest K, or the largest R of the chunk for
+MAP@R (``tools/bench/retrieval.py`` measures time and memory against the full matrix). The search
+runs on the features' device and needs no extra dependency; pytorch-metric-learning's
+``AccuracyCalculator`` is the test oracle. :func:`sslkit.embeddings.nearest_neighbours` is the same
+search over an embeddings file, its queries read from disk one block at a time.
 
-Order of neighbours. Most similar first; exact ties by the reference's index, lowest first.
-That is the order of faiss' exact index (its heaps compare (distance, id) pairs), which is
-pytorch-metric-learning's default kNN; ``torch.topk`` alone leaves the order of equal values
-unspecified, and fixing it makes the results independent of the chunk size and of the number
-of processes. When the queries are the references (leave-one-out, pytorch-metric-learning's
-``ref_includes_query``), a query is removed from its own ranking; an exact duplicate of it
-is not.
+Order of neighbours: :mod:`sslkit.evaluation.search`'s, most similar first and exact ties by the
+reference's index, lowest first (faiss' exact index and pytorch-metric-learning's default kNN),
+whatever the chunk size and the number of processes. When the queries are the references
+(leave-one-out, pytorch-metric-learning's ``ref_includes_query``), a query is removed from its own
+ranking; an exact duplicate of it is not.
 
 Several processes. Every process passes the same, complete features (what
 :func:`~sslkit.evaluation.features.extract_features` returns); each scores its own contiguous
@@ -37,19 +35,16 @@ NMIs agree only up to k-means' own variation (given the same cluster assignment,
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from sslkit import distributed
 from sslkit.evaluation._checks import check_class_ids, check_features
-
-# KMeans restarts for NMI: one k-means++ start makes NMI swing by a few points between
-# seeds on real features; three keep it steady at little cost next to the encoder pass.
-KMEANS_RESTARTS = 3
+from sslkit.evaluation.clustering import KMEANS_RESTARTS, kmeans
+from sslkit.evaluation.search import cosine_blocks, nearest_columns
 
 
 def _check_retrieval_args(query_features, query_labels, gallery_features, gallery_labels, ks, chunk_size) -> None:
@@ -93,85 +88,6 @@ def _check_same_labels_everywhere(query_labels: torch.Tensor, gallery_labels: to
             f"query_features differ between processes ({int(smallest[0])} to {int(largest[0])} queries, or other "
             f"labels): every process must pass the same, complete features, as extract_features returns them"
         )
-
-
-def _order_key(values: torch.Tensor, indices: torch.Tensor, num_columns: int) -> torch.Tensor:
-    """One int64 per entry that sorts as (value, then lower index first) does: ties broken in one sort.
-
-    The high 32 bits are the float32 value's bits made monotonic (a negative float's bits count
-    down as it grows: flip them), the low 32 bits the index counted backwards.
-
-    Shape:
-        values: (c, k) float32; indices: (c, k) int64 column of each value; returns: (c, k) int64
-    """
-    bits = (values + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into 0.0, which compares equal to it
-    monotonic = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return (monotonic.long() << 32) | (num_columns - 1 - indices)
-
-
-def nearest_columns(similarity: torch.Tensor, depth: int) -> torch.Tensor:
-    """Column indices of each row's ``depth`` largest values: largest first, equal values by lowest index.
-
-    ``similarity.gather(1, columns)`` gives the values themselves. ``depth`` must not exceed G.
-
-    Shape:
-        similarity: (c, G) float32; returns: (c, depth) int64
-    """
-    num_columns = similarity.shape[1]
-    take = min(depth + 1, num_columns)  # one more than needed: it tells whether a tie crosses the cut
-    values, indices = similarity.topk(take, dim=1, sorted=False)  # (c, take), equal values in no set order
-    key = _order_key(values, indices, num_columns).sort(dim=1, descending=True).values  # (c, take)
-    if take > depth:
-        # Where the next value equals the last one kept, topk may have left out an equal value of lower
-        # index: those rows (rare, exact ties) are ranked again over all their columns.
-        spills = (key[:, depth - 1] >> 32) == (key[:, depth] >> 32)  # (c,)
-        if spills.any():
-            columns = torch.arange(num_columns, device=similarity.device).expand(int(spills.sum()), -1)
-            key[spills, :depth] = _order_key(similarity[spills], columns, num_columns).topk(depth, dim=1).values
-    return num_columns - 1 - (key[:, :depth] & 0xFFFFFFFF)
-
-
-def unit_rows(rows, device: torch.device) -> torch.Tensor:
-    """Rows of a tensor or of a NumPy array (a memory map is read here, only these rows), L2-normalised float32.
-
-    Shape:
-        rows: (c, D) any float dtype; returns: (c, D) float32 on ``device``.
-    """
-    if isinstance(rows, torch.Tensor):
-        rows = rows.to(device=device, dtype=torch.float32)
-    else:
-        rows = torch.from_numpy(np.array(rows, dtype=np.float32)).to(device)  # a copy: a memory map is read-only
-    return F.normalize(rows, dim=1)
-
-
-def cosine_blocks(
-    queries,
-    references: torch.Tensor,
-    rows_per_block: int,
-    own_columns: torch.Tensor | None = None,
-    first: int = 0,
-    last: int | None = None,
-) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """Cosine similarities of the queries against every reference, one block of query rows at a time.
-
-    Yields ``(start, stop, similarity)`` for query rows ``start:stop`` of ``first:last``. Each block
-    is read, converted to float32 and L2-normalised on its own, so ``queries`` may be a NumPy memory
-    map larger than memory. A query's own column (``own_columns``: the same item among the
-    references) is set to ``-inf``, so it never ranks among its neighbours.
-
-    Shape:
-        queries: (Q, D) tensor or NumPy array; references: (G, D) L2-normalised float32;
-        own_columns: (Q,) int64, or None; similarity: (stop - start, G) float32 on the references' device.
-    """
-    last = len(queries) if last is None else last
-    for start in range(first, last, rows_per_block):
-        stop = min(start + rows_per_block, last)
-        similarity = unit_rows(queries[start:stop], references.device) @ references.T  # (c, G)
-        if own_columns is not None:
-            rows = torch.arange(stop - start, device=references.device)
-            similarity[rows, own_columns[start:stop].to(references.device)] = float("-inf")
-        yield start, stop, similarity
-        del similarity  # held over the next block's product otherwise: two blocks in memory, not one
 
 
 def _chunk_sums(
@@ -280,7 +196,7 @@ def retrieval_metrics(
     first, last = (int(share[0]), int(share[-1]) + 1) if len(share) else (0, 0)
     sums = torch.zeros(len(ks) + 4, dtype=torch.float64, device=device)  # hits per K, R-Prec, AP, scored, NMI
     own_columns = torch.arange(len(queries), device=device) if leave_one_out else None  # never retrieves itself
-    for start, stop, similarity in cosine_blocks(query_features, gallery, chunk_size, own_columns, first, last):
+    for start, stop, similarity in cosine_blocks(queries, gallery, chunk_size, own_columns, first, last):
         sums[:-1] += _chunk_sums(similarity, query_class[start:stop], relevant[start:stop], gallery_class, ks)
     if nmi and distributed.rank() == 0:
         sums[-1] = _nmi(queries, query_labels, seed)
@@ -295,20 +211,6 @@ def retrieval_metrics(
     return metrics
 
 
-def kmeans_clusters(features: torch.Tensor, num_clusters: int, seed: int) -> torch.Tensor:
-    """scikit-learn KMeans cluster of each row (``KMEANS_RESTARTS`` k-means++ starts, ``random_state=seed``).
-
-    Shape:
-        features: (N, D); returns: (N,) int64 cluster ids, on the CPU.
-    """
-    # Imported here: scikit-learn takes seconds to import, and every training process imports
-    # sslkit.evaluation for the kNN monitor, which does not need it.
-    from sklearn.cluster import KMeans
-
-    kmeans = KMeans(n_clusters=num_clusters, n_init=KMEANS_RESTARTS, random_state=seed)
-    return torch.from_numpy(kmeans.fit_predict(features.cpu().double().numpy())).long()
-
-
 def _nmi(features: torch.Tensor, labels: torch.Tensor, seed: int) -> float:
     """NMI between ``labels`` and KMeans clusters of ``features`` (one cluster per label).
 
@@ -318,5 +220,5 @@ def _nmi(features: torch.Tensor, labels: torch.Tensor, seed: int) -> float:
     from sklearn.metrics import normalized_mutual_info_score
 
     labels = labels.cpu().numpy()
-    clusters = kmeans_clusters(features, len(set(labels.tolist())), seed)
-    return float(normalized_mutual_info_score(labels, clusters.numpy()))
+    clusters, _ = kmeans(features.double(), len(set(labels.tolist())), seed, restarts=KMEANS_RESTARTS)
+    return float(normalized_mutual_info_score(labels, clusters))

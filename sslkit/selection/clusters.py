@@ -31,7 +31,8 @@ import itertools
 import numpy as np
 import torch
 
-from sslkit.selection.geometry import kmeans, nearest_distances, row_blocks
+from sslkit.evaluation.clustering import FULL_KMEANS_MAX_CLUSTERS, kmeans
+from sslkit.evaluation.search import exact_search
 
 # deep-al/pycls/al/typiclust.py: TypiClust.MIN_CLUSTER_SIZE, MAX_NUM_CLUSTERS, K_NN.
 MIN_CLUSTER_SIZE = 5
@@ -48,18 +49,30 @@ def nearest_to_centres(features: torch.Tensor, budget: int, labelled: np.ndarray
     Shape:
         features: (N, D) unit rows; labelled: (N,) bool; returns: (budget,) row indices.
     """
-    _, centres = kmeans(features, budget, seed)
-    centres = torch.from_numpy(centres)
+    _, centres = kmeans(features, budget, seed, minibatch_beyond=FULL_KMEANS_MAX_CLUSTERS)
     taken = torch.from_numpy(labelled.copy())
     picks = []
-    for rows in row_blocks(budget, 256):
+    for block in torch.from_numpy(centres).split(256):
         # ||c - x||^2 = ||c||^2 - 2 c . x + 1 for unit x; ||c||^2 is the same along a row, so left out.
-        distances = -2 * centres[rows] @ features.T
+        distances = -2 * block @ features.T
         for row in distances:
             pick = int(row.masked_fill(taken, float("inf")).argmin())
             taken[pick] = True
             picks.append(pick)
     return np.asarray(picks, dtype=np.int64)
+
+
+def nearest_distances(features: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's L2 distances to its ``k`` nearest other rows, nearest first.
+
+    The nearest of a row's ``k + 1`` (itself, at distance 0) is dropped, as deep-al's ``get_nn`` drops it;
+    ``||x - y||^2 = 2 - 2 x . y`` for unit rows, clamped at 0.
+
+    Shape:
+        features: (M, D) unit rows, M > k; returns: (M, k).
+    """
+    similarity, _ = exact_search(features, features, k + 1)  # (M, k + 1), most similar first
+    return similarity[:, 1:].mul(-2).add_(2).clamp_(min=0).sqrt_()
 
 
 def typicality(features: torch.Tensor) -> torch.Tensor:
@@ -119,5 +132,6 @@ def typiclust(features: torch.Tensor, budget: int, labelled: np.ndarray, seed: i
     Shape:
         features: (N, D) unit rows; labelled: (N,) bool; returns: (budget,) row indices.
     """
-    cluster_ids, _ = kmeans(features, min(int(labelled.sum()) + budget, MAX_CLUSTERS), seed)
+    clusters = min(int(labelled.sum()) + budget, MAX_CLUSTERS)
+    cluster_ids, _ = kmeans(features, clusters, seed, minibatch_beyond=FULL_KMEANS_MAX_CLUSTERS)
     return most_typical_per_cluster(features, cluster_ids, budget, labelled)

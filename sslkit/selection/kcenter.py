@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sslkit.selection.geometry import distance_blocks, squared_distances
+from sslkit.evaluation.search import squared_distance_blocks, squared_distances
 
 
 def nearest_labelled_distances(features: torch.Tensor, labelled: np.ndarray) -> torch.Tensor:
@@ -28,7 +28,7 @@ def nearest_labelled_distances(features: torch.Tensor, labelled: np.ndarray) -> 
         features: (N, D) unit rows; labelled: (N,) bool; returns: (N,).
     """
     nearest = torch.full((len(features),), float("inf"))
-    for _, distances in distance_blocks(features[torch.from_numpy(labelled)], features):
+    for _, _, distances in squared_distance_blocks(features[torch.from_numpy(labelled)], features):
         nearest = torch.minimum(nearest, distances.min(dim=0).values)
     return nearest
 

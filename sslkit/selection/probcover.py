@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from sslkit.errors import UserError
-from sslkit.selection.geometry import BLOCK_ROWS, distance_blocks, kmeans
+from sslkit.evaluation.clustering import FULL_KMEANS_MAX_CLUSTERS, kmeans
+from sslkit.evaluation.search import BLOCK_ROWS, squared_distance_blocks
 
 PURITY_THRESHOLD = 0.95  # the paper's alpha
 DELTA_GRID = np.round(np.arange(1, 201) * 0.01, 2)
@@ -88,16 +89,16 @@ def radius_graph(features: torch.Tensor, delta: float, max_edges: int = MAX_EDGE
     """
     counts, columns, total = [], [], 0
     near = torch.empty(min(BLOCK_ROWS, len(features)), len(features), dtype=torch.bool)  # reused, as the distances
-    for rows, distances in distance_blocks(features, features):
-        block = torch.lt(distances, delta * delta, out=near[: rows.stop - rows.start])
+    for start, stop, distances in squared_distance_blocks(features, features):
+        block = torch.lt(distances, delta * delta, out=near[: stop - start])
         block_rows, block_columns = block.nonzero(as_tuple=True)  # row-major: sorted by row
         total += len(block_columns)
         if total > max_edges:
             raise UserError(
                 f"ProbCover's graph at delta={delta:g} has over {max_edges:,} edges (each image within delta of "
-                f"{total / rows.stop:.0f} others on average), too many to hold; give a smaller --delta"
+                f"{total / stop:.0f} others on average), too many to hold; give a smaller --delta"
             )
-        counts.append(torch.bincount(block_rows, minlength=rows.stop - rows.start))
+        counts.append(torch.bincount(block_rows, minlength=stop - start))
         columns.append(block_columns.to(torch.int32))
     starts = np.zeros(len(features) + 1, dtype=np.int64)
     np.cumsum(torch.cat(counts).numpy(), out=starts[1:])
@@ -114,10 +115,10 @@ def impure_distances(features: torch.Tensor, pseudo_labels: np.ndarray) -> torch
     labels = torch.from_numpy(pseudo_labels)
     out = torch.empty(len(features))
     same = torch.empty(min(BLOCK_ROWS, len(features)), len(features), dtype=torch.bool)  # reused, as the distances
-    for rows, distances in distance_blocks(features, features):
-        torch.eq(labels[rows, None], labels[None, :], out=same[: rows.stop - rows.start])
-        distances.masked_fill_(same[: rows.stop - rows.start], float("inf"))
-        out[rows] = distances.min(dim=1).values.sqrt()
+    for start, stop, distances in squared_distance_blocks(features, features):
+        torch.eq(labels[start:stop, None], labels[None, :], out=same[: stop - start])
+        distances.masked_fill_(same[: stop - start], float("inf"))
+        out[start:stop] = distances.min(dim=1).values.sqrt()
     return out
 
 
@@ -133,7 +134,7 @@ def choose_delta(features: torch.Tensor, classes: int, seed: int) -> tuple[float
     Returns:
         (delta, its purity); the smallest grid value when even that one is impure.
     """
-    pseudo_labels, _ = kmeans(features, classes, seed)
+    pseudo_labels, _ = kmeans(features, classes, seed, minibatch_beyond=FULL_KMEANS_MAX_CLUSTERS)
     impure = impure_distances(features, pseudo_labels)
     chosen = float(DELTA_GRID[0])
     for delta in DELTA_GRID:

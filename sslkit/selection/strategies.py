@@ -14,9 +14,9 @@ import dataclasses
 import numpy as np
 
 from sslkit.errors import UserError
+from sslkit.evaluation.search import unit_vectors
 from sslkit.selection.choices import STRATEGIES
 from sslkit.selection.clusters import nearest_to_centres, typiclust
-from sslkit.selection.geometry import normalized
 from sslkit.selection.kcenter import kcenter_greedy
 from sslkit.selection.probcover import probcover
 
@@ -113,7 +113,7 @@ def choose(
         return Selection(rows.astype(np.int64), {})
     if strategy == "probcover":
         check_cover_settings(delta, classes)
-    features = normalized(vectors)
+    features = unit_vectors(vectors)
     if strategy == "kmeans":
         return Selection(nearest_to_centres(features, budget, mask, seed), {})
     if strategy == "typiclust":

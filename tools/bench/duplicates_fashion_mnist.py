@@ -189,7 +189,7 @@ def pairs_at_least(unit: torch.Tensor, threshold: float) -> np.ndarray:
 
 def evaluate_thresholds(vectors: np.ndarray, items: list[str], thresholds, clusters: int | None) -> list[dict]:
     from sslkit.embeddings import semdedup
-    from sslkit.embeddings.neighbours import unit_vectors
+    from sslkit.evaluation.search import unit_vectors
 
     parsed = [parse(item) for item in items]
     row_of_test = {index: row for row, (kind, index) in enumerate(parsed) if kind == "test"}

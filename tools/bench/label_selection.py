@@ -43,8 +43,8 @@ from sslkit.datasets import build_dataset
 from sslkit.embeddings import read_embeddings, write_embeddings
 from sslkit.evaluation import eval_loader, extract_features
 from sslkit.evaluation.encoder import load_trained_backbone
+from sslkit.evaluation.search import unit_vectors
 from sslkit.selection import STRATEGIES, choose
-from sslkit.selection.geometry import normalized
 from sslkit.selection.probcover import choose_delta
 
 PREFIX_CONSISTENT = ("probcover", "kcenter")
@@ -82,7 +82,7 @@ def picks_for(vectors, strategy: str, budgets: list[int], seed: int, classes: in
         options, measured = {}, {}
         start = time.perf_counter()
         if strategy == "probcover":
-            delta, purity = choose_delta(normalized(vectors), classes, seed)
+            delta, purity = choose_delta(unit_vectors(vectors), classes, seed)
             options, measured = {"delta": delta}, {"purity": purity, "classes": classes}
         chosen = choose(vectors, max(budgets), strategy, seed=seed, **options)
         seconds = time.perf_counter() - start
@@ -108,7 +108,7 @@ def main() -> None:
     torch.manual_seed(0)
     train = read_embeddings(args.train or embeddings_of(args.run, "train", args.work))
     test = read_embeddings(args.test or embeddings_of(args.run, "test", args.work))
-    train_x, test_x = normalized(train.vectors).numpy(), normalized(test.vectors).numpy()
+    train_x, test_x = unit_vectors(train.vectors).numpy(), unit_vectors(test.vectors).numpy()
     budgets = [int(b) for b in args.budgets.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     classes = len(np.unique(train.labels))

@@ -1,0 +1,331 @@
+"""Search by cosine similarity: L2 normalisation, blockwise similarities and distances, exact top-k, faiss.
+
+One implementation for every user: the kNN evaluator and the retrieval metrics
+(:mod:`sslkit.evaluation`), ``sslkit-neighbours`` and ``sslkit-duplicates``
+(:mod:`sslkit.embeddings`), and the label-selection strategies (:mod:`sslkit.selection`).
+k-means is :mod:`sslkit.evaluation.clustering`'s.
+
+Bounded memory. Similarities are computed for one block of query rows at a time against every
+reference (:func:`cosine_blocks`, :func:`squared_distance_blocks`), into one buffer reused from
+block to block, so the largest array is one (rows, N) block, never the (Q, N) matrix
+(60,000 x 60,000 float32 would be 14 GB). A caller keeps what it needs of a block before asking
+for the next, which overwrites it. One buffer rather than a fresh block each time: the C allocator
+would place blocks of under 32 MB on its heap, between the small results a caller keeps, and the
+heap would grow by a block each time.
+
+Order of neighbours (:func:`nearest_columns`, :func:`exact_search`). Most similar first; exact
+ties by the reference's index, lowest first. That is the order of faiss' exact index (its heaps
+compare (distance, id) pairs), which is pytorch-metric-learning's default kNN; ``torch.topk`` alone
+leaves the order of equal values unspecified, and fixing it makes results independent of the
+block sizes and of the number of processes. A query's own column (``own_columns``: the same item
+among the references) is set to ``-inf``, so it never ranks among its neighbours; an exact
+duplicate of it does.
+
+Approximate search (:func:`build_faiss_index`, :func:`faiss_search`) is faiss' index over the
+inner product of L2-normalised vectors, which is their cosine similarity, for sets where N^2
+similarities take too long:
+
+- ``ivf``: IVF-Flat, the vectors split into ``nlist`` = 4 sqrt(N) lists by k-means (the faiss
+  wiki's 4-16 sqrt(N); at most N / 39, the training points faiss asks per list), trained on up to
+  :data:`IVF_TRAINING_PER_LIST` rows per list; a query scans the ``nprobe`` lists nearest to it
+  (:data:`DEFAULT_NPROBE`).
+- ``hnsw``: HNSW-Flat, :data:`HNSW_LINKS` links per vector, efConstruction
+  :data:`HNSW_EF_CONSTRUCTION`, efSearch as the caller asks (``sslkit-neighbours``:
+  ``max(DEFAULT_EF_SEARCH, 2k)``).
+
+faiss holds its own copy of the vectors, so an index needs twice the exact search's memory for the set.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sslkit.errors import UserError, install_hint
+
+# A block of query rows holds at most this many bytes of similarities: 1,118 rows against 60,000.
+SIMILARITY_BLOCK_BYTES = 256 * 2**20
+MAX_ROWS_PER_BLOCK = 4096
+# Rows of a distance block of the selection strategies: 512 x 60,000 float32 is 123 MB.
+BLOCK_ROWS = 512
+
+# Lists an IVF query scans. 16 found 0.999 of the exact 10 nearest among 60,000 Fashion-MNIST
+# embeddings (980 lists; 8: 0.987, 32: 1.0 at 2.7x the time) and all of them among 1,000,000
+# clustered vectors (4,000 lists; 8: 0.998 and more) (tools/bench/README.md).
+DEFAULT_NPROBE = 16
+# Training vectors per IVF list: faiss asks 39 at least and samples 256 at most. 256 trained the
+# 4,000 lists of 1,000,000 x 128 in 383 s, 64 in 93 s, to the same recall (tools/bench/README.md).
+IVF_TRAINING_PER_LIST = 64
+HNSW_LINKS = 32
+HNSW_EF_CONSTRUCTION = 40
+DEFAULT_EF_SEARCH = 64
+# Query rows per faiss search call: large enough for its threads, small enough for a progress bar.
+FAISS_QUERY_BLOCK = 16384
+INSTALL_FAISS = f"{install_hint('faiss')} (or pip install faiss-cpu)"
+
+# Called with the number of rows each block finished: a progress bar's advance, or nothing.
+OnRows = Callable[[int], None] | None
+
+
+def rows_per_block(num_references: int) -> int:
+    """Query rows per block: a (rows, num_references) float32 block within :data:`SIMILARITY_BLOCK_BYTES`."""
+    return max(1, min(MAX_ROWS_PER_BLOCK, SIMILARITY_BLOCK_BYTES // (4 * max(num_references, 1))))
+
+
+def _advance(on_rows: OnRows, rows: int) -> None:
+    if on_rows is not None:
+        on_rows(rows)
+
+
+# --------------------------------------------------------------------------- L2 normalisation
+
+
+def unit_rows(rows, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Rows of a tensor or of a NumPy array (a memory map is read here, only these rows), L2-normalised float32.
+
+    ``x / max(||x||, 1e-12)``: a zero row stays zero.
+
+    Shape:
+        rows: (c, D) any float dtype; returns: (c, D) float32 on ``device``.
+    """
+    if isinstance(rows, torch.Tensor):
+        rows = rows.to(device=device, dtype=torch.float32)
+    else:
+        rows = torch.from_numpy(np.array(rows, dtype=np.float32)).to(device)  # a copy: a memory map is read-only
+    return F.normalize(rows, dim=1)
+
+
+def unit_vectors(vectors, on_rows: OnRows = None) -> torch.Tensor:
+    """All of ``vectors`` L2-normalised as float32 in memory, read once, a block of rows at a time.
+
+    Shape:
+        vectors: (N, D) tensor or NumPy array (a memory map); returns: (N, D) float32 on the CPU.
+    """
+    result = torch.empty(len(vectors), vectors.shape[1], dtype=torch.float32)
+    step = rows_per_block(1)
+    for start in range(0, len(vectors), step):
+        result[start : start + step] = unit_rows(vectors[start : start + step])
+        _advance(on_rows, min(step, len(vectors) - start))
+    return result
+
+
+# --------------------------------------------------------------------------- blockwise similarities
+
+
+def cosine_blocks(
+    queries: torch.Tensor,
+    references: torch.Tensor,
+    rows_per_block: int = BLOCK_ROWS,
+    own_columns: torch.Tensor | None = None,
+    first: int = 0,
+    last: int | None = None,
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """Cosine similarities of the queries against every reference, one block of query rows at a time.
+
+    Yields ``(start, stop, similarity)`` for query rows ``start:stop`` of ``first:last``, every block
+    in the same buffer (module docstring). A query's own column (``own_columns``) is ``-inf``.
+
+    Shape:
+        queries: (Q, D) and references: (G, D), L2-normalised float32 on one device;
+        own_columns: (Q,) int64, or None; similarity: (stop - start, G) float32.
+    """
+    last = len(queries) if last is None else last
+    buffer = torch.empty(max(0, min(rows_per_block, last - first)), len(references), device=references.device)
+    for start in range(first, last, rows_per_block):
+        stop = min(start + rows_per_block, last)
+        similarity = torch.mm(queries[start:stop], references.T, out=buffer[: stop - start])  # (c, G)
+        if own_columns is not None:
+            rows = torch.arange(stop - start, device=references.device)
+            similarity[rows, own_columns[start:stop].to(references.device)] = float("-inf")
+        yield start, stop, similarity
+
+
+def squared_distance_blocks(
+    queries: torch.Tensor, references: torch.Tensor, rows_per_block: int = BLOCK_ROWS
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """``(start, stop, ||q - x||^2 of queries[start:stop] to every reference)``, block after block, in one buffer.
+
+    ``||q - x||^2 = 2 - 2 q . x`` for unit rows, clamped at 0 (rounding makes a point's distance to
+    itself about -1e-7).
+
+    Shape:
+        queries: (Q, D) and references: (N, D) unit rows; each block: (at most rows_per_block, N).
+    """
+    for start, stop, similarity in cosine_blocks(queries, references, rows_per_block):
+        yield start, stop, similarity.mul_(-2).add_(2).clamp_(min=0)  # in place: no temporaries
+
+
+def squared_distances(queries: torch.Tensor, references: torch.Tensor) -> torch.Tensor:
+    """``||q - x||^2`` between unit rows, clamped at 0, in one product.
+
+    Shape:
+        queries: (B, D); references: (N, D); returns: (B, N).
+    """
+    return (queries @ references.T).mul_(-2).add_(2).clamp_(min=0)
+
+
+# --------------------------------------------------------------------------- exact top-k
+
+
+def order_keys(values: torch.Tensor, columns: torch.Tensor, num_columns: int) -> torch.Tensor:
+    """One int64 per entry that sorts as (value, then lower column first) does: ties broken in one comparison.
+
+    The high 32 bits are the float32 value's bits made monotonic (a negative float's bits count
+    down as it grows: flip them), the low 32 bits the column counted backwards.
+
+    Shape:
+        values: (c, k) float32; columns: (c, k) int64; returns: (c, k) int64
+    """
+    bits = (values + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into 0.0, which compares equal to it
+    monotonic = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (monotonic.long() << 32) | (num_columns - 1 - columns)
+
+
+def nearest_columns(similarity: torch.Tensor, depth: int) -> torch.Tensor:
+    """Column indices of each row's ``depth`` largest values: largest first, equal values by lowest column.
+
+    ``similarity.gather(1, columns)`` gives the values themselves. ``depth`` must not exceed G.
+
+    Shape:
+        similarity: (c, G) float32; returns: (c, depth) int64
+    """
+    num_columns = similarity.shape[1]
+    take = min(depth + 1, num_columns)  # one more than needed: it tells whether a tie crosses the cut
+    values, indices = similarity.topk(take, dim=1, sorted=False)  # (c, take), equal values in no set order
+    key = order_keys(values, indices, num_columns).sort(dim=1, descending=True).values  # (c, take)
+    if take > depth:
+        # Where the next value equals the last one kept, topk may have left out an equal value of lower
+        # index: those rows (rare, exact ties) are ranked again over all their columns.
+        spills = (key[:, depth - 1] >> 32) == (key[:, depth] >> 32)  # (c,)
+        if spills.any():
+            columns = torch.arange(num_columns, device=similarity.device).expand(int(spills.sum()), -1)
+            key[spills, :depth] = order_keys(similarity[spills], columns, num_columns).topk(depth, dim=1).values
+    return num_columns - 1 - (key[:, :depth] & 0xFFFFFFFF)
+
+
+def exact_search(
+    queries,
+    references: torch.Tensor,
+    k: int,
+    own_columns: torch.Tensor | None = None,
+    block_rows: int | None = None,
+    on_rows: OnRows = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most similar references of each query, in the order of the module docstring.
+
+    The queries are read, converted to float32 and L2-normalised a block of rows at a time, so they
+    may be a NumPy memory map larger than memory.
+
+    Args:
+        queries: the rows to find neighbours for.
+        references: the rows searched, L2-normalised.
+        k: neighbours per query, at most G.
+        own_columns: each query's own row among the references, never its neighbour; or None.
+        block_rows: query rows per block (default :func:`rows_per_block`).
+        on_rows: called with the rows of each finished block.
+
+    Shape:
+        queries: (Q, D) tensor or NumPy array; references: (G, D) float32; own_columns: (Q,) int64;
+        returns: similarities (Q, k) float32 and columns (Q, k) int64, on the references' device.
+    """
+    device = references.device
+    block_rows = block_rows or rows_per_block(len(references))
+    similarities = torch.empty(len(queries), k, device=device)
+    columns = torch.empty(len(queries), k, dtype=torch.long, device=device)
+    for start in range(0, len(queries), block_rows):
+        stop = min(start + block_rows, len(queries))
+        block = unit_rows(queries[start:stop], device)
+        own = None if own_columns is None else own_columns[start:stop]
+        for _, _, similarity in cosine_blocks(block, references, block_rows, own):
+            columns[start:stop] = nearest_columns(similarity, k)
+            similarities[start:stop] = similarity.gather(1, columns[start:stop])
+        _advance(on_rows, stop - start)
+    return similarities, columns
+
+
+# --------------------------------------------------------------------------- faiss
+
+
+def faiss_installed() -> bool:
+    """Whether faiss can be imported (a missing package, or one a test hid)."""
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def import_faiss():
+    """The faiss module, or one line saying how to install it."""
+    try:
+        import faiss
+    except ImportError:
+        raise UserError(f"the faiss index needs faiss, which is not installed: {INSTALL_FAISS}") from None
+    return faiss
+
+
+def ivf_lists(num_vectors: int) -> int:
+    """nlist = 4 sqrt(N), at most N / 39 (faiss' minimum of training points per list), at least 1."""
+    return max(1, min(round(4 * math.sqrt(num_vectors)), num_vectors // 39))
+
+
+def build_faiss_index(
+    references: np.ndarray,
+    faiss_type: str,
+    nprobe: int | None,
+    ef_search: int,
+    seed: int = 0,
+    on_rows: OnRows = None,
+):
+    """A trained faiss index over inner products holding ``references`` (module docstring for the settings).
+
+    Shape:
+        references: (N, D) L2-normalised float32, C-contiguous.
+    """
+    faiss = import_faiss()
+    num_vectors, dimension = references.shape
+    if faiss_type == "hnsw":
+        index = faiss.IndexHNSWFlat(dimension, HNSW_LINKS, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        index.hnsw.efSearch = ef_search
+    else:
+        nlist = ivf_lists(num_vectors)
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dimension), dimension, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.cp.seed = seed
+        sample = np.random.default_rng(seed).permutation(num_vectors)[: IVF_TRAINING_PER_LIST * nlist]
+        index.train(references[np.sort(sample)])
+        index.nprobe = min(nlist, nprobe or DEFAULT_NPROBE)
+    for start in range(0, num_vectors, FAISS_QUERY_BLOCK):
+        index.add(references[start : start + FAISS_QUERY_BLOCK])
+        _advance(on_rows, min(FAISS_QUERY_BLOCK, num_vectors - start))
+    return index
+
+
+def faiss_search(
+    index, queries, k: int, own_columns: np.ndarray | None = None, on_rows: OnRows = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The index's k neighbours of each query; with ``own_columns``, k + 1 searched and the query's own row dropped
+    (or the last, where the index did not return the query itself). -1 (similarity -inf) where it found fewer.
+
+    Shape:
+        queries: (Q, D) tensor or NumPy array, L2-normalised here; own_columns: (Q,) int64 or None;
+        returns: similarities (Q, k) float32 and indices (Q, k) int64.
+    """
+    extra = int(own_columns is not None)
+    similarities = np.empty((len(queries), k), dtype=np.float32)
+    indices = np.empty((len(queries), k), dtype=np.int64)
+    for start in range(0, len(queries), FAISS_QUERY_BLOCK):
+        stop = min(start + FAISS_QUERY_BLOCK, len(queries))
+        found_similarity, found = index.search(unit_rows(queries[start:stop]).numpy(), k + extra)  # (c, k + extra)
+        if extra:
+            keep = found != own_columns[start:stop, None]
+            keep[keep.all(axis=1), -1] = False  # itself not among them: drop the least similar instead
+            found_similarity, found = found_similarity[keep].reshape(-1, k), found[keep].reshape(-1, k)
+        found_similarity[found < 0] = -np.inf
+        similarities[start:stop], indices[start:stop] = found_similarity, found
+        _advance(on_rows, stop - start)
+    return similarities, indices
