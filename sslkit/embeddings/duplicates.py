@@ -50,11 +50,11 @@ from sslkit.embeddings.neighbours import (
     nearest_neighbours,
     progress_bar,
     read_unit_vectors,
-    written_whole,
 )
 from sslkit.errors import UserError
 from sslkit.evaluation.clustering import spherical_kmeans
 from sslkit.evaluation.search import import_faiss, rows_per_block
+from sslkit.files import written_whole
 
 # Items per cluster when K is not given: the within-cluster pairs cost N x 1,000 similarities.
 DEFAULT_CLUSTER_SIZE = 1000

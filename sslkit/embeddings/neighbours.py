@@ -24,11 +24,9 @@ exact duplicate of it is not. ``sslkit-neighbours`` writes the result as ``neigh
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import os
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -44,6 +42,7 @@ from sslkit.evaluation.search import (
     rows_per_block,
     unit_vectors,
 )
+from sslkit.files import written_whole
 
 
 def progress_bar(description: str, enabled: bool) -> Progress:
@@ -206,17 +205,6 @@ def recall_at_k(vectors, indices: np.ndarray, queries=None, sample: int = 1000, 
     _, exact = exact_neighbours(references, sampled, k, own_columns)
     found = [len(np.intersect1d(exact[i], indices[row])) for i, row in enumerate(rows)]
     return float(np.sum(found) / (len(rows) * k))
-
-
-@contextlib.contextmanager
-def written_whole(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write to; it becomes ``path`` only when the writing finished."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def check_output(path: Path, suffixes: tuple[str, ...]) -> None:

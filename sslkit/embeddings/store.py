@@ -26,12 +26,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from sslkit.errors import UserError
+from sslkit.files import written_whole
 
 VECTORS_FILE = "embeddings.npy"
 ITEMS_FILE = "items.csv"
@@ -94,9 +94,8 @@ def read_items(path: Path) -> tuple[list[str], np.ndarray | None]:
 
 def write_meta(path: Path, meta: dict) -> None:
     """Write ``meta.json`` atomically: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, path)
+    with written_whole(path) as tmp:
+        tmp.write_text(json.dumps(meta, indent=2))
 
 
 def write_embeddings(

@@ -25,6 +25,7 @@ import numpy as np
 
 from sslkit.embeddings.store import ITEMS_FILE, META_FILE, VECTORS_FILE, write_items, write_meta
 from sslkit.errors import UserError
+from sslkit.files import TEMPORARY_SUFFIX, written_whole
 
 # The meta.json keys that describe the run's progress rather than what is embedded.
 PROGRESS_KEYS = ("complete", "chunk_rows", "chunks_done", "rows_done", "sslkit_version")
@@ -87,7 +88,6 @@ class EmbeddingsWriter:
         try:
             write_meta(self.folder / META_FILE, meta)
         except OSError as error:
-            (self.folder / f"{META_FILE}.tmp").unlink(missing_ok=True)
             raise UserError(
                 f"cannot update {self.folder / META_FILE} ({error.strerror}); the {self.rows_done()} of "
                 f"{meta['count']} rows finished before are kept: "
@@ -184,7 +184,7 @@ def _check_free(folder: Path, overwrite: bool) -> None:
         raise UserError(f"--out '{folder}' is a file; give a folder")
     if not folder.is_dir():
         return
-    ours = {*OUR_FILES, *(f"{name}.tmp" for name in OUR_FILES)}
+    ours = {*OUR_FILES, *(name + TEMPORARY_SUFFIX for name in OUR_FILES)}
     others = sorted(entry.name for entry in folder.iterdir() if entry.name not in ours)
     if others:
         raise UserError(
@@ -200,22 +200,21 @@ def _create(folder: Path, meta: dict, shape: tuple[int, int], dtype: str, items:
     made_folder = not folder.exists()
     folder.mkdir(exist_ok=True)
     try:
-        write_items(folder / f"{ITEMS_FILE}.tmp", items, labels)
-        os.replace(folder / f"{ITEMS_FILE}.tmp", folder / ITEMS_FILE)
-        tmp = folder / f"{VECTORS_FILE}.tmp"
-        vectors = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
-        size = vectors.offset + vectors.nbytes
-        del vectors
-        if hasattr(os, "posix_fallocate"):  # Linux; elsewhere the file stays sparse (see the module docstring)
-            with open(tmp, "r+b") as f:
-                os.posix_fallocate(f.fileno(), 0, size)
-        os.replace(tmp, folder / VECTORS_FILE)
+        with written_whole(folder / ITEMS_FILE) as tmp:
+            write_items(tmp, items, labels)
+        with written_whole(folder / VECTORS_FILE) as tmp:
+            vectors = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+            size = vectors.offset + vectors.nbytes
+            del vectors
+            if hasattr(os, "posix_fallocate"):  # Linux; elsewhere the file stays sparse (see the module docstring)
+                with open(tmp, "r+b") as f:
+                    os.posix_fallocate(f.fileno(), 0, size)
         write_meta(folder / META_FILE, meta)
     except OSError as error:
         if made_folder:
             shutil.rmtree(folder, ignore_errors=True)
         else:
-            for name in (*OUR_FILES, *(f"{name}.tmp" for name in OUR_FILES)):
+            for name in (*OUR_FILES, *(name + TEMPORARY_SUFFIX for name in OUR_FILES)):
                 (folder / name).unlink(missing_ok=True)
         if error.errno in NO_SPACE:
             need = shape[0] * shape[1] * np.dtype(dtype).itemsize

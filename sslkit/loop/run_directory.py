@@ -35,6 +35,7 @@ import torch
 import yaml
 
 from sslkit.errors import UserError
+from sslkit.files import put_in_place, written_whole
 from sslkit.models.weights import PROGRESS_FILE, checkpoint_dir, list_checkpoints, match_file_mode
 from sslkit.schema import flatten
 
@@ -270,9 +271,7 @@ def save_checkpoint(accelerator, run_dir: Path, progress: dict, keep: int = 2) -
             f"{kept}; free space there (or set run.output_dir elsewhere) and continue with run.resume=auto"
         )
     if main:
-        if final.exists():  # the same step saved twice (e.g. epoch end == step cadence): replace
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        put_in_place(tmp, final)  # the same step saved twice (e.g. epoch end == step cadence): replaced
         for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
@@ -327,9 +326,7 @@ def _seal(folder: Path, progress: dict) -> None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    with written_whole(path) as tmp, open(tmp, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -36,8 +36,6 @@ import contextlib
 import importlib.util
 import io
 import json
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +43,7 @@ import torch
 from safetensors.torch import load_file
 
 from sslkit.errors import UserError
+from sslkit.files import written_whole
 from sslkit.models import backbones, weights
 from sslkit.models.expected_input import ExpectedInput, Preprocess
 from sslkit.models.model_card import model_card
@@ -257,25 +256,16 @@ def write_export(
         raise UserError(f"--out '{out}': the folder '{out.parent}' does not exist; create it or give another path")
     if fmt == "timm":
         timm_model_args(model_cfg, backbone)  # its one line before anything is written
-    tmp = out.with_name(out.name + ".tmp")
-    # A folder's card is inside it; a file's is written beside it, and put in place with it.
-    card = card_path(out, fmt)
-    tmp_card = card_path(tmp, fmt) if fmt == "timm" else card.with_name(card.name + ".tmp")
-    for path in (tmp, tmp_card):
-        _remove(path)
-    try:
+    with contextlib.ExitStack() as stack:
+        # A folder's card is inside it; a file's is written beside it, and put in place after it.
+        tmp_card = None if fmt == "timm" else stack.enter_context(written_whole(card_path(out, fmt)))
+        tmp = stack.enter_context(written_whole(out))
+        tmp_card = tmp_card or card_path(tmp, fmt)
         _WRITERS[fmt](model_cfg, backbone, tmp, metadata)
         tmp_card.write_text(model_card(fmt, metadata, summary, out.name))
         difference = verify(tmp, fmt, reference, images)
         if difference is not None and not difference < TOLERANCE:
             raise RuntimeError(f"the {fmt} export differs from the trained network by {difference:.3g}")
-        _remove(out)
-        os.replace(tmp, out)
-        if fmt != "timm":
-            os.replace(tmp_card, card)
-    finally:
-        for path in (tmp, tmp_card):
-            _remove(path)
     return difference
 
 
@@ -290,10 +280,3 @@ def _onnx_session(path: Path):
     import onnxruntime
 
     return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()

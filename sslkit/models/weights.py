@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from sslkit.errors import UserError
+from sslkit.files import written_whole
 
 PROGRESS_FILE = "progress.json"
 
@@ -61,13 +62,8 @@ def save_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[
     would leave the file at mode 0600 (see the module docstring). A backbone is small enough to hold twice.
     """
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as file:
-            file.write(save(state, metadata=metadata))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with written_whole(path) as tmp, open(tmp, "wb") as file:
+        file.write(save(state, metadata=metadata))
     return path
 
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from sslkit.embeddings import Embeddings, read_embeddings
 from sslkit.errors import UserError
+from sslkit.files import written_whole
 from sslkit.selection.strategies import choose
 
 
@@ -157,6 +157,5 @@ def _named(embeddings: Embeddings, rows: np.ndarray, chosen: np.ndarray) -> dict
 def _write_atomically(path: Path, record: dict) -> None:
     """A reader (or a run started meanwhile) sees the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, path)
+    with written_whole(path) as tmp:
+        tmp.write_text(json.dumps(record))
