@@ -89,7 +89,10 @@ def encode_chunks(
         return
     batches = [list(range(s, min(s + batch_size, c.stop))) for c in chunks for s in range(c.start, c.stop, batch_size)]
     loader = DataLoader(images.dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=collate_batch)
-    network, transform = encoder.network.to(device).eval(), encoder.transform.module().to(device)
+    # channels_last: 1.5x the images/s of the default layout on a CPU (oneDNN), features equal to 1e-6
+    # (tools/bench/memory_format.py); the layout GPU convolutions prefer too.
+    network = encoder.network.to(device).eval().to(memory_format=torch.channels_last)
+    transform = encoder.transform.module().to(device)
     batches_of = iter(loader)
     for chunk in chunks:
         parts, done = [], 0

@@ -140,7 +140,9 @@ def run_evaluation(plan: EvaluationPlan, linear: bool = True, accelerator=None) 
     preprocess = preprocess.to(accelerator.device)
     backbone = models.backbone_from_config(cfg.model, preprocess.out_channels)
     load_backbone(backbone, plan.target, cfg)
-    backbone = backbone.to(accelerator.device)
+    # channels_last whatever the run trained in: 1.5x faster feature extraction on a CPU, features equal to 1e-6
+    # (tools/bench/memory_format.py).
+    backbone = models.to_channels_last(backbone.to(accelerator.device))
     evaluator = RunEvaluator(cfg, splits, preprocess, accelerator)
     results = {"encoder": evaluator.evaluate(backbone, linear=linear)}
     if cfg.eval.compare_raw_pixels and (raw := evaluator.raw_pixels(linear=linear)):
