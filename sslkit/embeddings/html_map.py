@@ -5,7 +5,9 @@ PNG sprite sheet (base64), each point's nearest neighbours, and a page script of
 that draws the points on a canvas. Hovering a point shows its image, label and item; clicking
 one rings its neighbours and lists them with their cosine similarity (``map.html#pick=42`` opens
 with item 42 picked); the wheel zooms and a drag pans. Nothing is fetched: the page works from a
-USB stick or an e-mail attachment.
+USB stick or an e-mail attachment. Every name on it (file, class, folder) is data: carried as JSON
+that no name can end (:func:`script_json`) and shown as text, so whatever a user's folder holds, the
+page runs only its own script.
 
 Why one sprite sheet and not one ``<img>`` per point: 10,000 data URLs make the page slow to
 parse and to lay out; one image decoded once and drawn from by offset stays fast.
