@@ -82,7 +82,7 @@ def test_a_step_is_the_supervised_term_plus_the_unlabelled_term_of_the_same_netw
     b, mu = 2, 7
     weak, strong = torch.randn(2, (1 + mu) * b, 1, 8, 8, generator=generator).unbind(0)
     labels = torch.cat([torch.tensor([3, 8]), torch.full((mu * b,), -1)])
-    loss = method(weak, strong, labels=labels)
+    loss = method(weak, strong[b:], labels=labels)  # the strong view of the unlabelled images only
     assert loss.requires_grad and not any(p.requires_grad for p in [*method.backbone.parameters()])
     ours = torch.autograd.grad(loss, list(method.student.parameters()))
 
@@ -104,6 +104,9 @@ def test_a_batch_that_is_not_labelled_then_mu_times_unlabelled_is_refused():
     images = torch.zeros(9, 1, 8, 8)
     with pytest.raises(ValueError, match=r"\(1 \+ mu\) b rows"):
         method(images, images, labels=torch.zeros(9, dtype=torch.int64))
+    images = torch.zeros(16, 1, 8, 8)  # b = 2: a strong view of the 14 unlabelled rows, not of all 16
+    with pytest.raises(ValueError, match="strong view of the 14 unlabelled rows, got 16"):
+        method(images, images, labels=torch.zeros(16, dtype=torch.int64))
 
 
 # ---------------------------------------------------------------------- the weight average
@@ -189,15 +192,18 @@ def test_a_run_resumed_mid_epoch_sees_the_batches_of_an_uninterrupted_one(in_wor
         sampler.set_epoch(3)
         out = []
         for images, labels in batches:
-            views = torch.stack(images.views) if isinstance(images, AugmentedViews) else images
-            out.append((views, labels))
+            # with data.augment_in_workers the views: a weak one of all 16 images, a strong one of the 12 unlabelled
+            views = [*images.views] if isinstance(images, AugmentedViews) else [images]
+            out.append((torch.cat([view.flatten() for view in views]), [len(view) for view in views], labels))
         return out
 
     whole, resumed = epoch(0), epoch(40)
     assert len(whole) == 1437 // 12 and len(resumed) == len(whole) - 40
-    for (views, labels), (views_again, labels_again) in zip(whole[40:], resumed):
+    for (views, _, labels), (views_again, _, labels_again) in zip(whole[40:], resumed):
         assert torch.equal(views, views_again) and torch.equal(labels, labels_again)
-    assert len(whole[0][1]) == 16 and bool((whole[0][1][:4] >= 0).all())  # 4 labelled, then 12 of any image
+    _, rows, labels = whole[0]
+    assert len(labels) == 16 and bool((labels[:4] >= 0).all())  # 4 labelled, then 12 of any image
+    assert rows == ([16, 12] if in_workers else [16])
 
 
 def test_two_processes_split_both_streams_into_disjoint_shares_of_each_step():
@@ -245,6 +251,26 @@ def test_each_image_draws_its_own_ops_and_cutout_greys_a_square_of_the_given_sid
     expected = StrongAugment(channels=3)(image.expand(4, 3, -1, -1))
     torch.manual_seed(1)
     assert torch.equal(again(image.expand(4, 3, -1, -1)), expected)
+
+
+def test_the_labelled_images_get_no_strong_view_and_the_unlabelled_ones_the_view_of_draws_for_every_row():
+    """The views the loop makes of a batch of b = 2 labelled and mu b = 6 unlabelled images: a weak view of all 8, a
+    strong view of the 6; the random numbers are drawn for all 8 rows, so each unlabelled image gets the strong view
+    StrongAugment makes of it in the whole batch, and the draws after the batch's are where they would be."""
+    cfg, train = digits_with_labels("augment.normalize=false")  # mu = 3; views in [0, 1]
+    images, info = train.images[:8], train.info
+    views = METHODS["fixmatch"].training_views(cfg, info)
+    torch.manual_seed(5)
+    weak, strong = views(images)
+    after = torch.rand(3)
+    assert weak.shape == (8, 1, 8, 8) and strong.shape == (6, 1, 8, 8)
+
+    m = FixMatch.options_of(cfg)
+    torch.manual_seed(5)
+    weak_again, second_weak = TwoViewAugment(cfg.augment, 1, info.mean, info.std, 2)(images)  # the same crops
+    every_row = StrongAugment(1, m.strong_ops, m.strong_magnitude, m.cutout)(second_weak)
+    assert torch.equal(weak, weak_again) and torch.equal(strong, every_row[2:])
+    assert torch.equal(torch.rand(3), after)
 
 
 def test_the_strong_view_is_made_after_view_one_which_it_leaves_as_it_was():

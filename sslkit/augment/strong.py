@@ -174,12 +174,20 @@ class StrongAugment(nn.Module):
         self.erase = K.RandomErasing(scale=(area, area), ratio=(1.0, 1.0), value=0.5, p=1.0) if cutout > 0 else None
 
     @torch.no_grad()
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x, count = images.clone(), images.shape[0]
+    def forward(self, images: torch.Tensor, first: int = 0) -> torch.Tensor:
+        """The strong view of ``images[first:]``; the rows before ``first`` get none (FixMatch's labelled images).
+
+        Every random number is drawn for all of ``images``, the rows before ``first`` included: the draws depend on
+        the batch's size alone, so a row's strong view is the same whichever rows before it are left out.
+
+        Shape:
+            images: (N, C, H, W) float in [0, 1]; returns (N - first, C, H, W), in [0, 1].
+        """
+        x, count = images[first:].clone(), images.shape[0]
         for _ in range(self.num_ops):
             # Every draw is made whatever ops are picked, so the random stream does not depend on the images.
-            choice = torch.randint(len(self.pool), (count,))  # (N,) on the CPU
-            uniform = torch.rand(count)  # (N,)
+            choice = torch.randint(len(self.pool), (count,))[first:]  # (N - first,) on the CPU
+            uniform = torch.rand(count)[first:]  # (N - first,)
             for number, op in enumerate(self.pool):
                 chosen = (choice == number).nonzero().squeeze(1)  # (n,)
                 if chosen.numel() == 0 or op.name == "identity":
@@ -187,8 +195,17 @@ class StrongAugment(nn.Module):
                 values = op.draw(uniform[chosen], self.magnitude).to(x.device, x.dtype, non_blocking=True)
                 index = chosen.to(x.device, non_blocking=True)
                 x.index_copy_(0, index, op.apply(x.index_select(0, index), values).clamp_(0.0, 1.0))
-        return self.erase(x) if self.erase is not None else x
+        if self.erase is None:
+            return x
+        drawn = self.erase.forward_parameters(images.shape)  # kornia's parameters of Cutout for every row
+        return self.erase(x, params=_rows_from(drawn, first, x.shape))
 
     def extra_repr(self) -> str:
         ops = ", ".join(op.name for op in self.pool)
         return f"num_ops={self.num_ops}, magnitude={self.magnitude}, cutout={self.cutout}, pool: {ops}"
+
+
+def _rows_from(params: dict[str, torch.Tensor], first: int, shape: torch.Size) -> dict[str, torch.Tensor]:
+    """Kornia's per-row ``params`` of a batch, for its rows from ``first`` on (a batch of ``shape``)."""
+    rows = {name: value[first:] for name, value in params.items() if name != "forward_input_shape"}
+    return {**rows, "forward_input_shape": torch.tensor(shape)}

@@ -410,8 +410,9 @@ class TwoViewAugment(nn.Module):
             ``cfg.normalize``).
         num_views: global views, 2, or 1 for methods that train on one view (fine-tuning: view 1's
             probabilities, and no local views).
-        view2_ops: more steps for view 2, after its crop, flip and colour steps and before normalisation:
-            FixMatch's strong view (:class:`~sslkit.augment.strong.StrongAugment`) over a second weak view.
+        view2_ops: what view 2 becomes after its crop, flip and colour steps, before normalisation; it may keep
+            fewer rows. FixMatch's strong view (:class:`~sslkit.augment.strong.StrongAugment`) of the unlabelled
+            rows of a second weak view.
 
     Attributes:
         out_channels: channels of each view, equal to ``channels`` (see the module doc).
@@ -419,8 +420,8 @@ class TwoViewAugment(nn.Module):
 
     Shape:
         images: (B, C, H, W) uint8 on any device.
-        returns: ``num_views`` (B, C, S, S) float32 tensors on the same device, S = ``cfg.image_size``, then
-        ``cfg.local_views`` (B, C, L, L) ones, L = ``cfg.local_size``.
+        returns: ``num_views`` (B, C, S, S) float32 tensors on the same device, S = ``cfg.image_size`` (view 2 with
+        the rows ``view2_ops`` keeps), then ``cfg.local_views`` (B, C, L, L) ones, L = ``cfg.local_size``.
     """
 
     def __init__(
@@ -493,12 +494,14 @@ class TwoViewAugment(nn.Module):
         for group in self.groups:
             x = group(images)  # (VB, C, S, S), view 1 first
             if group is self.groups[0] and self.view2_ops is not None:
-                batch = x.shape[0] // group.count
-                x[batch : 2 * batch] = self.view2_ops(x[batch : 2 * batch])  # x is this pipeline's own tensor
-            if self.normalize is not None:
-                x = self.normalize(x)
-            views += x.chunk(group.count)
+                view1, view2 = x.chunk(2)
+                views += [self._normalized(view1), self._normalized(self.view2_ops(view2))]
+            else:
+                views += self._normalized(x).chunk(group.count)  # a group's views normalised in one call
         return tuple(views)
+
+    def _normalized(self, x: torch.Tensor) -> torch.Tensor:
+        return self.normalize(x) if self.normalize is not None else x
 
     def extra_repr(self) -> str:
         return f"out_channels={self.out_channels}, hflip p={self.cfg.hflip_p}"

@@ -6,9 +6,10 @@ References:
 Each step takes ``B`` labelled images (``train.batch_size``) and ``mu B`` unlabelled ones, drawn by
 one sampler from two streams (:mod:`sslkit.datasets.two_streams`: the labelled subset, and every
 training image as unlabelled, as the paper). Every image comes as a weak view (the recipe's
-``augment``: crops and flips) and a strong one (another weak view, then RandAugment and Cutout:
-:class:`~sslkit.augment.strong.StrongAugment`). With ``p = softmax(f(weak u))`` and the
-pseudo-label ``q = argmax p``::
+``augment``: crops and flips), and every unlabelled one as a strong view too (another weak view, then
+RandAugment and Cutout: :class:`~sslkit.augment.strong.StrongAugment`); the loss reads no strong view
+of a labelled image, so none is made. With ``p = softmax(f(weak u))`` and the pseudo-label
+``q = argmax p``::
 
     loss = CE(f(weak x), y)  +  lambda_u * (1 / mu B) sum_b 1[max p_b >= threshold] CE(f(strong u_b), q_b)
 
@@ -94,6 +95,21 @@ class Classifier(nn.Module):
         return self.head.logits(self.backbone(images))
 
 
+class StrongViewOfUnlabelled(nn.Module):
+    """The strong view of the ``mu b`` unlabelled rows of a FixMatch batch of ``(1 + mu) b`` (its second weak view).
+
+    Shape:
+        images: ((1 + mu) b, C, H, W) float in [0, 1], the ``b`` labelled rows first; returns (mu b, C, H, W).
+    """
+
+    def __init__(self, strong: StrongAugment, mu: int) -> None:
+        super().__init__()
+        self.strong, self.mu = strong, mu
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.strong(images, first=images.shape[0] // (1 + self.mu))
+
+
 class FixMatch(Method):
     """FixMatch on a weak and a strong view of ``B`` labelled, then ``mu B`` unlabelled images (see the module doc).
 
@@ -102,8 +118,9 @@ class FixMatch(Method):
         backbone, head: the student's weight average, evaluated and exported (frozen: no gradient).
 
     Shape:
-        weak, strong: ((1 + mu) b, C, H, W), the ``b`` labelled images first; labels: ((1 + mu) b,), those of the
-        first ``b`` rows >= 0 (the rest are not read); returns a scalar loss.
+        weak: ((1 + mu) b, C, H, W), the ``b`` labelled images first; strong: (mu b, C, H, W), the unlabelled
+        images'; labels: ((1 + mu) b,), those of the first ``b`` rows >= 0 (the rest are not read); returns a scalar
+        loss.
     """
 
     num_views = 2
@@ -151,11 +168,12 @@ class FixMatch(Method):
 
     @classmethod
     def training_views(cls, cfg, info: DatasetInfo) -> TwoViewAugment:
-        """A weak view (the recipe's ``augment``) and a strong one: a second weak view, then RandAugment and Cutout
-        (:class:`~sslkit.augment.StrongAugment`)."""
+        """A weak view of every image (the recipe's ``augment``) and a strong one of the unlabelled ones: a second
+        weak view, then RandAugment and Cutout (:class:`StrongViewOfUnlabelled`)."""
         m = cls.options_of(cfg)
         strong = StrongAugment(info.channels, m.strong_ops, m.strong_magnitude, m.cutout)
-        return TwoViewAugment(cfg.augment, info.channels, info.mean, info.std, 2, view2_ops=strong)
+        views = StrongViewOfUnlabelled(strong, m.mu)
+        return TwoViewAugment(cfg.augment, info.channels, info.mean, info.std, 2, view2_ops=views)
 
     @classmethod
     def images_per_batch(cls, cfg, batch_size: int) -> int:
@@ -185,8 +203,12 @@ class FixMatch(Method):
         if labels is None:
             raise ValueError("FixMatch needs the labels of the labelled rows")
         rows, labelled = weak.shape[0], self.labelled_rows(weak.shape[0])
+        if strong.shape[0] != rows - labelled:
+            raise ValueError(
+                f"FixMatch takes a strong view of the {rows - labelled} unlabelled rows, got {strong.shape[0]}"
+            )
         # One pass, as the paper's code: labelled weak, unlabelled weak, unlabelled strong.
-        logits = self.student.head.logits(self.encode(torch.cat([weak, strong[labelled:]]))).float()
+        logits = self.student.head.logits(self.encode(torch.cat([weak, strong]))).float()
         supervised = F.cross_entropy(logits[:labelled], labels[:labelled])
         unlabelled = unlabelled_loss(logits[labelled:rows], logits[rows:], self.options.threshold)
         return supervised + self.options.lambda_u * unlabelled
