@@ -146,10 +146,11 @@ def test_a_label_file_is_the_labelled_subset_of_every_role(chosen):
 
 
 def test_a_label_file_with_a_fraction_is_one_line():
-    with pytest.raises(UserError) as error:
-        load_config("quickstart_finetune", ["data.label_subset=labels.json"])  # the recipe keeps 5%
+    with pytest.raises(UserError) as error:  # both on the command line; one there replaces the recipe's 5%
+        load_config("quickstart_finetune", ["data.label_subset=labels.json", "data.label_fraction=0.1"])
     message = str(error.value)
     assert "drop data.label_fraction (data.label_fraction=null)" in message and "\n" not in message
+    assert load_config("quickstart_finetune", ["data.label_subset=labels.json"]).data.label_fraction is None
 
 
 def rewritten(chosen: Path, tmp_path: Path, **changes) -> Path:
