@@ -80,18 +80,19 @@ def encode_chunks(
     device: torch.device,
     num_workers: int = 0,
     on_batch=None,
+    memory_format: torch.memory_format = torch.channels_last,
 ):
     """The features of each range of rows in ``chunks``, one (rows, D) float32 CPU tensor per chunk, in order.
 
-    Batches never straddle two chunks; ``on_batch(rows)`` is called after each.
+    Batches never straddle two chunks; ``on_batch(rows)`` is called after each. The network runs in
+    ``memory_format``: channels_last gives 1.5x the images/s of the default layout on a CPU (oneDNN), with
+    features equal to 1e-6 (tools/bench/memory_format.py), and is the layout GPU convolutions prefer.
     """
     if not chunks:
         return
     batches = [list(range(s, min(s + batch_size, c.stop))) for c in chunks for s in range(c.start, c.stop, batch_size)]
     loader = DataLoader(images.dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=collate_batch)
-    # channels_last: 1.5x the images/s of the default layout on a CPU (oneDNN), features equal to 1e-6
-    # (tools/bench/memory_format.py); the layout GPU convolutions prefer too.
-    network = encoder.network.to(device).eval().to(memory_format=torch.channels_last)
+    network = encoder.network.to(device).eval().to(memory_format=memory_format)
     transform = encoder.transform.module().to(device)
     batches_of = iter(loader)
     for chunk in chunks:

@@ -62,10 +62,13 @@ def autocast(precision: str):
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
-def embed_once(network, transform, images, count: int, batch: int, precision: str):
+def embed_once(network, transform, images, count: int, batch: int, precision: str, memory_format):
     encoder = Encoder(network, transform, description="", layer="backbone", kind="backbone file", run_dir=None)
+    chunks = encode_chunks(
+        encoder, images, [range(count)], batch, True, torch.device("cpu"), memory_format=memory_format
+    )
     with autocast(precision):
-        return torch.cat(list(encode_chunks(encoder, images, [range(count)], batch, True, torch.device("cpu"))))
+        return torch.cat(list(chunks))
 
 
 def features_once(network, transform, images, count: int, batch: int, precision: str):
@@ -104,7 +107,12 @@ def measure(cfg, images, count: int, repeats: int, precision: str) -> list[tuple
     transform = Transform(cfg.augment.image_size, info.channels, info.mean, info.std, cfg.augment.normalize)
     batch = cfg.eval.batch_size
     rows = [
-        ("embed", *best_times(lambda f: embed_once(networks[f], transform, images, count, batch, precision), repeats)),
+        (
+            "embed",
+            *best_times(
+                lambda f: embed_once(networks[f], transform, images, count, batch, precision, FORMATS[f]), repeats
+            ),
+        ),
         (
             "features",
             *best_times(lambda f: features_once(networks[f], transform, images, count, batch, precision), repeats),
