@@ -1,6 +1,7 @@
-"""FixMatch: the unlabelled term against the paper's algorithm written as a loop, the weight average that is
-evaluated, the two-stream batches (both streams, exact resume, two processes), the strong view, and the
-recipe mistakes it refuses in one line.
+"""FixMatch: the unlabelled term against the paper's algorithm written as a loop (with the mask rate and the terms
+it logs), the weight average that is evaluated, the two-stream batches (both streams, exact resume, two processes,
+no streamed shards), the strong view (of the unlabelled images only), and the recipe mistakes it refuses in one
+line.
 
 On the bundled digits and a width-4 ResNet-18, so every test takes about a second; the runs themselves are in
 test_fixmatch_e2e.py.
@@ -17,12 +18,14 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.data_loader import BatchSamplerShard
+from PIL import Image
 
 from sslkit import models
 from sslkit.augment import StrongAugment, TwoViewAugment
 from sslkit.augment.strong import fixmatch_pool
+from sslkit.cli.write_shards import main as write_shards
 from sslkit.config import load_config
-from sslkit.datasets import TwoStreamBatchSampler, build_splits, two_stream_sampler
+from sslkit.datasets import TwoStreamBatchSampler, build_dataset, build_splits, two_stream_sampler
 from sslkit.datasets.batches import AugmentedViews
 from sslkit.errors import UserError
 from sslkit.loop.build import make_augment, make_optimizer, make_train_loader
@@ -59,7 +62,8 @@ def test_the_unlabelled_term_is_the_papers_in_value_and_gradient_with_no_gradien
     confident = int((weak.softmax(1).max(1).values >= 0.95).sum())
     assert 0 < confident < 24  # both kinds of image are in the batch
 
-    ours = unlabelled_loss(weak, strong, 0.95)
+    ours, mask_rate = unlabelled_loss(weak, strong, 0.95)
+    assert mask_rate == confident / 24  # the share of pseudo-labels kept, which the log shows
     ours.backward()
     ours_grad, strong.grad = strong.grad.clone(), None
     reference = papers_unlabelled_term(weak, strong, 0.95)
@@ -70,20 +74,23 @@ def test_the_unlabelled_term_is_the_papers_in_value_and_gradient_with_no_gradien
     # The mean runs over all 24 images: an image below the threshold counts as 0, not as absent.
     masked_mean = reference * 24 / confident
     assert not torch.isclose(ours, masked_mean)
-    assert torch.allclose(unlabelled_loss(weak, strong, 1e-6), F.cross_entropy(strong, weak.argmax(1)))
+    everything, all_kept = unlabelled_loss(weak, strong, 1e-6)
+    assert torch.allclose(everything, F.cross_entropy(strong, weak.argmax(1))) and all_kept == 1
 
 
 def test_a_step_is_the_supervised_term_plus_the_unlabelled_term_of_the_same_network():
     """The method's loss against the algorithm written from separate passes (BatchNorm in eval mode, so a pass
-    does not depend on what else is in it), value and gradient of every trained weight."""
+    does not depend on what else is in it), value and gradient of every trained weight; and the metrics it returns
+    with it, the two terms and the mask rate."""
     cfg, method = tiny_fixmatch("method.threshold=0.135", "method.lambda_u=0.7")
     method.eval()
     generator = torch.Generator().manual_seed(1)
     b, mu = 2, 7
     weak, strong = torch.randn(2, (1 + mu) * b, 1, 8, 8, generator=generator).unbind(0)
     labels = torch.cat([torch.tensor([3, 8]), torch.full((mu * b,), -1)])
-    loss = method(weak, strong[b:], labels=labels)  # the strong view of the unlabelled images only
+    loss, metrics = method(weak, strong[b:], labels=labels)  # the strong view of the unlabelled images only
     assert loss.requires_grad and not any(p.requires_grad for p in [*method.backbone.parameters()])
+    assert not any(value.requires_grad for value in metrics.values())
     ours = torch.autograd.grad(loss, list(method.student.parameters()))
 
     student = method.student
@@ -91,10 +98,14 @@ def test_a_step_is_the_supervised_term_plus_the_unlabelled_term_of_the_same_netw
         weak_u = student(weak[b:])  # the pseudo-labels: no graph at all
     confident = int((weak_u.softmax(1).max(1).values >= 0.135).sum())
     assert 0 < confident < mu * b  # (an untrained network's predictions are barely above 1 / 10)
-    expected = F.cross_entropy(student(weak[:b]), labels[:b])
-    expected = expected + 0.7 * papers_unlabelled_term(weak_u, student(strong[b:]), 0.135)
+    supervised = F.cross_entropy(student(weak[:b]), labels[:b])
+    unlabelled = papers_unlabelled_term(weak_u, student(strong[b:]), 0.135)
+    expected = supervised + 0.7 * unlabelled
     reference = torch.autograd.grad(expected, list(student.parameters()))
     assert torch.allclose(loss, expected, atol=1e-5)
+    assert metrics["mask_rate"] == confident / (mu * b)
+    assert torch.allclose(metrics["supervised_loss"], supervised, atol=1e-5)
+    assert torch.allclose(metrics["unlabelled_loss"], unlabelled, atol=1e-5)
     for mine, theirs in zip(ours, reference):
         assert torch.allclose(mine, theirs, atol=1e-5)
 
@@ -119,7 +130,7 @@ def test_the_evaluated_network_is_the_students_moving_average():
         for p in method.student.parameters():
             p.add_(1.0)
         method.student.backbone.bn1.running_mean.fill_(0.25)  # BatchNorm statistics are copied, not averaged
-    method.after_optimizer_step(step=0, total_steps=100)  # decay min(0.999, 1 / 10) = 0.1
+    assert method.after_optimizer_step(step=0, total_steps=100) == {"ema_decay": 0.1}  # min(0.999, 1 / 10), logged
     weight = "backbone.conv1.weight"
     assert torch.allclose(method.state_dict()[weight], start[weight] + 0.9)
     assert torch.equal(method.backbone.bn1.running_mean, method.student.backbone.bn1.running_mean)
@@ -221,6 +232,18 @@ def test_two_processes_split_both_streams_into_disjoint_shares_of_each_step():
             assert not set(first[:2]) & set(second[:2])
     unlabelled = [i for step in zip(*shares) for share in step for i in share[2:]]
     assert len(set(unlabelled)) == len(unlabelled)  # and across the epoch, each image once
+
+
+@pytest.mark.parametrize("method", ["fixmatch", "nce"])
+def test_a_method_that_draws_images_by_index_refuses_streamed_shards_in_one_line(tmp_path, method):
+    for i in range(4):
+        Image.new("L", (8, 8), i).save(tmp_path / f"{i}.png")
+    assert write_shards([str(tmp_path), str(tmp_path / "shards" / "s-%06d.tar"), "--per-shard", "4"]) == 0
+    stream = build_dataset("webdataset", root=str(tmp_path / "shards" / "s-000000.tar"))
+    cfg = load_config("quickstart_fixmatch" if method == "fixmatch" else "nce", TINY)
+    assert not METHODS[cfg.method.name].can_stream_shards
+    with pytest.raises(UserError, match=f"method '{method}' draws images by index, which streamed shards cannot"):
+        make_train_loader(cfg, stream, local_batch=4)
 
 
 # ---------------------------------------------------------------------- the strong view

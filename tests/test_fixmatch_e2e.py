@@ -83,10 +83,20 @@ def own_top1(run: Path) -> float:
     return (logits.argmax(dim=1) == test.labels).double().mean().item()
 
 
+def check_fixmatch_metrics(logged: list[dict], lambda_u: float) -> None:
+    """FixMatch's figures in its log lines: the mask rate, a share; the two terms, which make the loss; the decay."""
+    for r in logged:
+        assert 0 <= r["mask_rate"] <= 1 and r["supervised_loss"] > 0
+        assert r["loss"] == pytest.approx(r["supervised_loss"] + lambda_u * r["unlabelled_loss"], rel=1e-5)
+        assert (r["unlabelled_loss"] > 0) == (r["mask_rate"] > 0)  # no pseudo-label kept: nothing to learn from
+    assert [r["ema_decay"] for r in logged[:2]] == [min(0.999, 1 / 10), min(0.999, 2 / 11)]
+
+
 def test_fixmatch_trains_and_evaluates_and_exports_the_weight_average(encoder, straight):
     logged = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     assert [r["step"] for r in logged] == list(range(1, STEPS + 1))  # an epoch: one pass over the 1437 images
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in logged)
+    check_fixmatch_metrics(logged, lambda_u=1.0)
     state, exported = last_checkpoint(straight), load_file(str(straight / "backbone.safetensors"))
     for key, value in exported.items():
         assert torch.equal(value, state[f"backbone.{key}"]), key  # the export is the average...
@@ -125,12 +135,13 @@ def test_two_processes_train_on_shares_of_both_streams(encoder, tmp_path):
     launcher = ("accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
                 "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()))  # fmt: skip
     args = ["quickstart_fixmatch", "run.name=two", f"run.init_from={encoder}", *FIXMATCH, "train.epochs=1"]
-    result = pretrain(tmp_path, *args, launcher=launcher)
+    result = pretrain(tmp_path, *args, "method.lambda_u=0.5", launcher=launcher)
     assert "2 processes" in result.stdout and "8 images per process per batch" in result.stdout
     run = tmp_path / "two"
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    steps = [json.loads(line)["step"] for line in lines if '"loss"' in line]
-    assert steps == list(range(1, STEPS // 3 + 1))  # the same 12 steps an epoch as one process
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert [r["step"] for r in logged] == list(range(1, STEPS // 3 + 1))  # the same 12 steps an epoch as one process
+    check_fixmatch_metrics(logged, lambda_u=0.5)  # each figure averaged over both processes, as the loss is
+    assert all(f"mask_rate {r['mask_rate']:.4g}" in result.stdout for r in logged)  # the log's lines show it
     results = json.loads((run / "results.json").read_text())["results"]["trained"]
     assert results["finetune_top1"] == pytest.approx(own_top1(run), abs=1 / 360)
 

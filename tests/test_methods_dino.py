@@ -100,8 +100,9 @@ def test_the_teacher_moves_by_the_momentum_rule_after_the_step():
     optimizer.step()
     teacher = {n: p.detach().clone() for n, p in method.named_parameters() if n.startswith("momentum_")}
     online = dict(method.named_parameters())
-    method.after_optimizer_step(2, 10)
     m = optim.cosine_momentum(2, 10, 0.9, 1.0)
+    # the log shows the momentum and the teacher temperature of epoch 1 (warm-up from 0.04 to 0.07 over 4 epochs)
+    assert method.after_optimizer_step(2, 10) == {"momentum": m, "teacher_temperature": pytest.approx(0.05)}
     for name, param in method.named_parameters():
         if name.startswith("momentum_"):
             expected = m * teacher[name] + (1 - m) * online[name.removeprefix("momentum_")]

@@ -103,8 +103,8 @@ def test_byol_target_gets_no_gradient_and_moves_by_the_momentum_rule_after_the_s
     optimizer.step()
     assert all(torch.equal(before[n], p) for n, p in target.items())  # the step itself leaves the target alone
     online = dict(method.named_parameters())
-    method.after_optimizer_step(3, 10)
     m = optim.cosine_momentum(3, 10, 0.9, 1.0)
+    assert method.after_optimizer_step(3, 10) == {"momentum": m}  # what the log shows
     for name, param in target.items():
         expected = m * before[name] + (1 - m) * online[name.removeprefix("momentum_")]
         torch.testing.assert_close(param, expected, msg=name)

@@ -71,6 +71,22 @@ def test_tensorboard_and_wandb_get_the_metrics_and_the_resolved_config(tmp_path,
     assert float(wandb_values(run_dir, "final_knn_top1")[0]) == pytest.approx(results["trained"]["knn_top1"])
 
 
+@pytest.mark.slow
+def test_a_methods_own_figures_reach_the_trackers_as_the_log_has_them(tmp_path):
+    """FixMatch's mask rate and its two terms (from forward) and its EMA decay (from the step after) go to TensorBoard
+    with the loss."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    fixmatch = ["model.width=4", "augment.image_size=8", "train.batch_size=8", "method.mu=3", "train.max_steps=3"]
+    fixmatch += ["train.trackers=[tensorboard]", "run.name=fixmatch", f"run.output_dir={tmp_path}", *TINY[1:]]
+    train(load_config("quickstart_fixmatch", fixmatch))
+    run_dir = tmp_path / "fixmatch"
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()[:3]]
+    events = EventAccumulator(str(run_dir / "sslkit")).Reload()
+    for name in ("mask_rate", "supervised_loss", "unlabelled_loss", "ema_decay", "loss"):
+        assert [e.value for e in events.Scalars(name)] == pytest.approx([r[name] for r in logged]), name
+
+
 def wandb_records(blob: bytes) -> bytes:
     """The records of a W&B run file with their chunk headers taken out: the file is a LevelDB-style log (a
     7-byte file header, then 32 KiB blocks of chunks, each a 7-byte header: CRC, little-endian length, type),

@@ -7,8 +7,10 @@ DDP, shards the loader, and saves/loads state. Sections, in order:
     set-up -> data -> model, loss, optimizer -> prepare -> resume -> loop -> export, evaluate
 
 and the loop body reads augment -> forward -> check -> backward -> step -> after-step hook ->
-log -> checkpoint. The prepared pieces travel together as one :class:`Run`. Evaluation (the kNN
-monitor and the final rows) lives in :mod:`sslkit.evaluation`, shared with ``sslkit-evaluate``.
+log -> checkpoint. The log shows the method's own figures beside the loss: the metrics its forward
+returns with it (:class:`~sslkit.methods.base.LossAndMetrics`) and what its after-step hook returns.
+The prepared pieces travel together as one :class:`Run`. Evaluation (the kNN monitor and the final
+rows) lives in :mod:`sslkit.evaluation`, shared with ``sslkit-evaluate``.
 
 Exactness of resume: the data order of epoch ``e`` is a pure function of ``(seed, e)``
 (:mod:`sslkit.datasets.samplers`), the learning rate a pure function of the step, and
@@ -188,11 +190,14 @@ def log_step(run: Run, window: LogWindow, bar: ProgressBar) -> LogWindow:
     window.finite.check(progress)  # before the line: a non-finite loss stops the run rather than being logged
     r = window.record(progress, run.step.optimizer, run.accelerator)
     run.log(r, progress.step)
-    bar.update(progress.step, r["epoch"], {"loss": r["loss"], "lr": r["lr"], "ips": r["images_per_s"]})
+    own = window.method_values(r)  # FixMatch's mask rate, a momentum: the method's figures beside the loss
+    bar.update(progress.step, r["epoch"], {"loss": r["loss"], "lr": r["lr"], "ips": r["images_per_s"]}, own)
     if run.main and not console.is_terminal:  # a log file gets a line, a terminal the bar
+        named = "".join(f"  {name} {value:.4g}" for name, value in own.items())
         console.print(
-            f"step {progress.step}/{total}  epoch {r['epoch']}  loss {r['loss']:.4f}  lr {r['lr']:.3g}  "
-            f"{r['images_per_s']:.0f} img/s  data wait {r['data_wait_share']:.1%}"
+            f"step {progress.step}/{total}  epoch {r['epoch']}  loss {r['loss']:.4f}{named}  lr {r['lr']:.3g}  "
+            f"{r['images_per_s']:.0f} img/s  data wait {r['data_wait_share']:.1%}",
+            soft_wrap=True,  # one line per step, however many figures the method adds
         )
     return LogWindow(window.finite)
 
@@ -227,11 +232,11 @@ def train_epochs(run: Run, stop: StopSignals) -> bool:
                 progress.batch_in_epoch += 1
                 with torch.no_grad():  # the loader workers made the views already with data.augment_in_workers
                     views = images.views if isinstance(images, AugmentedViews) else run.augment(images)
-                loss = run.step(views, labels, indices, run.schedule.lr(progress.step, cfg), progress)
-                window.add(loss, len(labels))
+                loss, metrics = run.step(views, labels, indices, run.schedule.lr(progress.step, cfg), progress)
+                window.add(loss, len(labels), metrics)
                 if run.accelerator.sync_gradients:
                     # Methods with state outside the optimizer (MoCo's momentum encoder) update it here.
-                    run.unwrapped.after_optimizer_step(progress.step, total)
+                    window.schedules = run.unwrapped.after_optimizer_step(progress.step, total)
                     progress.step += 1
                     window = log_step(run, window, bar)
                     if cfg.train.checkpoint_every_steps and progress.step % cfg.train.checkpoint_every_steps == 0:

@@ -18,6 +18,7 @@ from sslkit.config import Config
 from sslkit.errors import UserError
 from sslkit.loop.checkpointer import Checkpointer
 from sslkit.loop.state import LoopState
+from sslkit.methods.base import LossAndMetrics, loss_and_metrics
 
 
 class FiniteLoss:
@@ -68,9 +69,9 @@ class TrainingStep:
     optimizer: torch.optim.Optimizer
     finite: FiniteLoss
 
-    def __call__(self, views, labels, indices, lr: float, progress: LoopState | None = None) -> torch.Tensor:
-        """Forward, check, backward and (at the end of an accumulation window) step; returns the loss (detached, on
-        the device: when to wait for the device to read it is the caller's choice).
+    def __call__(self, views, labels, indices, lr: float, progress: LoopState | None = None) -> LossAndMetrics:
+        """Forward, check, backward and (at the end of an accumulation window) step; returns the loss and the
+        method's metrics (detached, on the device: when to wait for the device to read them is the caller's choice).
 
         ``finite`` stops the run on a non-finite loss (see :class:`FiniteLoss`), naming ``progress``'s step.
         """
@@ -79,14 +80,14 @@ class TrainingStep:
             with accelerator.autocast():
                 # The views by position (the global views, then any local views), the rest by name.
                 by_name = {"labels": labels, "indices": indices[0]} if indices else {"labels": labels}
-                loss = method(*views, **by_name)
+                loss, metrics = loss_and_metrics(method(*views, **by_name))
             self.finite.add(loss, progress)
             accelerator.backward(loss)
             if accelerator.sync_gradients:
                 optim.set_learning_rate(optimizer, lr)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return LossAndMetrics(loss.detach(), metrics)
 
     @property
     def unwrapped(self) -> torch.nn.Module:

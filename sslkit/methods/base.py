@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import nn
@@ -17,6 +17,25 @@ from sslkit.datasets.samplers import EpochBatchSampler, training_sampler
 @dataclasses.dataclass
 class NoOptions:
     """A method that reads no ``method.*`` key besides ``name``."""
+
+
+class LossAndMetrics(NamedTuple):
+    """What ``forward`` returns when a step has more to show than its loss: the loss, and named scalars measured in
+    the same step, which the trainer logs beside it (``metrics.jsonl``, the trackers, the progress line), averaged
+    as the loss is: over the batches since the last log line and over every process.
+
+    Attributes:
+        loss: the scalar the optimizer steps on.
+        metrics: ``{name: scalar}``, detached, the same names at every step (FixMatch's ``mask_rate``).
+    """
+
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor]
+
+
+def loss_and_metrics(output: torch.Tensor | LossAndMetrics) -> LossAndMetrics:
+    """``forward``'s output as a loss and its metrics: none for a method that returns the loss alone."""
+    return output if isinstance(output, LossAndMetrics) else LossAndMetrics(output, {})
 
 
 class Method(nn.Module):
@@ -35,10 +54,11 @@ class Method(nn.Module):
     network the optimizer trains (:meth:`trained_backbone`, :meth:`trained_head`), which is not
     always the one that is evaluated (:attr:`backbone`).
 
-    ``forward(view1, view2, labels=None)`` returns the scalar loss; the trainer passes the views by
-    position and ``labels`` by name (None unless :attr:`needs_labels`; a method with
-    :attr:`needs_indices` also takes ``indices`` by name). A method that :attr:`takes_local_views`
-    is ``forward(view1, view2, *local_views, labels=None)``.
+    ``forward(view1, view2, labels=None)`` returns the scalar loss, or a :class:`LossAndMetrics` with the
+    figures a reader of the log needs to follow the method (FixMatch's mask rate and its two terms); the
+    trainer passes the views by position and ``labels`` by name (None unless :attr:`needs_labels`; a
+    method with :attr:`needs_indices` also takes ``indices`` by name). A method that
+    :attr:`takes_local_views` is ``forward(view1, view2, *local_views, labels=None)``.
 
     Attributes:
         needs_labels: the dataset must be labelled; the trainer passes ``labels``.
@@ -185,11 +205,14 @@ class Method(nn.Module):
         """Load what the method keeps of the ``run.init_from`` run beyond its backbone, which the
         trainer has loaded already (fine-tuning's kept projector layers); nothing by default."""
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        """Called by the trainer after every optimizer step, for state the optimizer does not own.
+    def after_optimizer_step(self, step: int, total_steps: int) -> dict[str, float]:
+        """Called by the trainer after every optimizer step, for state the optimizer does not own; returns the
+        values of the method's own schedules at this step, by name, which the log shows as of its step.
 
-        ``step`` counts the steps before this one. MoCo moves its momentum encoder here.
+        ``step`` counts the steps before this one. MoCo moves its momentum encoder here (and returns the
+        ``momentum`` it moved it with); nothing to do and nothing to show by default.
         """
+        return {}
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """Features of the :meth:`trained_backbone`; while :attr:`backbone_frozen`, no gradient reaches it and its

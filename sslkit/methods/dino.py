@@ -142,6 +142,14 @@ class DINO(MomentumMethod):
         )
         return cls(backbone, head, loss, m.momentum, m.momentum_final, m.freeze_last_layer_epochs)
 
+    def after_optimizer_step(self, step: int, total_steps: int) -> dict[str, float]:
+        """Move the teacher; returns its ``momentum`` and the ``teacher_temperature`` of this step's loss."""
+        loss = self.loss
+        temperature = losses.dino_teacher_temperature(
+            self.epoch, loss.teacher_temperature, loss.warmup_teacher_temperature, loss.warmup_epochs
+        )
+        return {**super().after_optimizer_step(step, total_steps), "teacher_temperature": temperature}
+
     def forward(
         self, view1: torch.Tensor, view2: torch.Tensor, *local_views: torch.Tensor, labels: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -25,6 +25,11 @@ BatchNorm statistics are copied). The decay starts low, ``min(ema_decay, (1 + t)
 step ``t`` as TensorFlow's ``ExponentialMovingAverage`` with ``num_updates``, so that a short run's
 average is not mostly its starting weights. The student starts from ``run.init_from`` (a pretrained
 encoder) or at random, and the EMA as its copy.
+
+The log shows, beside the loss, its two terms (``supervised_loss``, and ``unlabelled_loss`` before
+``lambda_u``), the ``mask_rate`` (the share of the unlabelled images whose pseudo-label passes the
+threshold, which the paper's code logs every step: near 0 the unlabelled images teach nothing) and the
+``ema_decay`` of the average.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from sslkit.augment import StrongAugment, TwoViewAugment
 from sslkit.datasets import DatasetInfo
 from sslkit.datasets.two_streams import TwoStreamBatchSampler, two_stream_sampler
 from sslkit.errors import UserError
-from sslkit.methods.base import Method
+from sslkit.methods.base import LossAndMetrics, Method
 from sslkit.methods.finetune import build_head
 from sslkit.methods.momentum import freeze, update_momentum
 
@@ -69,19 +74,22 @@ class FixMatchOptions:
     cutout: float = 0.5
 
 
-def unlabelled_loss(weak_logits: torch.Tensor, strong_logits: torch.Tensor, threshold: float) -> torch.Tensor:
-    """FixMatch's unlabelled term: ``(1 / n) sum_b 1[max p_b >= threshold] CE(strong_b, argmax p_b)``.
+def unlabelled_loss(
+    weak_logits: torch.Tensor, strong_logits: torch.Tensor, threshold: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FixMatch's unlabelled term, ``(1 / n) sum_b 1[max p_b >= threshold] CE(strong_b, argmax p_b)``, and its mask
+    rate, the share of the ``n`` images whose prediction passes the threshold.
 
     ``p = softmax(weak_logits)``; the mean is over all ``n`` images, those below the threshold counting as 0.
     The pseudo-labels and the mask come from ``weak_logits`` detached: no gradient reaches them.
 
     Shape:
-        weak_logits, strong_logits: (n, C); returns a scalar.
+        weak_logits, strong_logits: (n, C); returns two scalars.
     """
     with torch.no_grad():
         confidence, pseudo_labels = weak_logits.detach().float().softmax(dim=1).max(dim=1)  # (n,), (n,)
         mask = (confidence >= threshold).float()
-    return (F.cross_entropy(strong_logits.float(), pseudo_labels, reduction="none") * mask).mean()
+    return (F.cross_entropy(strong_logits.float(), pseudo_labels, reduction="none") * mask).mean(), mask.mean()
 
 
 class Classifier(nn.Module):
@@ -119,8 +127,9 @@ class FixMatch(Method):
 
     Shape:
         weak: ((1 + mu) b, C, H, W), the ``b`` labelled images first; strong: (mu b, C, H, W), the unlabelled
-        images'; labels: ((1 + mu) b,), those of the first ``b`` rows >= 0 (the rest are not read); returns a scalar
-        loss.
+        images'; labels: ((1 + mu) b,), those of the first ``b`` rows >= 0 (the rest are not read); returns the
+        scalar loss with its metrics: ``mask_rate``, ``supervised_loss`` and ``unlabelled_loss``
+        (``loss = supervised_loss + lambda_u unlabelled_loss``).
     """
 
     num_views = 2
@@ -199,7 +208,7 @@ class FixMatch(Method):
             raise ValueError(f"a FixMatch batch has (1 + mu) b rows, mu = {self.options.mu}; got {rows}")
         return rows // (1 + self.options.mu)
 
-    def forward(self, weak: torch.Tensor, strong: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, weak: torch.Tensor, strong: torch.Tensor, labels: torch.Tensor | None = None) -> LossAndMetrics:
         if labels is None:
             raise ValueError("FixMatch needs the labels of the labelled rows")
         rows, labelled = weak.shape[0], self.labelled_rows(weak.shape[0])
@@ -210,14 +219,19 @@ class FixMatch(Method):
         # One pass, as the paper's code: labelled weak, unlabelled weak, unlabelled strong.
         logits = self.student.head.logits(self.encode(torch.cat([weak, strong]))).float()
         supervised = F.cross_entropy(logits[:labelled], labels[:labelled])
-        unlabelled = unlabelled_loss(logits[labelled:rows], logits[rows:], self.options.threshold)
-        return supervised + self.options.lambda_u * unlabelled
+        unlabelled, mask_rate = unlabelled_loss(logits[labelled:rows], logits[rows:], self.options.threshold)
+        loss = supervised + self.options.lambda_u * unlabelled
+        # FixMatch's health: the share of pseudo-labels kept, and the two terms (unlabelled before lambda_u).
+        terms = {"mask_rate": mask_rate, "supervised_loss": supervised, "unlabelled_loss": unlabelled}
+        return LossAndMetrics(loss, {name: value.detach() for name, value in terms.items()})
 
     @torch.no_grad()
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+    def after_optimizer_step(self, step: int, total_steps: int) -> dict[str, float]:
+        """Move the weight average towards the student; returns the ``ema_decay`` it moved with."""
         decay = min(self.options.ema_decay, (1 + step) / (10 + step))
         update_momentum(self.student.backbone, self.backbone, decay)
         update_momentum(self.student.head, self.head, decay)
+        return {"ema_decay": decay}
 
     def logits(self, images: torch.Tensor) -> torch.Tensor:
         """The weight average's class scores of preprocessed images, (B, num_classes)."""

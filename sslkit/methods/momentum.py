@@ -92,7 +92,7 @@ class MomentumMethod(Method):
     ``state_dict`` and moved by ``.to(device)``, but with ``requires_grad=False``, so the
     optimizer's parameter groups and DDP's reducer leave them alone. After every optimizer step
     they move towards the online modules with the momentum of :func:`sslkit.optim.cosine_momentum`,
-    from ``momentum`` at the first step to ``momentum_final`` at the last.
+    from ``momentum`` at the first step to ``momentum_final`` at the last, which the log shows as ``momentum``.
 
     A subclass sets ``backbone`` and ``projector``, then calls :meth:`copy_momentum_encoder`.
     """
@@ -111,7 +111,9 @@ class MomentumMethod(Method):
         return self.momentum_projector(self.momentum_backbone(images))
 
     @torch.no_grad()
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+    def after_optimizer_step(self, step: int, total_steps: int) -> dict[str, float]:
+        """Move the momentum copies; returns the ``momentum`` they moved with."""
         m = cosine_momentum(step, total_steps, self.momentum, self.momentum_final)
         update_momentum(self.backbone, self.momentum_backbone, m)
         update_momentum(self.projector, self.momentum_projector, m)
+        return {"momentum": m}

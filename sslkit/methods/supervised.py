@@ -42,10 +42,11 @@ class Supervised(Method):
         """The head's class scores of preprocessed images (no margin), (B, num_classes)."""
         return self.head.logits(self.neck(self.backbone(images)))
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+    def after_optimizer_step(self, step: int, total_steps: int) -> dict[str, float]:
         # Heads annealed by the step (SphereFace's lambda) follow the trainer's step.
         if hasattr(self.head, "set_step"):
             self.head.set_step(step + 1)
+        return {}
 
     def forward(self, view1: torch.Tensor, view2: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         embeddings = self.neck(self.encode(torch.cat([view1, view2])))  # the head's space, (2B, D)

@@ -165,8 +165,7 @@ def optimizer_step(
     ``indices``: each sample's position in the training set, for methods that keep per-sample state (NPID).
     """
     p, lr = pieces, pieces.schedule.lr(step, pieces.cfg)
-    loss = p.step((view1, view2), labels, indices, lr)
-    return loss.item()
+    return p.step((view1, view2), labels, indices, lr).loss.item()
 
 
 def views_of(pieces: Pieces, images) -> tuple[torch.Tensor, ...]:
