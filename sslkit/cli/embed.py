@@ -17,51 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-OPTIONS = (
-    "--recipe", "--out", "--data", "--split", "--layer", "--dtype", "--normalize", "--no-normalize", "--batch-size",
-    "--overwrite",
-)  # fmt: skip
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="sslkit-embed",
-        description="Embeddings of a dataset or an image folder by a trained encoder, as an embeddings folder.",
-    )
-    parser.add_argument("source", help="a run directory, a checkpoint directory, a backbone file, or a timm folder")
-    parser.add_argument(
-        "overrides", nargs="*", default=[], help="dotted key=value overrides of the recipe, e.g. data.num_workers=4"
-    )
-    parser.add_argument("--recipe", help="the recipe of a backbone file (default: the run's config.yaml)")
-    parser.add_argument(
-        "--data",
-        help="what to embed (default: the run's dataset): a dataset name (digits, fashion_mnist, cub200, ...; with "
-        "data.root=DIR for its files), a folder of images at any depth (labelled by train/<class>/ and test/<class>/ "
-        "folders, else unlabelled), or tar shards",
-    )
-    parser.add_argument("--split", help="the split (default: the run's data.train_split, or train)")
-    parser.add_argument(
-        "--layer",
-        choices=("backbone", "projector"),
-        default="backbone",
-        help="backbone: the pooled features (default); projector: the method's projection head output (a run or "
-        "checkpoint only)",
-    )
-    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="default float32")
-    parser.add_argument(
-        "--normalize",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="L2-normalise each embedding, so that cosine similarity is a dot product (default: on)",
-    )
-    parser.add_argument("--batch-size", type=int, help="images per batch (default: the recipe's eval.batch_size)")
-    parser.add_argument(
-        "--out",
-        help="the output folder (default: <run>/embeddings-<data>-<split>, with -projector for --layer projector, and "
-        "-step-N for a checkpoint; beside a backbone file or timm folder)",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an output folder holding other embeddings")
-    return parser.parse_intermixed_args(argv)
+# The parser lives beside the argv builder that the experiments start this command with.
+from sslkit.command_lines.embed import OPTIONS, parse_args
 
 
 def split_root(overrides: list[str], data: str | None) -> tuple[list[str], str | None]:

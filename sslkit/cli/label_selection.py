@@ -23,35 +23,9 @@ import sys
 from pathlib import Path
 
 from sslkit.cli.early_checks import embeddings_folder, refused
+from sslkit.command_lines.label_selection import parse_args  # beside the argv builder the experiments start it with
 from sslkit.console import console, print_user_error
 from sslkit.errors import UserError
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from sslkit.selection.choices import STRATEGIES
-
-    parser = argparse.ArgumentParser(
-        prog="sslkit-select", description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("embeddings", type=Path, help="an embeddings folder (sslkit-embed's output)")
-    parser.add_argument("--budget", type=int, required=True, help="how many images to label")
-    parser.add_argument(
-        "--strategy",
-        required=True,
-        help="; ".join(f"{name}: {what}" for name, what in STRATEGIES.items()),
-    )
-    parser.add_argument("--labelled", type=Path, help="images labelled already: a label file, or items one a line")
-    parser.add_argument("--seed", type=int, default=0, help="seeds k-means and random draws (default 0)")
-    parser.add_argument(
-        "--out", type=Path, help="the label file (default: EMBEDDINGS/labels-<strategy>-<labels>-seed<seed>.json)"
-    )
-    parser.add_argument("--delta", type=float, help="probcover: the ball radius on unit vectors (default: by purity)")
-    parser.add_argument(
-        "--classes",
-        type=int,
-        help="probcover: k-means pseudo-classes for delta's purity (default: the classes of the embeddings' labels)",
-    )
-    return parser.parse_args(argv)
 
 
 def check_early(args: argparse.Namespace) -> None:

@@ -15,22 +15,8 @@ import json
 import os
 import sys
 
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from sslkit.schema import bundled_recipes
-
-    parser = argparse.ArgumentParser(
-        prog="sslkit-pretrain",
-        description="Pretrain an encoder from a YAML recipe.",
-    )
-    parser.add_argument(
-        "recipe", help="a YAML recipe's path, or the name of a bundled one: " + ", ".join(bundled_recipes())
-    )
-    parser.add_argument(
-        "overrides", nargs="*", default=[], help="dotted key=value overrides, e.g. train.epochs=5 loss.temperature=0.2"
-    )
-    # Intermixed: overrides may come before or after the --options, as users type them.
-    return parser.parse_intermixed_args(argv)
+# The parser lives beside the argv builder that the experiments start this command with.
+from sslkit.command_lines.pretrain import parse_args
 
 
 def check_early(args: argparse.Namespace) -> None:
