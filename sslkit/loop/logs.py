@@ -129,7 +129,7 @@ class ProgressBar:
         method_values: dict[str, float] | None = None,
     ) -> None:
         """Move the bar to step ``completed`` of ``epoch``; ``figures`` (loss, lr, ips) and the method's own values
-        (FixMatch's mask rate) from a logged step."""
+        (a mask rate, a momentum) from a logged step."""
         fields = {} if epoch is None else {"epoch": epoch}
         if figures is not None:
             named = "".join(f" {name} {value:.4g}" for name, value in (method_values or {}).items())

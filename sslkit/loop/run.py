@@ -190,7 +190,7 @@ def log_step(run: Run, window: LogWindow, bar: ProgressBar) -> LogWindow:
     window.finite.check(progress)  # before the line: a non-finite loss stops the run rather than being logged
     r = window.record(progress, run.step.optimizer, run.accelerator)
     run.log(r, progress.step)
-    own = window.method_values(r)  # FixMatch's mask rate, a momentum: the method's figures beside the loss
+    own = window.method_values(r)  # the method's figures beside the loss: a mask rate, a momentum
     bar.update(progress.step, r["epoch"], {"loss": r["loss"], "lr": r["lr"], "ips": r["images_per_s"]}, own)
     if run.main and not console.is_terminal:  # a log file gets a line, a terminal the bar
         named = "".join(f"  {name} {value:.4g}" for name, value in own.items())
