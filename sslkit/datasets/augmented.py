@@ -11,16 +11,12 @@ worker does not draw from its own RNG stream. Each batch is augmented under a ge
 ``(run seed, epoch, the batch's place in the epoch)`` (:func:`batch_seed`): the place is the
 position of the batch's first sample in the epoch's order, which every process draws alike
 (:mod:`sslkit.datasets.samplers`), so it names the batch among all processes' batches. The
-sampler tells the workers that place: :class:`KeyedSampler` yields a :class:`SampleKey` per
-sample instead of a bare index, and :class:`AugmentInWorkers` reads the keys of a batch, fetches
-its images from the dataset it wraps and augments them. A resumed run skips whole batches
+batch sampler tells the workers that place: :class:`~sslkit.datasets.samplers.KeyedBatchSampler`
+yields a :class:`SampleKey` per sample instead of a bare index, and :class:`AugmentInWorkers` reads
+the keys of a batch, fetches its images from the dataset it wraps and augments them. A resumed run skips whole batches
 (Accelerate's ``skip_first_batches``), so the batches after the resume point get the keys, and
 the views, of an uninterrupted run. Tar shards name their batches themselves
 (:mod:`sslkit.datasets.shards`).
-
->>> from sslkit.datasets.samplers import EpochShuffleSampler
->>> list(KeyedSampler(EpochShuffleSampler(3, seed=0)))[0]
-SampleKey(index=2, epoch=0, position=0)
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
 from sslkit.datasets.batches import AugmentedViews, EncodedBatch, ImageBatch
 
@@ -68,29 +64,12 @@ def augment_batch(augment: Augment, images: torch.Tensor | ImageBatch | EncodedB
 
 
 class SampleKey(NamedTuple):
-    """A sample as :class:`KeyedSampler` hands it to the loader: its index and its place in the epoch."""
+    """A sample as :class:`~sslkit.datasets.samplers.KeyedBatchSampler` hands it to the loader: its index and
+    its place in the epoch."""
 
     index: int
     epoch: int
     position: int  # in the epoch's order, counted over every process's samples
-
-
-class KeyedSampler(Sampler[SampleKey]):
-    """``sampler``'s order, each index with its epoch and position (:class:`SampleKey`)."""
-
-    def __init__(self, sampler: Sampler[int]) -> None:
-        self.sampler, self.epoch = sampler, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.sampler.set_epoch(epoch)
-
-    def __iter__(self):
-        epoch = self.epoch
-        return (SampleKey(int(index), epoch, position) for position, index in enumerate(self.sampler))
-
-    def __len__(self) -> int:
-        return len(self.sampler)
 
 
 class AugmentInWorkers(Dataset):

@@ -185,8 +185,7 @@ class KeyedBatchSampler(Sampler[list[SampleKey]]):
     (``data.augment_in_workers``; :class:`~sslkit.datasets.augmented.AugmentInWorkers`).
 
     A position counts over every process's batches, ``batch number x batch_size + place in the batch``
-    (every batch is full), so that a batch's first position names it among all processes' batches, as
-    :class:`~sslkit.datasets.augmented.KeyedSampler`'s do.
+    (every batch is full), so that a batch's first position names it among all processes' batches.
     """
 
     drop_last = True
