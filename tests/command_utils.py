@@ -3,7 +3,7 @@
 A Python start-up costs more than the tiny runs these tests make, so a command is called as its
 ``main(argv)`` with its output captured (:func:`run_main`), and the jobs an experiment would start
 as processes (``python -m MODULE ARGS``) run as ``MODULE.main(ARGS)`` here too
-(:func:`jobs_in_this_process`). The runner's own processes are tested in test_runner.py, and every
+(:func:`jobs_in_this_process`). The local executor's own processes are tested in test_runner.py, and every
 command's start by its installed name in test_cli.py.
 """
 
@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from sslkit.experiments import runner
+from sslkit.experiments import local
+from sslkit.experiments.executor import Ran, error_line
+from sslkit.experiments.jobs import Job
 
 
 def run_main(main: Callable[[list[str]], int], argv: list[str], **env: str) -> subprocess.CompletedProcess:
@@ -36,29 +38,29 @@ def run_main(main: Callable[[list[str]], int], argv: list[str], **env: str) -> s
 
 @contextlib.contextmanager
 def jobs_in_this_process(started: list[str] | None = None) -> Iterator[None]:
-    """Within it, :func:`sslkit.experiments.runner.run_process` runs ``python -m MODULE ARGS`` as
-    ``MODULE.main(ARGS)`` in this process, its output to the job's logs as the real one writes them.
+    """Within it, the local executor (one job at a time: the default) runs a job ``python -m MODULE ARGS`` as
+    ``MODULE.main(ARGS)`` in this process (:func:`sslkit.experiments.local.run_process` replaced), its output to
+    the job's logs as the real one writes them.
 
     Args:
         started: when given, the names of the jobs that run are appended to it.
     """
 
-    def run_here(command: list[str], log_dir: Path, name: str) -> tuple[int, str | None, float, float]:
-        python, flag, module, *args = command
-        assert (python, flag) == (sys.executable, "-m"), command
+    def run_here(job: Job, logs: Path, environment: dict[str, str], processes: local.Processes) -> Ran:
+        assert job.launcher is None and environment == {}, (job.launcher, environment)
         if started is not None:
-            started.append(name)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        err_path = log_dir / f"{name}.err"
+            started.append(job.name)
+        logs.mkdir(parents=True, exist_ok=True)
+        err_path = logs / f"{job.name}.err"
         start, cpu_start = time.perf_counter(), time.process_time()
-        with open(log_dir / f"{name}.out", "w") as out, open(err_path, "w") as err:
+        with open(logs / f"{job.name}.out", "w") as out, open(err_path, "w") as err:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                status = importlib.import_module(module).main(args)
+                status = importlib.import_module(job.module).main(list(job.argv))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-        return status, (None if status == 0 else runner.error_line(err_path.read_text(), status)), wall, cpu
+        return Ran(status, None if status == 0 else error_line(err_path.read_text(), status), wall, cpu)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(runner, "run_process", run_here)
+        patch.setattr(local, "run_process", run_here)
         yield
 
 

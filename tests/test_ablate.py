@@ -316,8 +316,8 @@ def test_the_bundled_variants_all_load_on_their_recipe():
 def test_a_point_is_the_users_command_behind_the_launcher(tmp_path):
     point = ablate.Point((("loss.temperature", "0.2"),), seed=1)
     job = ablate.point_job(point, Path("r.yaml"), ["train.epochs=3"], tmp_path, None)
-    assert job.command[:4] == [sys.executable, "-m", "sslkit.cli.pretrain", "r.yaml"]
-    assert job.command[4:] == [
+    assert job.command()[:4] == [sys.executable, "-m", "sslkit.cli.pretrain", "r.yaml"]
+    assert job.command()[4:] == [
         "train.epochs=3",
         "loss.temperature=0.2",
         "run.seed=1",
@@ -330,7 +330,7 @@ def test_a_point_is_the_users_command_behind_the_launcher(tmp_path):
     launched = ablate.point_job(
         point, Path("r.yaml"), ["train.epochs=3"], tmp_path, "accelerate launch --cpu --num_processes 2"
     )
-    assert launched.command == ["accelerate", "launch", "--cpu", "--num_processes", "2", *job.command[1:]]
+    assert launched.command() == ["accelerate", "launch", "--cpu", "--num_processes", "2", *job.command()[1:]]
 
 
 # --------------------------------------------------------------------------- aggregation and plots

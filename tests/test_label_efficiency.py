@@ -27,7 +27,7 @@ from sslkit.errors import UserError
 from sslkit.experiments import label_budgets as lb
 from sslkit.experiments import label_efficiency as le
 from sslkit.experiments import label_efficiency_tables as lt
-from sslkit.experiments import runner
+from sslkit.experiments import roads as registry
 from sslkit.experiments.label_budgets import Budget, LabelPool
 from sslkit.experiments.runs import Run, fraction_text
 
@@ -317,8 +317,12 @@ def test_labels_chosen_by_a_strategy_go_down_every_road_and_fixmatch_too(chosen)
     ]
     gains = read_csv(out / "gains.csv")
     assert {(g["selection"], g["road"], g["versus"]) for g in gains} == {
-        *((s, road, versus) for s in ("balanced", "typiclust") for road, versus in (*lt.PRETRAINING, *lt.UNLABELLED)),
-        *(("typiclust", road, "balanced") for road in lt.SELECTION_ROADS),
+        *(
+            (s, road, versus)
+            for s in ("balanced", "typiclust")
+            for road, versus in (*registry.PRETRAINING, *registry.UNLABELLED)
+        ),
+        *(("typiclust", road, "balanced") for road in registry.SELECTION_ROADS),
     }
     assert "what selection buys" in output and "with balanced" in output
     assert (out / le.PLOT_FILE).read_bytes().startswith(PNG_MAGIC)
@@ -477,7 +481,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     assert by["pretrain"].command == [
         python,
         "-m",
-        runner.PRETRAIN,
+        "sslkit.cli.pretrain",
         "/r/pre.yaml",
         "train.threads=2",
         "train.epochs=7",
@@ -489,7 +493,7 @@ def test_runs_in_order_with_the_users_commands(tmp_path):
     assert frozen.command == [
         python,
         "-m",
-        runner.EVALUATE,
+        "sslkit.cli.evaluate",
         str(pre),
         "train.threads=2",
         "eval.label_fraction=0.01",
@@ -543,7 +547,7 @@ def test_pretrained_run_no_distill_factor_one_and_launcher(tmp_path):
     assert [r.name for r in runs] == [
         f"{kind}-f{f}-s{seed}" for f in ("0.01", "1") for seed in (3, 4) for kind in ("frozen", "finetune", "scratch")
     ]
-    assert runs[0].command[:5] == ["accelerate", "launch", "--cpu", "-m", runner.EVALUATE]
+    assert runs[0].command[:5] == ["accelerate", "launch", "--cpu", "-m", "sslkit.cli.evaluate"]
     assert runs[0].command[5] == str(pretrained) and runs[0].needs == ()
     assert f"run.init_from={pretrained}" in runs[1].command and runs[1].needs == ()
 
@@ -593,7 +597,7 @@ def test_labels_chosen_by_a_strategy_are_embedded_once_selected_per_seed_and_giv
     pre, python, embeddings = tmp_path / "runs" / "pretrain", sys.executable, tmp_path / "embeddings"
     embed = by["embed"]
     assert embed.command == [
-        *(python, "-m", runner.EMBED, str(pre), "train.threads=2"),
+        *(python, "-m", "sslkit.cli.embed", str(pre), "train.threads=2"),
         *("--split", "train", "--out", str(embeddings)),
     ]
     assert (embed.needs, embed.result) == (("pretrain",), embeddings / "meta.json")
@@ -601,7 +605,7 @@ def test_labels_chosen_by_a_strategy_are_embedded_once_selected_per_seed_and_giv
     label_file = tmp_path / "labels" / "typiclust-n50-s4.json"
     select = by["select-typiclust-n50-s4"]
     assert select.command == [
-        *(python, "-m", runner.SELECT, str(embeddings), "--budget", "50", "--strategy", "typiclust"),
+        *(python, "-m", "sslkit.cli.label_selection", str(embeddings), "--budget", "50", "--strategy", "typiclust"),
         *("--seed", "4", "--out", str(label_file)),
     ]
     assert (select.needs, select.result) == (("embed",), label_file)
@@ -696,10 +700,10 @@ def test_parse_fractions_sorts_and_names_them_plainly():
 
 
 def test_a_run_is_a_job_that_reads_its_own_result():
-    frozen = Run("frozen-f0.1-s0", "frozen", 0.1, 0, ["x"], Path("p.json"), needs=("pretrain",)).job()
+    frozen = Run("frozen-f0.1-s0", "frozen", 0.1, 0, "sslkit.cli.evaluate", ["x"], Path("p.json"), ("pretrain",)).job()
     assert (frozen.metrics_at, frozen.needs) == (("results",), ("pretrain",))
     assert frozen.shown == ("linear_top1", "knn_top1")
-    finetune = Run("finetune-f0.1-s0", "finetune", 0.1, 0, ["x"], Path("r/results.json")).job()
+    finetune = Run("finetune-f0.1-s0", "finetune", 0.1, 0, "sslkit.cli.pretrain", ["x"], Path("r/results.json")).job()
     assert finetune.metrics_at == ("results", "trained") and finetune.shown == ("finetune_top1",)
     assert finetune.fields == {"kind": "finetune", "fraction": 0.1, "seed": 0}
 
@@ -733,7 +737,7 @@ def record(
 
 
 # The roads of RECORDS: no distill or FixMatch runs.
-TRAINED_ROADS = [road for road in lt.ROADS if "distill" not in road and "fixmatch" not in road]
+TRAINED_ROADS = [road for road in registry.ROADS if "distill" not in road and "fixmatch" not in road]
 
 
 def ft(top1: float) -> dict:
@@ -824,7 +828,7 @@ def test_what_the_unlabelled_images_buy_pairs_each_road_with_its_start_without_t
         records += [record("fixmatch-scratch", 0.01, seed, ft(alone)), record("scratch", 0.01, seed, ft(scratch))]
         records.append(record("fixmatch-distill", 0.01, seed, ft(fixmatch + 0.01)))
     rows = le.point_rows(records, long_runs=False)
-    unlabelled = {(g["road"], g["versus"]): g for g in le.paired_gains(rows, le.UNLABELLED)}
+    unlabelled = {(g["road"], g["versus"]): g for g in le.paired_gains(rows, registry.UNLABELLED)}
     assert list(unlabelled) == [
         ("fixmatch", "finetune"),
         ("fixmatch-scratch", "scratch-best"),
@@ -835,7 +839,7 @@ def test_what_the_unlabelled_images_buy_pairs_each_road_with_its_start_without_t
     assert unlabelled[("fixmatch-distill", "fixmatch")]["seeds_ahead"] == 2
     pretraining = {(g["road"], g["versus"]): g for g in le.paired_gains(rows)}
     assert pretraining[("fixmatch", "fixmatch-scratch")]["gain_mean"] == pytest.approx(0.105)  # 0.15, 0.06
-    table = le.gains_table(le.paired_gains(rows, le.UNLABELLED), le.UNLABELLED)
+    table = le.gains_table(le.paired_gains(rows, registry.UNLABELLED), registry.UNLABELLED)
     assert "what the unlabelled images buy" in table.title
     assert [c.header for c in table.columns][1:] == [
         "fixmatch\n- finetune",
@@ -893,10 +897,13 @@ def test_tables_table_and_plot_from_records(tmp_path):
     table = le.summary_table(summary, RECORDS[0])
     assert [c.header for c in table.columns] == [
         "labels",
-        *(lt.column_header(r) for r in TRAINED_ROADS),
+        *(registry.column_header(r) for r in TRAINED_ROADS),
     ]
     assert "100 s, 3.3 CPU-min" in table.caption  # the pretraining: 100 s on two busy cores
-    assert lt.column_header("finetune") == "fine\ntune" and lt.column_header("scratch-long") == "scratch\nlong"
+    assert (
+        registry.column_header("finetune") == "fine\ntune"
+        and registry.column_header("scratch-long") == "scratch\nlong"
+    )
 
     figure = le.plot(summary, 2, tmp_path / le.PLOT_FILE)
     assert (tmp_path / le.PLOT_FILE).read_bytes().startswith(PNG_MAGIC)

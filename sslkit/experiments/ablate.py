@@ -1,9 +1,9 @@
 """Run a grid of pretraining runs (sweeps x seeds) and tabulate and plot what they give.
 
     plan = plan_ablation("quickstart", ["loss.temperature=0.05,0.1,0.2,0.5"], seeds=2, overrides=["train.epochs=10"])
-    outcome = run_ablation(plan)  # its table and notes to show, and the exit status
+    outcome = run_ablation(plan, LocalExecutor(jobs=2))  # its table and notes to show, and the exit status
 
-is ``sslkit-ablate quickstart --sweep loss.temperature=0.05,0.1,0.2,0.5 --seeds 2 train.epochs=10``
+is ``sslkit-ablate quickstart --sweep loss.temperature=0.05,0.1,0.2,0.5 --seeds 2 --jobs 2 train.epochs=10``
 (:mod:`sslkit.cli.ablate`); every keyword of :func:`plan_ablation` is the option of that name, and its
 errors name the options.
 
@@ -59,19 +59,21 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
+from sslkit.command_lines import pretrain
 from sslkit.config import find_recipe, flatten, load_config, to_dict
-from sslkit.console import console
 from sslkit.errors import UserError
 from sslkit.experiments import runner
+from sslkit.experiments.executor import Executor
+from sslkit.experiments.experiment import Experiment, Outcome, finished, run_experiment
+from sslkit.experiments.jobs import TIMES, Job
+from sslkit.experiments.local import LocalExecutor
 from sslkit.experiments.report import PLOT_HINT, new_figure
+from sslkit.experiments.runs import PLACE_KEYS, refuse_reserved
 from sslkit.experiments.stats import mean_std
 from sslkit.experiments.tables import csv_number, error_bars, mean_std_text, save_plot, seeds_text, write_csv
 from sslkit.schema.reading import find_variants
 
 PLOTTED_METRICS = ("knn_top1", "linear_top1")
-# Set per point by this tool; a user's override of them would break the sweep's bookkeeping.
-# (run.seed may be overridden: it is the first of the --seeds.)
-RESERVED_KEYS = ("run.name", "run.output_dir", "run.resume")
 VARIANT = "variant"  # the column of a point's variant name in the tables
 
 
@@ -123,7 +125,7 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
         raise UserError(
             f"--sweep '{text}' must look like section.key=V1,V2,... e.g. --sweep loss.temperature=0.05,0.1,0.2"
         )
-    if key in (*RESERVED_KEYS, "run.seed"):
+    if key in (*PLACE_KEYS, "run.seed"):  # run.seed may be overridden: it is the first of the --seeds
         hint = "use --seeds N for seeds" if key == "run.seed" else "use --out DIR to choose where the runs go"
         raise UserError(f"--sweep '{key}': ablate sets {key} for every point; {hint}")
     if len(set(values)) < len(values):
@@ -208,12 +210,13 @@ def point_job(
     out: Path,
     launcher: str | None,
     shown: tuple[str, ...] = PLOTTED_METRICS,
-) -> runner.Job:
+) -> Job:
     """One point as the sweep runs it: the user's pretrain command with the point's values."""
     run_dir = out / "runs" / point.name
-    return runner.Job(
+    return Job(
         name=point.name,
-        command=runner.command(runner.PRETRAIN, [str(recipe), *point_overrides(point, overrides, out)], launcher),
+        module=pretrain.MODULE,
+        argv=tuple(pretrain.build_argv(recipe, point_overrides(point, overrides, out))),
         result=run_dir / "results.json",
         shown=shown,
         fields={
@@ -222,6 +225,7 @@ def point_job(
             "seed": point.seed,
             "run_dir": str(run_dir),
         },
+        launcher=launcher,
     )
 
 
@@ -291,7 +295,7 @@ def write_tables(out: Path, records: list[dict], keys: list[str], header: dict) 
     metrics = metric_names(records)
     write_csv(
         out / "results.csv",
-        ["name", *keys, "seed", "status", "skipped", "error", *runner.TIMES, *metrics],
+        ["name", *keys, "seed", "status", "skipped", "error", *TIMES, *metrics],
         (
             [
                 r["name"],
@@ -300,7 +304,7 @@ def write_tables(out: Path, records: list[dict], keys: list[str], header: dict) 
                 r["status"],
                 r["skipped"],
                 r["error"] or "",
-                *("" if r[key] is None else f"{r[key]:.1f}" for key in runner.TIMES),
+                *("" if r[key] is None else f"{r[key]:.1f}" for key in TIMES),
                 *(csv_number(r["metrics"].get(m)) for m in metrics),
             ]
             for r in records
@@ -381,8 +385,11 @@ def plot_metric(summary: list[dict], keys: list[str], metric: str, path: Path) -
 
 
 @dataclass
-class Plan:
+class Plan(Experiment):
     """Everything the ablation is asked for, resolved and checked: the recipe, the grid and where it goes."""
+
+    noun = "points"
+    records_key = "points"
 
     recipe: Path
     overrides: list[str]
@@ -394,6 +401,45 @@ class Plan:
     out: Path
     shown: tuple[str, ...]  # the metrics of the terminal table and the plots
     launcher: str | None
+
+    def jobs(self) -> list[Job]:
+        recipe = self.recipe.resolve()
+        return [point_job(point, recipe, self.overrides, self.out, self.launcher, self.shown) for point in self.points]
+
+    def intro(self, jobs: list[Job]) -> str:
+        seeds = len(self.seeds)
+        grid = f"{len(jobs) // seeds} grid points x {seeds} seed{'s' if seeds > 1 else ''}"
+        return f"ablation: {len(jobs)} runs ({grid}) -> {self.out}"
+
+    def header(self) -> dict:
+        """What ``results.json`` says the ablation was asked for, above its points."""
+        return {
+            "recipe": str(self.recipe),
+            "overrides": self.overrides,
+            "sweeps": dict(self.sweeps),
+            "variants": dict(self.variants or []),
+            "seeds": self.seeds,
+            "launcher": self.launcher,
+        }
+
+    def write_tables(self, records: list[dict], times: dict[str, dict]) -> list[dict]:
+        return write_tables(self.out, records, self.keys, self.header())
+
+    def conclusion(self, records: list[dict], summary: list[dict]) -> Outcome:
+        """The summary table (its headline metrics; the CSV files have them all) and the plots."""
+        out, keys, metrics = self.out, self.keys, metric_names(records)
+        table = summary_table(summary, keys, [m for m in self.shown if m in metrics] or metrics)
+        plotted = [
+            m for m in self.shown if m in metrics and plot_metric(summary, keys, m, out / f"{m}.png") is not None
+        ]
+        results = f"results: {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.json'}" + (
+            f"; plots: {', '.join(str(out / f'{m}.png') for m in plotted)}"
+            if plotted
+            else f"; no plots ({PLOT_HINT})"
+            if keys and metrics
+            else ""
+        )
+        return finished(records, out, self.noun, [table], results)
 
 
 def plan_ablation(
@@ -431,16 +477,11 @@ def plan_ablation(
     named = read_variants(find_variants(variants), [key for key, _ in parsed]) if variants else None
     if not parsed and not named and seeds == 1:
         raise UserError("nothing to sweep: give --sweep KEY=V1,V2,..., --variants FILE and/or --seeds N (N > 1)")
-    for text in overrides:
-        if text.partition("=")[0].strip() in RESERVED_KEYS:
-            raise UserError(
-                f"override '{text}': ablate sets run.name, run.output_dir and run.resume for every point; "
-                f"use --out DIR to choose where the runs go"
-            )
+    refuse_reserved(overrides, PLACE_KEYS, "override", "ablate sets {key} for every point; use --out DIR instead")
     recipe = find_recipe(recipe)  # a bundled recipe's name becomes its file: the runs get a path
     base = load_config(recipe, overrides)
     keys = [VARIANT] * bool(named) + [key for key, _ in parsed]
-    out = Path(out) if out else Path(base.run.output_dir) / "-".join(["ablate", recipe.stem, *keys])
+    out = (Path(out) if out else Path(base.run.output_dir) / "-".join(["ablate", recipe.stem, *keys])).resolve()
     grid_seeds = [base.run.seed + i for i in range(seeds)]
     points = build_grid(parsed, grid_seeds, named)
     check_points(recipe, overrides, points, out)
@@ -461,47 +502,12 @@ def plan_ablation(
     )
 
 
-def run_ablation(plan: Plan) -> runner.Outcome:
-    """Run (or skip) every point, rewriting the tables after each; the progress shows as it goes.
+def run_ablation(plan: Plan, executor: Executor | None = None) -> Outcome:
+    """Run (or skip) every point on ``executor`` (default: here, one at a time), rewriting the tables after each;
+    the progress shows as it goes.
 
     Returns:
         The outcome: the summary table, where the results and plots are, how many points failed, and the
         exit status (0 when every point succeeded, 1 when any failed, 130 when interrupted).
     """
-    header = {
-        "recipe": str(plan.recipe),
-        "overrides": plan.overrides,
-        "sweeps": dict(plan.sweeps),
-        "variants": dict(plan.variants or []),
-        "seeds": plan.seeds,
-        "launcher": plan.launcher,
-    }
-    recipe, out, keys, shown = plan.recipe.resolve(), plan.out.resolve(), plan.keys, plan.shown
-    jobs = [point_job(point, recipe, plan.overrides, out, plan.launcher, shown) for point in plan.points]
-    out.mkdir(parents=True, exist_ok=True)
-    seeds = len(plan.seeds)
-    console.print(
-        f"ablation: {len(jobs)} runs "
-        f"({len(jobs) // seeds} grid points x {seeds} seed{'s' if seeds > 1 else ''}) -> {out}",
-        markup=False,
-        highlight=False,
-        soft_wrap=True,
-    )
-    previous = runner.previous_times(out / "results.json", "points")
-    records = runner.run_jobs(jobs, out, previous, lambda records: write_tables(out, records, keys, header), "points")
-    if records is None:
-        return runner.interrupted()
-
-    summary = write_tables(out, records, keys, header)
-    metrics = metric_names(records)
-    # The headline metrics on the terminal; results.csv and summary.csv have them all.
-    table = summary_table(summary, keys, [m for m in shown if m in metrics] or metrics)
-    plotted = [m for m in shown if m in metrics and plot_metric(summary, keys, m, out / f"{m}.png") is not None]
-    results = f"results: {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.json'}" + (
-        f"; plots: {', '.join(str(out / f'{m}.png') for m in plotted)}"
-        if plotted
-        else f"; no plots ({PLOT_HINT})"
-        if keys and metrics
-        else ""
-    )
-    return runner.finished(records, out, "points", [table], results)
+    return run_experiment(plan, executor or LocalExecutor())

@@ -1,9 +1,9 @@
 """Compare pretraining recipes at equal training time: kNN, linear probe, fine-tune with few labels, images/s.
 
     plan = plan_comparison(["fashion_mnist_simclr", "fashion_mnist_byol"], minutes=10, overrides=["train.threads=1"])
-    outcome = run_comparison(plan)  # its table and notes to show, and the exit status
+    outcome = run_comparison(plan, LocalExecutor(jobs=2))  # its table and notes to show, and the exit status
 
-is ``sslkit-compare fashion_mnist_simclr fashion_mnist_byol --minutes 10 train.threads=1``
+is ``sslkit-compare fashion_mnist_simclr fashion_mnist_byol --minutes 10 --jobs 2 train.threads=1``
 (:mod:`sslkit.cli.compare`); every keyword of :func:`plan_comparison` is the option of that name, and
 its errors name the options.
 
@@ -59,18 +59,17 @@ from sslkit.console import console
 from sslkit.errors import UserError
 from sslkit.experiments import runner, runs
 from sslkit.experiments.calibration import CALIBRATION, WARMUP_STEPS, budget_steps, images_per_s
-from sslkit.experiments.runs import SAME_AS_PRETRAINED, Run, first_difference, trained_run
+from sslkit.experiments.executor import Executor
+from sslkit.experiments.experiment import Experiment, Outcome, finished, interrupted, run_experiment
+from sslkit.experiments.jobs import TIMES, Job
+from sslkit.experiments.local import LocalExecutor
+from sslkit.experiments.runs import SAME_AS_PRETRAINED, Run, first_difference, refuse_reserved, trained_run
 from sslkit.experiments.stats import mean_std
 from sslkit.experiments.tables import csv_number, mean_std_text, seeds_text, write_csv
 
 METRICS = ("knn_top1", "linear_top1", "finetune_top1")
-# Set by this tool for every run; an override of them would break its bookkeeping.
-RESERVED_KEYS = (
-    *runs.RESERVED_KEYS,
-    "train.max_steps",
-    "train.epochs",
-    "run.seed",
-)
+# Set by this tool for every run besides what every trained run is given: the budget, and the seeds.
+RESERVED_KEYS = (*runs.RESERVED_KEYS, "train.max_steps", "train.epochs", "run.seed")
 
 
 @dataclass(frozen=True)
@@ -135,12 +134,8 @@ def check_recipes_and_overrides(recipes: Sequence[str | Path], overrides: list[s
     """Refuse an empty comparison, and overrides of the keys this tool sets itself."""
     if not recipes:
         raise UserError("no recipe given: sslkit-compare RECIPE [RECIPE ...] --minutes M, e.g. quickstart")
-    for text in overrides:
-        if text.partition("=")[0].strip() in RESERVED_KEYS:
-            raise UserError(
-                f"override '{text}': compare sets {text.partition('=')[0].strip()} for every run "
-                f"(the budget sets the steps; use --minutes, --seeds, --fraction or --out instead)"
-            )
+    why = "compare sets {key} for every run (the budget sets the steps; use --minutes, --seeds, --fraction or --out)"
+    refuse_reserved(overrides, RESERVED_KEYS, "override", why)
 
 
 def steps_per_epoch(cfg: Config) -> int:
@@ -237,9 +232,8 @@ def plan_comparison(
         raise UserError(f"--fraction must be in (0, 1] (0.01 keeps 1% of the labels), got {fraction:g}")
     if calibration_steps < 1:
         raise UserError(f"--calibration-steps must be at least 1, got {calibration_steps}")
-    for text in finetune_overrides:
-        if text.partition("=")[0].strip() in runs.RESERVED_KEYS:
-            raise UserError(f"--finetune-override '{text}': compare sets {text.partition('=')[0]} for every run")
+    why = "compare sets {key} for every run (use --fraction, --seeds or --out)"
+    refuse_reserved(finetune_overrides, runs.RESERVED_KEYS, "--finetune-override", why)
     entries = build_entries(recipes, overrides, seeds, seeds_for)
     base = load_config(entries[0].recipe, overrides)
     finetune_path = scratch_path = None
@@ -450,8 +444,8 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 def write_tables(out: Path, rows: list[dict], records: list[dict], header: dict) -> list[dict]:
     """results.csv, results.json and summary.csv; returns the summary rows."""
-    columns = ["recipe", "seed", "status", "error", *SPEEDS[:2], "steps", "epochs", "train_s", *runner.TIMES, *METRICS]
-    numbers = (*METRICS, *SPEEDS[:3], *runner.TIMES)
+    columns = ["recipe", "seed", "status", "error", *SPEEDS[:2], "steps", "epochs", "train_s", *TIMES, *METRICS]
+    numbers = (*METRICS, *SPEEDS[:3], *TIMES)
     cells = ({**row, **row["metrics"], "error": row["error"] or ""} for row in rows)
     write_csv(
         out / "results.csv",
@@ -521,9 +515,46 @@ def calibrated_budget(plan: Plan, entry: Entry, calibration: dict) -> dict:
     return {"images_per_s": speed[0], "steps": budget_steps(plan.minutes, speed[0], entry.images_per_step)}
 
 
-def run_comparison(plan: Plan) -> runner.Outcome:
-    """Calibrate every recipe, then run (or skip) its runs at the budget its speed allows, rewriting the tables
-    after each; the progress and each recipe's budget show as they come.
+@dataclass
+class AtEqualTime(Experiment):
+    """The comparison's runs once its recipes are calibrated: each recipe's pretraining runs at the steps its
+    speed allows and their fine-tunes, and the scratch runs; its tables hold the calibrations too."""
+
+    plan: Plan
+    calibrated: list[dict]  # the calibrations' records, in the order of the recipes
+    budgets: dict[str, dict]  # by recipe: calibrated_budget()
+    planned: list[Run]
+
+    @property
+    def out(self) -> Path:
+        return self.plan.out
+
+    def jobs(self) -> list[Job]:
+        return [run.job() for run in self.planned]
+
+    def write_tables(self, records: list[dict], times: dict[str, dict]) -> list[dict]:
+        by_name = {r["name"]: r for r in [*self.calibrated, *records]}
+        rows = [point_row(e, seed, self.budgets[e.name], by_name) for e in self.plan.entries for seed in e.seeds]
+        rows += [scratch_row(r) for r in records if r["kind"] == "scratch"]
+        saved = {**header(self.plan), "plans": self.budgets, "times": times}
+        return write_tables(self.out, rows, [*self.calibrated, *records], saved)
+
+    def conclusion(self, records: list[dict], summary: list[dict]) -> Outcome:
+        out = self.out
+        results = f"results: {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.json'}"
+        shown = [summary_table(summary, self.plan.minutes, self.plan.fraction)]
+        return finished([*self.calibrated, *records], out, self.noun, shown, results)
+
+
+def run_comparison(plan: Plan, executor: Executor | None = None) -> Outcome:
+    """Calibrate every recipe alone, then run (or skip) its runs at the budget its speed allows on ``executor``
+    (default: here, one at a time), rewriting the tables after each; the progress and each recipe's budget show
+    as they come.
+
+    The calibrations run one at a time, each on the share of the machine that a run gets on ``executor`` (with
+    ``LocalExecutor(jobs=N)``: the CPU threads divided by N, or one GPU): the budget is the steps a run takes in
+    ``plan.minutes`` alone on its share. Runs side by side then train those steps, slowed by one another: their
+    own images/s in the table says by how much.
 
     Returns:
         The outcome: the summary table, where the results are, how many runs failed, and the exit status
@@ -532,7 +563,7 @@ def run_comparison(plan: Plan) -> runner.Outcome:
     Raises:
         UserError: a run directory of ``plan.out`` was planned with another budget.
     """
-    out = plan.out
+    executor, out = executor or LocalExecutor(), plan.out
     out.mkdir(parents=True, exist_ok=True)
     console.print(
         f"comparison: {len(plan.entries)} recipes at {plan.minutes:g} min of training each -> {out}",
@@ -542,9 +573,9 @@ def run_comparison(plan: Plan) -> runner.Outcome:
     )
     previous = runner.previous_times(out / "results.json", "runs")
     calibrations = [calibration_run(plan, entry).job() for entry in plan.entries]
-    calibrated = runner.run_jobs(calibrations, out, previous, lambda _: None, "calibrations")
+    calibrated = runner.run_jobs(calibrations, out, previous, lambda _: None, "calibrations", executor.alone())
     if calibrated is None:
-        return runner.interrupted()
+        return interrupted()
 
     budgets, planned = {}, []
     for entry, record in zip(plan.entries, calibrated):
@@ -563,18 +594,4 @@ def run_comparison(plan: Plan) -> runner.Outcome:
         planned += scratch_runs(plan)
     for run in planned:
         check_run(run)  # a run directory of this comparison planned with another budget is refused
-
-    def tables(records: list[dict]) -> list[dict]:
-        by_name = {r["name"]: r for r in [*calibrated, *records]}
-        rows = [point_row(e, seed, budgets[e.name], by_name) for e in plan.entries for seed in e.seeds]
-        rows += [scratch_row(r) for r in records if r["kind"] == "scratch"]
-        saved = {**header(plan), "plans": budgets, "times": previous}
-        return write_tables(out, rows, [*calibrated, *records], saved)
-
-    records = runner.run_jobs([run.job() for run in planned], out, previous, tables, "runs")
-    if records is None:
-        return runner.interrupted()
-    summary = tables(records)
-    results = f"results: {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.json'}"
-    shown = [summary_table(summary, plan.minutes, plan.fraction)]
-    return runner.finished([*calibrated, *records], out, "runs", shown, results)
+    return run_experiment(AtEqualTime(plan, calibrated, budgets, planned), executor, previous)

@@ -1,9 +1,9 @@
 """Label efficiency: what pretraining (and the choice of which images to label) buys with few labels.
 
-    plan = plan_label_efficiency("quickstart", fractions=[0.05, 0.1, 1], seeds=3, overrides=["train.threads=2"])
-    outcome = run_label_efficiency(plan)  # its tables and notes to show, and the exit status
+    plan = plan_label_efficiency("quickstart", fractions=[0.05, 0.1, 1], seeds=3, overrides=["train.threads=1"])
+    outcome = run_label_efficiency(plan, LocalExecutor(jobs=2))  # its tables and notes to show, and the exit status
 
-is ``sslkit-label-efficiency quickstart --fractions 0.05,0.1,1 --seeds 3 train.threads=2``
+is ``sslkit-label-efficiency quickstart --fractions 0.05,0.1,1 --seeds 3 --jobs 2 train.threads=1``
 (:mod:`sslkit.cli.label_efficiency`); every keyword of :func:`plan_label_efficiency` is the option of
 that name, and its errors name the options.
 
@@ -112,10 +112,14 @@ from pathlib import Path
 import yaml
 
 from sslkit import methods
+from sslkit.command_lines import embed as embed_command
+from sslkit.command_lines import evaluate as evaluate_command
+from sslkit.command_lines import label_selection as select_command
 from sslkit.config import Config, find_recipe, load_config, to_dict
-from sslkit.console import console
 from sslkit.errors import UserError
-from sslkit.experiments import runner
+from sslkit.experiments.executor import Executor
+from sslkit.experiments.experiment import Experiment, Outcome, finished, run_experiment
+from sslkit.experiments.jobs import Job
 from sslkit.experiments.label_budgets import (
     EVERY_LABEL,
     Budget,
@@ -129,8 +133,6 @@ from sslkit.experiments.label_budgets import (
 )
 from sslkit.experiments.label_efficiency_tables import (
     PLOT_FILE,
-    PRETRAINING,
-    UNLABELLED,
     gains_table,
     paired_gains,
     plot,
@@ -140,7 +142,9 @@ from sslkit.experiments.label_efficiency_tables import (
     summary_table,
     write_tables,
 )
+from sslkit.experiments.local import LocalExecutor
 from sslkit.experiments.report import PLOT_HINT
+from sslkit.experiments.roads import PRETRAINING, RECIPE_OPTIONS, UNLABELLED
 from sslkit.experiments.runs import (
     PATH_KEYS,
     RESERVED_KEYS,
@@ -150,6 +154,7 @@ from sslkit.experiments.runs import (
     first_difference,
     fraction_text,
     refuse_changed_run_dir,
+    refuse_reserved,
     trained_run,
 )
 from sslkit.selection import STRATEGIES
@@ -157,23 +162,15 @@ from sslkit.selection import STRATEGIES
 # What a fine-tune that keeps pretrained projector layers must also share with the pretrained encoder:
 # the projector they come from
 SAME_PROJECTOR = ("model.projector_hidden", "model.projector_out", "model.projector_layers")
-# The runs trained on the labels, and the option that names each one's recipe.
-RECIPE_OPTIONS = {
-    "finetune": "--finetune-recipe",
-    "distill": "--distill-recipe",
-    "fixmatch": "--fixmatch-recipe",
-    "fixmatch-scratch": "--fixmatch-recipe",
-    "fixmatch-distill": "--distill-recipe",
-    "scratch": "--scratch-recipe",
-    "scratch-long": "--scratch-recipe",
-}
 # Data whose images sslkit-embed names by path, not by index into a split: no label file of theirs trains a run.
 NOT_BY_INDEX = ("imagefolder", "webdataset")
 
 
 @dataclass
-class Plan:
+class Plan(Experiment):
     """Everything the comparison is asked for, resolved: recipes, overrides, the grid and where it goes."""
+
+    records_file = "points.json"
 
     recipe: Path
     finetune_recipe: Path
@@ -199,6 +196,35 @@ class Plan:
 
     def label_sets(self) -> list[LabelSet]:
         return label_sets(self.budgets, self.selections, self.seeds, self.pool, self.out / "labels")
+
+    def jobs(self) -> list[Job]:
+        return [run.job() for run in plan_runs(self)]
+
+    def intro(self, jobs: list[Job]) -> str:
+        after = ", after the pretraining" if self.pretrained is None else ""
+        return f"label efficiency: {len(jobs)} runs ({grid_text(self)}{after}) -> {self.out}"
+
+    def prepare(self) -> None:
+        (self.out / "points").mkdir(exist_ok=True)  # where the frozen evaluations write (--out's folder must exist)
+
+    def write_tables(self, records: list[dict], times: dict[str, dict]) -> list[dict]:
+        header_now = {**header(self), "pretrain": _pretrain(records), "times": times}
+        return write_tables(self.out, records, header_now, self.scratch_factor > 1)
+
+    def conclusion(self, records: list[dict], summary: list[dict]) -> Outcome:
+        """The summary, the gains and what selection buys, and the plot."""
+        shown = [summary_table(summary, _pretrain(records))]
+        rows = point_rows(records, self.scratch_factor > 1)
+        for pairs in (PRETRAINING, UNLABELLED):
+            if gains := paired_gains(rows, pairs):
+                shown.append(gains_table(gains, pairs))
+        if (chosen := selection_table(selection_gains(rows))) is not None:
+            shown.append(chosen)
+        out = self.out
+        figure = plot(summary, len(self.seeds), out / PLOT_FILE, self.scratch_factor)
+        tables = ", ".join(str(out / name) for name in ("points.csv", "summary.csv", "gains.csv", "points.json"))
+        plotted = f"; plot: {out / PLOT_FILE}" if figure is not None else f"; no plot ({PLOT_HINT})"
+        return finished(records, out, self.noun, shown, f"results: {tables}{plotted}")
 
 
 # --------------------------------------------------------------------------- the plan, checked
@@ -230,13 +256,10 @@ def parse_epochs(text: str | None, budgets: list[float], option: str = "--fracti
 
 def check_overrides(texts: list[str], option: str, also_reserved: tuple[str, ...] = ()) -> None:
     """Refuse overrides of the keys this tool sets itself, with what to use instead."""
-    for text in texts:
-        key = text.partition("=")[0].strip()
-        if key in (*RESERVED_KEYS, *also_reserved):
-            raise UserError(
-                f"{option} '{text}': label_efficiency sets {key} for every run it concerns "
-                f"(use --fractions or --labels, --select, --seeds, --out or --pretrained instead)"
-            )
+    instead = "use --fractions or --labels, --select, --seeds, --out or --pretrained instead"
+    refuse_reserved(
+        texts, (*RESERVED_KEYS, *also_reserved), option, f"label_efficiency sets {{key}} for every run; {instead}"
+    )
 
 
 def pretrained_run(path: Path) -> Path:
@@ -428,9 +451,9 @@ def plan_runs(plan: Plan) -> list[Run]:
     sets = plan.label_sets()
     embeddings = plan.out / "embeddings"
     if any(labels.chosen_by_strategy for labels in sets):
-        command = [str(pre), *plan.overrides, "--split", "train", "--out", str(embeddings)]
-        embed = runner.command(runner.EMBED, command, plan.launcher)
-        runs.append(Run("embed", "embed", None, None, embed, embeddings / "meta.json", needs=needs_pre))
+        argv = embed_command.build_argv(pre, plan.overrides, split="train", out=embeddings)
+        embed = Run("embed", "embed", None, None, embed_command.MODULE, argv, embeddings / "meta.json", needs_pre)
+        runs.append(dataclasses.replace(embed, launcher=plan.launcher))
     for labels in sets:
         if labels.chosen_by_strategy:
             runs.append(select_run(labels, embeddings))
@@ -440,14 +463,14 @@ def plan_runs(plan: Plan) -> list[Run]:
 
 def select_run(labels: LabelSet, embeddings: Path) -> Run:
     """sslkit-select's choice of ``labels`` from the embeddings (one process: it needs no launcher)."""
-    options = ["--budget", str(labels.labels), "--strategy", labels.selection, "--seed", str(labels.seed)]
-    command = runner.command(runner.SELECT, [str(embeddings), *options, "--out", str(labels.file)])
+    choice = {"budget": labels.labels, "strategy": labels.selection, "seed": labels.seed, "out": labels.file}
     return Run(
         labels.select_run,
         "select",
         labels.budget.fraction,
         labels.seed,
-        command,
+        select_command.MODULE,
+        select_command.build_argv(embeddings, **choice),
         labels.file,
         needs=("embed",),
         tags=labels.fields(),
@@ -472,9 +495,10 @@ def road_runs(plan: Plan, labels: LabelSet, pre: Path, needs_pre: tuple[str, ...
     name = labels.run_name("frozen")
     result = plan.out / "points" / f"{name}.json"
     eval_overrides = [*plan.overrides, *plan.probe_overrides, *labels.eval_overrides()]
-    evaluate = runner.command(runner.EVALUATE, [str(pre), *eval_overrides, "--out", str(result)], plan.launcher)
-    frozen = Run(name, "frozen", labels.budget.fraction, labels.seed, evaluate, result, (*needs_pre, *chosen))
-    runs = [dataclasses.replace(frozen, overrides=eval_overrides, tags=labels.fields())]
+    argv = evaluate_command.build_argv(pre, eval_overrides, out=result)
+    frozen = Run(name, "frozen", labels.budget.fraction, labels.seed, evaluate_command.MODULE, argv, result)
+    changes = {"needs": (*needs_pre, *chosen), "launcher": plan.launcher, "overrides": eval_overrides}
+    runs = [dataclasses.replace(frozen, **changes, tags=labels.fields())]
     runs.append(trained("finetune", plan.finetune_recipe, own, needs_pre, **{"run.init_from": pre}))
     if plan.distill_recipe is not None and partial:
         finetune = labels.run_name("finetune")
@@ -635,48 +659,15 @@ def grid_text(plan: Plan) -> str:
     return " x ".join([*parts, count(len(plan.seeds), "seed")])
 
 
-def run_label_efficiency(plan: Plan) -> runner.Outcome:
-    """Run (or skip) every run of ``plan``, rewriting the tables after each; the progress shows as it goes.
+def run_label_efficiency(plan: Plan, executor: Executor | None = None) -> Outcome:
+    """Run (or skip) every run of ``plan`` on ``executor`` (default: here, one at a time), rewriting the tables
+    after each; the progress shows as it goes.
 
     Returns:
         The outcome: the summary and gains tables, where the results are, how many runs failed, and the
         exit status (0 when every run succeeded, 1 when any failed, 130 when interrupted).
     """
-    runs, out = plan_runs(plan), plan.out
-    out.mkdir(parents=True, exist_ok=True)
-    # Every run ever timed into this output, also those outside this command's grid: skipped runs keep theirs.
-    previous = runner.previous_times(out / "points.json", "runs")
-    console.print(
-        f"label efficiency: {len(runs)} runs ({grid_text(plan)}"
-        + (", after the pretraining" if plan.pretrained is None else "")
-        + f") -> {out}",
-        markup=False,
-        highlight=False,
-        soft_wrap=True,
-    )
-    (out / "points").mkdir(exist_ok=True)  # where the frozen evaluations write (--out's folder must exist)
-
-    def tables(records: list[dict]) -> list[dict]:
-        header_now = {**header(plan), "pretrain": _pretrain(records), "times": previous}
-        return write_tables(out, records, header_now, plan.scratch_factor > 1)
-
-    records = runner.run_jobs([run.job() for run in runs], out, previous, tables, "runs")
-    if records is None:
-        return runner.interrupted()
-
-    summary = tables(records)
-    shown = [summary_table(summary, _pretrain(records))]
-    rows = point_rows(records, plan.scratch_factor > 1)
-    for pairs in (PRETRAINING, UNLABELLED):
-        if gains := paired_gains(rows, pairs):
-            shown.append(gains_table(gains, pairs))
-    if (chosen := selection_table(selection_gains(rows))) is not None:
-        shown.append(chosen)
-    figure = plot(summary, len(plan.seeds), out / PLOT_FILE, plan.scratch_factor)
-    results = f"results: {out / 'points.csv'}, {out / 'summary.csv'}, {out / 'gains.csv'}, {out / 'points.json'}" + (
-        f"; plot: {out / PLOT_FILE}" if figure is not None else f"; no plot ({PLOT_HINT})"
-    )
-    return runner.finished(records, out, "runs", shown, results)
+    return run_experiment(plan, executor or LocalExecutor())
 
 
 def _pretrain(records: list[dict]) -> dict | None:

@@ -1,15 +1,17 @@
 """The label-efficiency comparison's figures: one row per road and run, the summary over seeds, the paired gains,
-the terminal tables and the plot (:mod:`sslkit.experiments.label_efficiency` runs the runs).
+the terminal tables and the plot (:mod:`sslkit.experiments.label_efficiency` runs the runs; the roads, their
+figures and their lines are :mod:`sslkit.experiments.roads`').
 
 Every row belongs to a selection (``balanced``, a strategy of :mod:`sslkit.selection`, or ``all`` at a
 budget of every label) and a budget (``0.01`` of the labels or ``100`` labels, and ``labels``: the
 images that makes). Two sets of gains are paired by seed:
 
-- what pretraining buys (:data:`PRETRAINING`): each road from the pretrained encoder minus ``scratch-best``
-  on the same labelled images, and FixMatch from the encoder minus FixMatch from scratch;
-- what the unlabelled images buy (:data:`UNLABELLED`): each road that learns from them minus the same
-  start without them (FixMatch minus the fine-tune, FixMatch from scratch minus scratch best, the
-  distilled students minus their teachers);
+- what pretraining buys (:data:`~sslkit.experiments.roads.PRETRAINING`): each road from the pretrained
+  encoder minus ``scratch-best`` on the same labelled images, and FixMatch from the encoder minus FixMatch
+  from scratch;
+- what the unlabelled images buy (:data:`~sslkit.experiments.roads.UNLABELLED`): each road that learns from
+  them minus the same start without them (FixMatch minus the fine-tune, FixMatch from scratch minus scratch
+  best, the distilled students minus their teachers);
 - what selection buys, when more than one selection ran and ``random`` or ``balanced`` is among them:
   each road with a selection minus the same road with ``random`` (else ``balanced``), the same
   budget and seed.
@@ -26,67 +28,17 @@ from typing import Any
 
 from rich.table import Table
 
+from sslkit.experiments.jobs import TIMES
 from sslkit.experiments.label_budgets import BALANCED, EVERY_LABEL
 from sslkit.experiments.report import new_figure
-from sslkit.experiments.runner import TIMES
+from sslkit.experiments.roads import PRETRAINING, ROADS, SELECTION_ROADS, UNLABELLED, colour, column_header, plotted
 from sslkit.experiments.stats import mean_std, paired_difference
 from sslkit.experiments.tables import csv_number, error_bars, mean_std_text, save_plot, write_csv
 
 PLOT_FILE = "label_efficiency.png"
 
-# Roads in table order; the kind of run each comes from and the metric read from its results.
-ROADS = (
-    "linear",
-    "knn",
-    "finetune",
-    "distill",
-    "fixmatch",
-    "fixmatch-distill",
-    "fixmatch-scratch",
-    "scratch",
-    "scratch-long",
-    "scratch-best",
-)
-ROAD_METRIC = {
-    "linear": "linear_top1",
-    "knn": "knn_top1",
-    "finetune": "finetune_top1",
-    "distill": "finetune_top1",
-    "fixmatch": "finetune_top1",  # the classifier of FixMatch's weight average
-    "fixmatch-distill": "finetune_top1",
-    "fixmatch-scratch": "finetune_top1",
-    "scratch": "finetune_top1",
-    "scratch-long": "finetune_top1",
-}
-# Paired gains, (road, versus) on the same labelled images and seed: what pretraining buys ...
-PRETRAINING = (
-    ("finetune", "scratch-best"),
-    ("distill", "scratch-best"),
-    ("fixmatch", "scratch-best"),
-    ("fixmatch-distill", "scratch-best"),
-    ("fixmatch", "fixmatch-scratch"),
-)
-# ... and what the unlabelled images buy: a road that learns from them against its start without them.
-UNLABELLED = (
-    ("fixmatch", "finetune"),
-    ("fixmatch-scratch", "scratch-best"),
-    ("distill", "finetune"),
-    ("fixmatch-distill", "fixmatch"),
-)
-# What selection buys, road by road: every road but the two scratch runs scratch-best is the better of.
-SELECTION_ROADS = tuple(road for road in ROADS if road not in ("scratch", "scratch-long"))
-SELECTION_BASELINES = ("random", BALANCED)  # the first of these that ran is what the others are measured against
-PLOTTED_ROADS = {
-    "linear": "linear probe (frozen)",
-    "finetune": "fine-tune",
-    "distill": "fine-tune + distill",
-    "fixmatch": "FixMatch from the encoder",
-    "fixmatch-distill": "FixMatch + distill",
-    "scratch-best": "scratch (better of 1x and {factor}x epochs)",
-    "fixmatch-scratch": "FixMatch from scratch",
-}
-# A road from scratch: its pretrained twin's colour, dashed, with open markers (a single budget draws no line).
-FROM_SCRATCH = {"fixmatch-scratch": "fixmatch", "scratch-best": "finetune"}
+# What selection buys is measured against the first of these that ran.
+SELECTION_BASELINES = ("random", BALANCED)
 PANEL_TITLES = {BALANCED: "class-balanced random draw (reads the labels)"}
 BUDGET_COLUMNS = ["selection", "budget", "fraction", "labels"]
 
@@ -98,16 +50,15 @@ def point_rows(records: list[dict], long_runs: bool = True) -> list[dict]:
     """One row per road, selection, budget and seed, from the runs' records.
 
     ``scratch-best`` follows the scratch run, or with ``long_runs`` (``--scratch-factor`` > 1) the
-    scratch-long one, once that has a record.
+    scratch-long one, once both have a record (they may end in either order).
     """
     rows = []
     scratch = {label_key(r): r for r in records if r["kind"] == "scratch"}
     for record in records:
         kind = record["kind"]
-        roads = ("linear", "knn") if kind == "frozen" else (kind,) if kind in ROAD_METRIC else ()
-        for road in roads:
-            rows.append(road_row(road, record, ROAD_METRIC[road]))
-        if kind == "scratch-long" or (kind == "scratch" and not long_runs):
+        for road in (road for road in ROADS.values() if road.run == kind):
+            rows.append(road_row(road.name, record, road.metric))
+        if (kind == "scratch-long" and label_key(record) in scratch) or (kind == "scratch" and not long_runs):
             rows.append(best_of_scratch(scratch[label_key(record)], record if kind == "scratch-long" else None))
     return rows
 
@@ -142,9 +93,9 @@ def road_row(road: str, record: dict, metric: str) -> dict:
 
 def best_of_scratch(scratch: dict, long: dict | None) -> dict:
     """The better of scratch and scratch-long (or scratch alone with --scratch-factor 1)."""
-    parts = [road_row("scratch", scratch, "finetune_top1")]
+    parts = [road_row("scratch", scratch, ROADS["scratch"].metric)]
     if long is not None:
-        parts.append(road_row("scratch-long", long, "finetune_top1"))
+        parts.append(road_row("scratch-long", long, ROADS["scratch-long"].metric))
     row = {**parts[0], "road": "scratch-best"}
     bad = [p for p in parts if p["status"] != "ok"]
     if bad:
@@ -166,15 +117,16 @@ def total(values) -> float | None:
 
 def group_order(rows: list[dict]):
     """A sort key of (budget, selection, road): the budget's size, the selections in the order they ran (``all``
-    after them), the roads as in :data:`ROADS`."""
+    after them), the roads as in :data:`~sslkit.experiments.roads.ROADS`."""
     selections = list(dict.fromkeys(r["selection"] for r in rows if r["selection"] != EVERY_LABEL))
     selections.append(EVERY_LABEL)
-    return lambda budget, selection, road: (float(budget), selections.index(selection), ROADS.index(road))
+    roads = list(ROADS)
+    return lambda budget, selection, road: (float(budget), selections.index(selection), roads.index(road))
 
 
 def summarize(rows: list[dict]) -> list[dict]:
     """Mean and sample standard deviation (None with one seed) over seeds, per budget, selection and road; failed
-    rows are counted, not averaged. Ordered by budget, then selection, then road as in :data:`ROADS`."""
+    rows are counted, not averaged. Ordered by budget, then selection, then road as in the registry."""
     groups: dict[tuple[str, str, str], list[dict]] = {}
     for row in rows:
         groups.setdefault((row["budget"], row["selection"], row["road"]), []).append(row)
@@ -307,11 +259,6 @@ def budget_csv(path: Path, rows: list[dict], counts: list[str], numbers: list[st
 # --------------------------------------------------------------------------- terminal tables
 
 
-def column_header(road: str) -> str:
-    """A road's name in lines of at most 8 characters, so that the table stays narrow."""
-    return "fine\ntune" if road == "finetune" else road.replace("-", "\n")
-
-
 def budget_grid(title: str, rows: list[dict], roads: list[str], header, cell, caption: str | None = None) -> Table:
     """Budgets down (and under each its selections, when any is a strategy), ``roads`` across (``header(road)``
     their titles); ``cell(row)`` writes the cell of the row of that budget, selection and road, and a missing one
@@ -412,16 +359,15 @@ def plot(summary: list[dict], seeds: int, path: Path, scratch_factor: int = 3) -
         return None
     by_fraction = all(r["fraction"] is not None for r in summary)
     budgets = sorted({float(r["budget"]) for r in summary})
-    labels = {road: label.format(factor=scratch_factor) for road, label in PLOTTED_ROADS.items()}
+    labels = {road.name: road.label.format(factor=scratch_factor) for road in plotted()}
     if scratch_factor == 1:
         labels["scratch-best"] = "scratch"
-    colours = {road: f"C{index}" for index, road in enumerate(r for r in PLOTTED_ROADS if r not in FROM_SCRATCH)}
     for axes, selection in zip(figure.axes, selections):
         for road, label in labels.items():
             rows = [r for r in summary if r["road"] == road and r["selection"] in (selection, EVERY_LABEL)]
             rows.sort(key=lambda r: float(r["budget"]))
-            style = {"color": colours[FROM_SCRATCH.get(road, road)]}
-            if road in FROM_SCRATCH:
+            style = {"color": colour(road)}
+            if ROADS[road].twin is not None:  # from random weights: beside its pretrained twin
                 style.update(linestyle="--", markerfacecolor="white")
             if rows:
                 error_bars(axes, [float(r["budget"]) for r in rows], rows, "top1", label, **style)

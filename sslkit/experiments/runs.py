@@ -7,7 +7,7 @@ distill and scratch runs alike: a :class:`Run` is the user's own ``sslkit.cli.pr
 the keys that tie it to other runs (``run.init_from``, ``method.teacher``).
 
 >>> run = trained_run("finetune-f0.1-s0", "finetune", Path("ft.yaml"), [], Path("out/runs"), None, labels=(0.1, 0))
->>> run.command[3:7]
+>>> run.argv[:4]
 ['ft.yaml', 'data.label_fraction=0.1', 'data.label_seed=0', 'run.seed=0']
 >>> run.result
 PosixPath('out/runs/finetune-f0.1-s0/results.json')
@@ -20,16 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from sslkit import methods
+from sslkit.command_lines import pretrain
 from sslkit.config import Config, find_recipe, flatten, to_dict
 from sslkit.datasets import build_splits
 from sslkit.errors import UserError
 from sslkit.experiments import runner
+from sslkit.experiments.jobs import TRAINED, Job, command_line
 
-# Set by the experiments for every run (or every run of a kind); an override of them would break their bookkeeping.
+# Set last for every run an experiment trains (trained_run): where it goes, and that it continues from its last
+# checkpoint. An override of them would break the experiment's bookkeeping.
+PLACE_KEYS = ("run.name", "run.output_dir", "run.resume")
+# ... and, for the runs trained from a pretrained encoder on a budget of labels, what ties them to it.
 RESERVED_KEYS = (
-    "run.name",
-    "run.output_dir",
-    "run.resume",
+    *PLACE_KEYS,
     "run.init_from",
     "method.teacher",
     "data.label_fraction",
@@ -48,44 +51,66 @@ SAME_AS_PRETRAINED = ("data.name", "model.backbone", "model.width", "model.cifar
 
 @dataclass
 class Run:
-    """One subprocess of an experiment: its command, the file that says it finished, and the runs it needs."""
+    """One job of an experiment, with what the experiment knows of it: its kind, labels and seed, and what its
+    config is made of."""
 
     name: str
     kind: str  # pretrain, frozen, finetune, distill, fixmatch, scratch, ..., calibrate; embed, select
     fraction: float | None  # None: a pretraining, or a budget counted in labels
     seed: int | None
-    command: list[str]
+    module: str  # the command, python -m MODULE
+    argv: list[str]  # built by its builder (sslkit.command_lines)
     result: Path  # results.json in its run directory, or the frozen evaluation's JSON
     needs: tuple[str, ...] = ()
+    launcher: str | None = None
     # What validation loads: the recipe and the overrides the command gives it.
     recipe: Path | None = None
     overrides: list[str] = field(default_factory=list)
     run_dir: Path | None = None  # for pretraining runs: where its config.yaml is saved
     tags: dict[str, Any] = field(default_factory=dict)  # the experiment's own columns for its record
 
-    def job(self) -> runner.Job:
+    @property
+    def command(self) -> list[str]:
+        return command_line(self.module, self.argv, self.launcher)
+
+    def job(self) -> Job:
         """The run as the runner runs it; its record keeps the kind, fraction, seed and tags."""
-        metrics_at, shown, complete_key = RESULT_FILES.get(self.kind, (runner.TRAINED, ("finetune_top1",), None))
-        return runner.Job(
+        metrics_at, shown, complete_key = RESULT_FILES.get(self.kind, (TRAINED, ("finetune_top1",), None))
+        return Job(
             name=self.name,
-            command=self.command,
+            module=self.module,
+            argv=tuple(self.argv),
             result=self.result,
             metrics_at=metrics_at,
             needs=self.needs,
             shown=shown,
             fields={"kind": self.kind, "fraction": self.fraction, "seed": self.seed, **self.tags},
             complete_key=complete_key,
+            launcher=self.launcher,
         )
 
 
 # What the result file of a run that is not a training run holds: where its figures are, those printed when it
-# finishes, and the key that says it is whole. A trained run's is its results.json (runner.TRAINED).
+# finishes, and the key that says it is whole. A trained run's is its results.json (jobs.TRAINED).
 RESULT_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None]] = {
     "frozen": (("results",), ("linear_top1", "knn_top1"), None),  # sslkit-evaluate --out
     # sslkit-embed's meta.json is written before the rows and says "complete" after the last one
     "embed": ((), (), "complete"),
     "select": ((), (), None),  # sslkit-select's label file, written whole
 }
+
+
+def refuse_reserved(overrides: list[str], reserved: tuple[str, ...], option: str, why: str) -> None:
+    """Refuse an override of a key the experiment sets itself, in one line: ``{option} '{override}': {why}``, where
+    ``why`` (what sets the key, and what to use instead) names it as ``{key}``.
+
+    Raises:
+        UserError: for the first override of a ``reserved`` key.
+    """
+    for text in overrides:
+        key = text.partition("=")[0].strip()
+        if key in reserved:
+            raise UserError(f"{option} '{text}': " + why.format(key=key))
 
 
 def fraction_text(fraction: float) -> str:
@@ -125,9 +150,11 @@ def trained_run(
         kind=kind,
         fraction=fraction,
         seed=seed,
-        command=runner.command(runner.PRETRAIN, [str(recipe), *overrides], launcher),
+        module=pretrain.MODULE,
+        argv=pretrain.build_argv(recipe, overrides),
         result=runs_dir / name / "results.json",
         needs=needs,
+        launcher=launcher,
         recipe=recipe,
         overrides=overrides,
         run_dir=runs_dir / name,

@@ -1,0 +1,188 @@
+"""The local executor: an experiment's jobs as processes on this machine, N at once (``--executor local --jobs N``).
+
+Each job is its own process, so a job that crashes or diverges cannot take the others down. With N jobs at
+once the machine is divided between them: where there are GPUs, each job gets one (``CUDA_VISIBLE_DEVICES``;
+more jobs than GPUs share them in turn), and each gets its share of the CPU threads this process may use
+(``OMP_NUM_THREADS``, which torch takes as its thread count unless the run's ``train.threads`` says otherwise);
+a job's numbers do not depend on which share it ran on, since every run is seeded by itself. One job at a time
+(N = 1, the default) leaves the environment as it is.
+
+A job starts once the jobs it needs have finished well, the first ready in the experiment's order; N worker
+threads (:class:`concurrent.futures.ThreadPoolExecutor`) each wait for one process. Every job runs in a process
+group of its own, so that Ctrl-C reaches the runner alone, which passes it on once to every running job
+(its launcher and their workers alike), waits for them to stop, and raises KeyboardInterrupt; a second Ctrl-C
+kills what is left.
+
+>>> [slot["OMP_NUM_THREADS"] for slot in slot_environments(2, cpus=8, gpus=[])]
+['4', '4']
+>>> [slot["CUDA_VISIBLE_DEVICES"] for slot in slot_environments(3, cpus=8, gpus=["0", "1"])]
+['0', '1', '0']
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from sslkit.errors import UserError
+from sslkit.experiments.executor import Executor, Ran, error_line
+from sslkit.experiments.jobs import Job
+
+
+def slot_environments(jobs: int, cpus: int, gpus: Sequence[str]) -> list[dict[str, str]]:
+    """What each of ``jobs`` places running side by side adds to a job's environment: its share of the ``cpus``
+    threads and, with ``gpus``, one of them (in turn); nothing for a single place."""
+    if jobs == 1:
+        return [{}]
+    threads = {"OMP_NUM_THREADS": str(max(1, cpus // jobs))}
+    return [{**threads, **({"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else {})} for i in range(jobs)]
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs jobs may run on: those ``CUDA_VISIBLE_DEVICES`` names when it is set, else every one torch sees."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [device.strip() for device in given.split(",") if device.strip()]
+    import torch
+
+    return [str(index) for index in range(torch.cuda.device_count())]
+
+
+class Processes:
+    """The jobs' running processes, for the worker threads that start and wait for them and for Ctrl-C, which
+    stops them all: once it has, no other starts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[int, subprocess.Popen] = {}
+        self._stopping = False
+
+    def start(self, command: list[str], **popen) -> subprocess.Popen | None:
+        """``subprocess.Popen(command)`` in a session (and process group) of its own; None once they are being
+        stopped."""
+        with self._lock:
+            if self._stopping:
+                return None
+            process = subprocess.Popen(command, start_new_session=True, **popen)
+            self._running[process.pid] = process
+            return process
+
+    def ended(self, process: subprocess.Popen) -> None:
+        with self._lock:
+            self._running.pop(process.pid, None)
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the process group of every running job, and start no other."""
+        with self._lock:
+            self._stopping = True
+            for pid in self._running:
+                try:
+                    os.killpg(pid, sig)
+                except ProcessLookupError:  # it has just ended
+                    pass
+
+
+def run_process(job: Job, logs: Path, environment: dict[str, str], processes: Processes) -> Ran | None:
+    """Run ``job``'s command, its stdout and stderr to ``logs/<name>.out`` / ``.err``, ``environment`` added to
+    this process's; None when Ctrl-C came before it started."""
+    logs.mkdir(parents=True, exist_ok=True)
+    err_path = logs / f"{job.name}.err"
+    # Unbuffered: a job's log is readable while it runs.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **environment}
+    start = time.perf_counter()
+    with open(logs / f"{job.name}.out", "w") as out_file, open(err_path, "w") as err_file:
+        process = processes.start(job.command(), stdout=out_file, stderr=err_file, env=env)
+        if process is None:
+            return None
+        # wait4: this child's CPU time with that of the processes it waited for (a launcher's workers), where
+        # getrusage(RUSAGE_CHILDREN) would add up every job that ran beside it.
+        _, wait_status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(wait_status)
+        processes.ended(process)
+    wall, status = time.perf_counter() - start, process.returncode
+    error = None if status == 0 else error_line(err_path.read_text(errors="replace"), status)
+    return Ran(status, error, wall, usage.ru_utime + usage.ru_stime)
+
+
+@dataclass
+class LocalExecutor(Executor):
+    """Runs ``jobs`` jobs at once on this machine, each on its share of it (:func:`slot_environments`);
+    ``share``: the jobs the machine is divided between (default ``jobs``)."""
+
+    jobs: int = 1
+    share: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.jobs < 1:
+            raise UserError(f"--jobs must be at least 1, got {self.jobs}")
+
+    def alone(self) -> LocalExecutor:
+        return LocalExecutor(1, self.share or self.jobs)
+
+    def environments(self) -> list[dict[str, str]]:
+        """Each place's additions to a job's environment."""
+        share = self.share or self.jobs
+        if share == 1:
+            return [{}] * self.jobs
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return slot_environments(share, cpus, visible_gpus())[: self.jobs]
+
+    def run(
+        self,
+        jobs: Sequence[Job],
+        logs: Path,
+        started: Callable[[Job], None],
+        ended: Callable[[Job, Ran | None], bool],
+    ) -> None:
+        places, processes = self.environments(), Processes()
+        order = {job.name: index for index, job in enumerate(jobs)}
+        waiting, unfinished, failed = list(jobs), set(order), set()
+        free, running = list(range(self.jobs)), {}
+        pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="job")
+        try:
+            while waiting or running:
+                for job in list(waiting):  # in the experiment's order: the first ready starts first
+                    if any(need in failed for need in job.needs):
+                        waiting.remove(job)
+                        unfinished.discard(job.name)
+                        failed.add(job.name)
+                        ended(job, None)
+                    elif free and not any(need in unfinished for need in job.needs):
+                        waiting.remove(job)
+                        place = free.pop(0)
+                        started(job)
+                        running[pool.submit(run_process, job, logs, places[place], processes)] = (job, place)
+                if not running:
+                    if waiting:
+                        raise ValueError(f"job {waiting[0].name} needs a job that comes after it, or itself")
+                    break
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: order[running[f][0].name]):
+                    job, place = running.pop(future)
+                    free.append(place)
+                    unfinished.discard(job.name)
+                    if not ended(job, future.result()):  # a Ran: a job is not reported once Ctrl-C came
+                        failed.add(job.name)
+                free.sort()
+        except KeyboardInterrupt:
+            stop(processes, pool)
+            raise
+        finally:
+            pool.shutdown(wait=True)
+
+
+def stop(processes: Processes, pool: ThreadPoolExecutor) -> None:
+    """Ctrl-C: pass it on once to every running job and wait for them to stop; a second one kills them."""
+    processes.signal_all(signal.SIGINT)
+    try:
+        pool.shutdown(wait=True, cancel_futures=True)
+    except KeyboardInterrupt:
+        processes.signal_all(signal.SIGKILL)
+        pool.shutdown(wait=True)
