@@ -24,7 +24,7 @@ from sslkit.cli.early_checks import EMBEDDINGS_FILES, embeddings_folder, is_run_
 from sslkit.config import load_config
 from sslkit.embeddings import read_embeddings, write_embeddings
 from sslkit.embeddings import store as embeddings_store
-from sslkit.embeddings.duplicates import check_threshold
+from sslkit.embeddings.duplicates import check_fraction, check_threshold
 from sslkit.embeddings.encoders import source_kind
 from sslkit.errors import UserError
 from sslkit.evaluation.evaluate import plan_evaluation
@@ -98,6 +98,7 @@ MISTAKES = [
     ("sslkit-neighbours", ["emb", "--queries", "unfinished"], "'unfinished' is an unfinished sslkit-embed run (4 of"),
     ("sslkit-duplicates", ["nowhere", "--threshold", "0.9"], "'nowhere' is not a folder"),
     ("sslkit-duplicates", ["emb", "--threshold", "1.5"], "the threshold must be a cosine similarity in (0, 1]"),
+    ("sslkit-duplicates", ["emb", "--fraction", "1.5"], "the fraction to remove must be in (0, 1)"),
     ("sslkit-duplicates", ["emb", "--threshold", "0.9", "--against", "nowhere"], "'nowhere' is not a folder"),
     ("sslkit-map", ["nowhere"], "'nowhere' is not a folder; give the output folder of sslkit-embed"),
     ("sslkit-map", ["emb", "--sample", "2"], "--sample must be at least 3, got 2"),
@@ -176,6 +177,10 @@ SAME_LINE = {
             compare.parse_args(["quickstart", "recipes/mine.yaml", "optim.lrr=1", "--minutes", "1"])
         ),  # fmt: skip
         lambda: plan_comparison(["quickstart", "recipes/mine.yaml"], 1, overrides=["optim.lrr=1"]),
+    ),
+    "a fraction of 1 or more": (
+        lambda: duplicates.check_early(duplicates.parse_args(["emb", "--fraction", "1.5"])),
+        lambda: check_fraction(1.5),
     ),
     "a threshold above 1": (
         lambda: duplicates.check_early(duplicates.parse_args(["emb", "--threshold", "1.5"])),

@@ -158,6 +158,38 @@ def test_more_clusters_than_items_and_an_unknown_keep_rule_are_one_line():
         semdedup(np.eye(3, dtype=np.float32), THRESHOLD, keep="random")
 
 
+def test_each_items_nearest_similarity_in_its_cluster_is_the_plain_loops():
+    vectors = near_duplicates()
+    found = semdedup(vectors, THRESHOLD, num_clusters=3, kmeans="torch")
+    x = vectors.astype(np.float64) / np.linalg.norm(vectors.astype(np.float64), axis=1, keepdims=True)
+    for item in range(len(x)):
+        others = [o for o in np.flatnonzero(found.clusters == found.clusters[item]) if o != item]
+        expected = max((float(x[o] @ x[item]) for o in others), default=-1.0)
+        assert found.nearest[item] == pytest.approx(expected, abs=1e-5)
+    assert found.threshold == THRESHOLD
+    for value, count in duplicates.threshold_table(found):  # a bound on what each threshold removes
+        assert semdedup(vectors, value, clusters=found.clusters).num_duplicates <= count
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.2, 0.5])
+def test_a_fraction_finds_the_highest_threshold_that_removes_that_many(fraction):
+    vectors = near_duplicates()
+    target = round(fraction * len(vectors))
+    found = semdedup(vectors, fraction=fraction, num_clusters=1)
+    assert found.num_duplicates >= target
+    assert semdedup(vectors, found.threshold, num_clusters=1).kept.tolist() == found.kept.tolist()
+    assert semdedup(vectors, found.threshold + 1e-6, num_clusters=1).num_duplicates < target
+
+
+def test_a_fraction_no_threshold_reaches_and_two_ways_to_say_it_are_one_line():
+    with pytest.raises(UserError, match="no threshold in \\(0, 1\\] removes"):
+        semdedup(np.eye(4, dtype=np.float32), fraction=0.5, num_clusters=1)  # every pair at similarity 0
+    with pytest.raises(UserError, match="one of the two"):
+        semdedup(near_duplicates(), 0.9, fraction=0.1)
+    with pytest.raises(UserError, match="must be in \\(0, 1\\), e.g. 0.05"):
+        semdedup(near_duplicates(), fraction=1.0)
+
+
 # --------------------------------------------------------------------------- the command
 
 
@@ -181,6 +213,16 @@ def test_the_command_writes_the_groups(folder, capsys):
     assert f"{found.num_duplicates} of {len(found.kept)} items" in capsys.readouterr().out
 
 
+def test_the_command_finds_the_threshold_for_a_fraction_and_shows_what_each_threshold_could_remove(folder, capsys):
+    assert cli.main([str(folder), "--fraction", "0.1", "--clusters", "1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    found = semdedup(near_duplicates(), fraction=0.1, num_clusters=1)
+    assert f"{found.num_duplicates} of {len(found.kept)} items" in out
+    assert f"the threshold that removes 10.00% of the items: {found.threshold:.4f}" in out
+    for value, count in duplicates.threshold_table(found):
+        assert f"{value:g} │ {count:,} │" in out
+
+
 def test_the_command_finds_near_copies_against_another_folder(folder, tmp_path, capsys):
     train = near_duplicates()
     test = write_embeddings(tmp_path / "test", np.concatenate([train[[4]], -train[[4]]]), ["copy.png", "far.png"])
@@ -196,6 +238,8 @@ def test_the_command_finds_near_copies_against_another_folder(folder, tmp_path, 
     "arguments, message",
     [
         (["--threshold", "1.5"], "the threshold must be a cosine similarity in (0, 1], e.g. 0.95"),
+        (["--fraction", "1.5"], "the fraction to remove must be in (0, 1), e.g. 0.05"),
+        (["--fraction", "0.1", "--against", "."], "--fraction is for duplicates within a folder"),
         (["--threshold", "0.9", "--clusters", "100000"], "the number of clusters must be between 1 and the"),
         (["--threshold", "0.9", "--out", "d.txt"], "give a file ending in .csv"),
         (["--threshold", "0.9", "--kmeans", "faiss", "--clusters", "2"], 'pip install "sslkit[faiss]"'),

@@ -2,10 +2,13 @@
 
     sslkit-duplicates embeddings/ --threshold 0.95                 # embeddings/duplicates.csv
     sslkit-duplicates embeddings/ --threshold 0.95 --keep nearest --clusters 50
+    sslkit-duplicates embeddings/ --fraction 0.05                  # the threshold that removes 5%
     sslkit-duplicates test/ --threshold 0.95 --against train/      # test/near_copies.csv
 
 EMBEDDINGS is a folder written by ``sslkit-embed``; the threshold is a cosine similarity in
-(0, 1]: two items at least that similar are duplicates.
+(0, 1]: two items at least that similar are duplicates. ``--fraction`` finds the threshold that
+removes that share of the items instead, and every run prints how many items have a neighbour at
+0.8, 0.9, 0.95, 0.98 and 0.99, the most each of those thresholds could remove, to choose one by.
 
 Without ``--against``: SemDeDup (spherical k-means into ``--clusters`` clusters, then each
 cluster walked in the ``--keep`` order, an item a duplicate of the most similar item kept before
@@ -37,9 +40,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "row,item,nearest_row,nearest_item,similarity,near_copy.",
     )
     parser.add_argument("embeddings", help="an embeddings folder written by sslkit-embed")
-    parser.add_argument(
-        "--threshold", type=float, required=True, help="cosine similarity in (0, 1] at which two items are duplicates"
-    )
+    how = parser.add_mutually_exclusive_group(required=True)
+    how.add_argument("--threshold", type=float, help="cosine similarity in (0, 1] at which two items are duplicates")
+    how.add_argument(
+        "--fraction", type=float,
+        help="instead of --threshold: the share of the items to remove, in (0, 1); the threshold that removes it is "
+        "found and printed (as FiftyOne's find_duplicates(fraction=...))",
+    )  # fmt: skip
     parser.add_argument("--against", metavar="TRAIN", help="another embeddings folder: each item's nearest in it")
     parser.add_argument("--clusters", type=int, help="k-means clusters (default: one per 1,000 items; 1: every pair)")
     parser.add_argument(
@@ -61,7 +68,8 @@ def find(args: argparse.Namespace):
     from sslkit.embeddings.neighbours import check_output
     from sslkit.errors import UserError
 
-    check_threshold(args.threshold)
+    if args.threshold is not None:
+        check_threshold(args.threshold)
     embeddings = read_embeddings(args.embeddings)
     train = read_embeddings(args.against) if args.against else None
     if train is not None and args.clusters is not None:
@@ -76,7 +84,7 @@ def find(args: argparse.Namespace):
     else:
         result = semdedup(
             embeddings.vectors, args.threshold, args.clusters, args.keep, seed=args.seed, kmeans=args.kmeans,
-            progress=True,
+            progress=True, fraction=args.fraction,
         )  # fmt: skip
         save_groups(out, result, embeddings.items)
     return embeddings, train, result, time.perf_counter() - started, out
@@ -101,8 +109,13 @@ def print_near_copies(console, embeddings, train, copies, threshold: float) -> N
     console.print(table)
 
 
-def print_groups(console, embeddings, deduplication, threshold: float) -> None:
+def print_groups(console, embeddings, deduplication, fraction: float | None) -> None:
+    from rich.table import Table
+
+    from sslkit.embeddings.duplicates import threshold_table
+
     groups = deduplication.groups()
+    threshold = f"{deduplication.threshold:.4f}" if fraction is not None else str(deduplication.threshold)
     clusters = int(deduplication.clusters.max()) + 1
     kmeans = {"none": "one cluster: every pair compared"}.get(deduplication.kmeans, f"k-means: {deduplication.kmeans}")
     count = deduplication.num_duplicates
@@ -111,9 +124,19 @@ def print_groups(console, embeddings, deduplication, threshold: float) -> None:
         f"{threshold}) in {len(groups):,} groups; {clusters:,} clusters ({kmeans})",
         soft_wrap=True,
     )
+    if fraction is not None:
+        console.print(f"the threshold that removes {fraction:.2%} of the items: {threshold}", soft_wrap=True)
     if groups:
         largest = max(groups, key=len)
         console.print(f"largest group: {len(largest)} items, kept {embeddings.items[largest[0]]}", soft_wrap=True)
+    # Each item's nearest similarity in its cluster: how many any threshold could remove, to choose one by.
+    console.print("a threshold removes at most the items with a neighbour that similar in their cluster:")
+    table = Table()
+    for column in ("threshold", "items", "share"):
+        table.add_column(column, justify="right")
+    for value, count in threshold_table(deduplication):
+        table.add_row(f"{value:g}", f"{count:,}", f"{count / len(embeddings):.2%}")
+    console.print(table)
 
 
 def check_early(args: argparse.Namespace) -> None:
@@ -121,7 +144,13 @@ def check_early(args: argparse.Namespace) -> None:
     from sslkit.cli.early_checks import embeddings_folder
     from sslkit.errors import UserError
 
-    if not 0 < args.threshold <= 1:  # the line of sslkit.embeddings.duplicates.check_threshold
+    if args.against and args.fraction is not None:
+        raise UserError("--fraction is for duplicates within a folder; give --against a --threshold")
+    if args.fraction is not None and not 0 < args.fraction < 1:  # the line of duplicates.check_fraction
+        raise UserError(
+            f"the fraction to remove must be in (0, 1), e.g. 0.05 for 5% of the items, got {args.fraction!r}"
+        )
+    if args.threshold is not None and not 0 < args.threshold <= 1:  # the line of duplicates.check_threshold
         raise UserError(
             f"the threshold must be a cosine similarity in (0, 1], e.g. 0.95 (1 - eps in SemDeDup), "
             f"got {args.threshold!r}"
@@ -147,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if train is not None:
         print_near_copies(console, embeddings, train, result, args.threshold)
     else:
-        print_groups(console, embeddings, result, args.threshold)
+        print_groups(console, embeddings, result, args.fraction)
     console.print(f"{seconds:.1f} s; written to {out}", soft_wrap=True)
     return 0
 

@@ -71,6 +71,10 @@ class Deduplication:
         clusters: (N,) int64, the k-means cluster of each item.
         kmeans: what made the clusters: ``"faiss"`` or ``"torch"`` k-means, ``"given"`` by the caller, or
             ``"none"`` (one cluster).
+        threshold: the T the groups were found with (given, or found for a ``fraction``).
+        nearest: (N,) float32, each item's highest similarity to another item of its cluster (-1 alone in
+            it): the pairs SemDeDup compares. An item is a duplicate only where this is at least T, so its
+            distribution bounds what any threshold removes (:func:`threshold_table`).
     """
 
     kept: np.ndarray
@@ -78,6 +82,8 @@ class Deduplication:
     similarity: np.ndarray
     clusters: np.ndarray
     kmeans: str
+    threshold: float
+    nearest: np.ndarray
 
     @property
     def num_duplicates(self) -> int:
@@ -113,6 +119,11 @@ def check_threshold(threshold) -> None:
         raise UserError(
             f"the threshold must be a cosine similarity in (0, 1], e.g. 0.95 (1 - eps in SemDeDup), got {threshold!r}"
         )
+
+
+def check_fraction(fraction) -> None:
+    if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0 < fraction < 1:
+        raise UserError(f"the fraction to remove must be in (0, 1), e.g. 0.05 for 5% of the items, got {fraction!r}")
 
 
 def cluster(
@@ -186,13 +197,14 @@ def given_clusters(vectors: torch.Tensor, clusters) -> tuple[torch.Tensor, torch
 
 def semdedup(
     vectors,
-    threshold: float,
+    threshold: float | None = None,
     num_clusters: int | None = None,
     keep: str = "farthest",
     clusters=None,
     seed: int = 0,
     kmeans: str = "auto",
     progress: bool = False,
+    fraction: float | None = None,
 ) -> Deduplication:
     """Groups of near-duplicates by SemDeDup (module docstring), and the items to keep.
 
@@ -200,6 +212,9 @@ def semdedup(
         vectors: the set, e.g. ``read_embeddings(folder).vectors``; any float dtype.
         threshold: T in (0, 1]: an item is a duplicate of a kept item when their cosine
             similarity is at least T.
+        fraction: instead of ``threshold``, the share of the items to remove, in (0, 1), as FiftyOne's
+            ``find_duplicates(fraction=...)`` takes it: T is then the highest threshold that removes at least
+            that many (:func:`threshold_for_fraction`; more where items tie at it).
         num_clusters: k-means clusters; default N / :data:`DEFAULT_CLUSTER_SIZE`, at least 1.
             1 compares every pair (exact, N^2 similarities, in blocks).
         keep: which item of a group is kept: ``"farthest"`` from the centroid, ``"nearest"``, ``"first"`` row.
@@ -215,7 +230,9 @@ def semdedup(
     >>> semdedup(x, 0.99, num_clusters=1, keep="first").kept.tolist()
     [True, False, True]
     """
-    check_threshold(threshold)
+    if (threshold is None) == (fraction is None):
+        raise UserError("give the threshold or the fraction of the items to remove, one of the two")
+    check_threshold(threshold) if fraction is None else check_fraction(fraction)
     if keep not in KEEP_RULES:
         raise UserError(f"keep must be one of {', '.join(KEEP_RULES)}, got {keep!r}")
     if vectors.ndim != 2 or len(vectors) == 0:
@@ -234,15 +251,80 @@ def semdedup(
         assigned, centroid_similarity, backend = cluster(unit, num_clusters, seed, kmeans)
     assigned, centroid_similarity = assigned.numpy(), centroid_similarity.numpy()
     order = walk_order(assigned, centroid_similarity, keep)
-    group_of, similarity = np.arange(len(unit)), np.ones(len(unit), dtype=np.float32)
     members = np.split(order, np.flatnonzero(np.diff(assigned[order])) + 1)
+    nearest = nearest_in_cluster(unit, members)
+    if fraction is not None:
+        threshold = threshold_for_fraction(unit, members, nearest, fraction, progress)
+    group_of, similarity = walk(unit, members, threshold, progress)
+    kept = group_of == np.arange(len(unit))
+    return Deduplication(kept, group_of, similarity, assigned, backend, float(threshold), nearest)
+
+
+def walk(unit: torch.Tensor, members: list[np.ndarray], threshold: float, progress: bool = False):
+    """Step 4 over every cluster: the kept item each row stands with, and its similarity to it.
+
+    Shape:
+        unit: (N, D) L2-normalised; members: each cluster's rows in walk order; returns (N,) int64, (N,) float32.
+    """
+    group_of, similarity = np.arange(len(unit)), np.ones(len(unit), dtype=np.float32)
     with progress_bar("comparing within clusters", progress) as bar:
         task = bar.add_task("", total=len(unit))
         for rows in members:
             owner, similarity[rows] = walk_cluster(unit[rows], threshold, rows_per_block(len(rows)))
             group_of[rows] = rows[owner]
             bar.advance(task, len(rows))
-    return Deduplication(group_of == np.arange(len(unit)), group_of, similarity, assigned, backend)
+    return group_of, similarity
+
+
+def nearest_in_cluster(unit: torch.Tensor, members: list[np.ndarray]) -> np.ndarray:
+    """Each row's highest cosine similarity to another row of its cluster, -1 for a row alone in its cluster.
+
+    Shape:
+        unit: (N, D) L2-normalised; returns: (N,) float32.
+    """
+    nearest = np.full(len(unit), -1.0, dtype=np.float32)
+    for rows in members:
+        cluster_vectors = unit[rows]  # (n, D)
+        block = rows_per_block(len(rows))
+        for start in range(0, len(rows), block):
+            similarity = cluster_vectors[start : start + block] @ cluster_vectors.T  # (c, n)
+            similarity[torch.arange(len(similarity)), torch.arange(start, start + len(similarity))] = -np.inf
+            if len(rows) > 1:
+                nearest[rows[start : start + block]] = similarity.max(dim=1).values.numpy()
+    return nearest
+
+
+def threshold_for_fraction(
+    unit: torch.Tensor, members: list[np.ndarray], nearest: np.ndarray, fraction: float, progress: bool = False
+) -> float:
+    """The highest T at which the walk removes at least ``fraction`` of the N items, by bisection.
+
+    An item is removed only where its nearest similarity in its cluster is at least T, so T lies at or below
+    the ``fraction`` quantile from the top of ``nearest``; the walk keeps one item of every T-similar pair, so
+    the removed count at T is found by walking. The count falls as T rises (save in rare chains, where one
+    more item kept removes another), and 30 halvings fix T to 1e-9.
+    """
+    target = max(1, round(fraction * len(unit)))
+    candidates = np.sort(nearest)[::-1]
+    if target > len(unit) - len(members) or candidates[target - 1] <= 0:
+        raise UserError(
+            f"no threshold in (0, 1] removes {fraction:.2%} of the items ({target:,}): at most "
+            f"{int((nearest > 0).sum() - len(members)):,} have a positive similarity to another item of their "
+            f"cluster; ask for a smaller fraction, or fewer clusters (--clusters)"
+        )
+    low, high = 0.0, float(candidates[target - 1])  # removes >= target at low (every pair), at most at high
+    if (walk(unit, members, high)[0] != np.arange(len(unit))).sum() >= target:
+        return high
+    for _ in range(30):
+        middle = (low + high) / 2
+        removed = int((walk(unit, members, middle)[0] != np.arange(len(unit))).sum())
+        low, high = (middle, high) if removed >= target else (low, middle)
+    return low if low > 0 else high
+
+
+def threshold_table(deduplication: Deduplication, thresholds=(0.8, 0.9, 0.95, 0.98, 0.99)) -> list[tuple[float, int]]:
+    """``(T, items with another item of their cluster at least T-similar)`` for each T: at most what T removes."""
+    return [(t, int((deduplication.nearest >= t).sum())) for t in thresholds]
 
 
 def near_copies(vectors, others, threshold: float, progress: bool = False) -> NearCopies:
