@@ -53,7 +53,7 @@ from sslkit.embeddings.neighbours import (
 )
 from sslkit.errors import UserError
 from sslkit.evaluation.clustering import spherical_kmeans
-from sslkit.evaluation.search import import_faiss, rows_per_block
+from sslkit.evaluation.search import cosine_blocks, import_faiss, rows_per_block
 from sslkit.files import written_whole
 
 # Items per cluster when K is not given: the within-cluster pairs cost N x 1,000 similarities.
@@ -282,15 +282,12 @@ def nearest_in_cluster(unit: torch.Tensor, members: list[np.ndarray]) -> np.ndar
     Shape:
         unit: (N, D) L2-normalised; returns: (N,) float32.
     """
-    nearest = np.full(len(unit), -1.0, dtype=np.float32)
+    nearest = np.empty(len(unit), dtype=np.float32)
     for rows in members:
-        cluster_vectors = unit[rows]  # (n, D)
-        block = rows_per_block(len(rows))
-        for start in range(0, len(rows), block):
-            similarity = cluster_vectors[start : start + block] @ cluster_vectors.T  # (c, n)
-            similarity[torch.arange(len(similarity)), torch.arange(start, start + len(similarity))] = -np.inf
-            if len(rows) > 1:
-                nearest[rows[start : start + block]] = similarity.max(dim=1).values.numpy()
+        cluster_vectors, own = unit[rows], torch.arange(len(rows))  # (n, D), (n,)
+        blocks = cosine_blocks(cluster_vectors, cluster_vectors, rows_per_block(len(rows)), own_columns=own)
+        for start, stop, similarity in blocks:  # (c, n), the row's own column -inf
+            nearest[rows[start:stop]] = similarity.max(dim=1).values.clamp_min(-1).numpy()
     return nearest
 
 
