@@ -95,6 +95,26 @@ def test_sweep_runs_every_point_and_writes_tables_and_plots(sweep):
 
 
 @pytest.mark.slow
+def test_two_points_at_once_give_the_tables_of_one_at_a_time(sweep, tmp_path):
+    """Every point is seeded by itself: run side by side (``--jobs 2``), its numbers are those it has alone."""
+    out = tmp_path / "two-at-once"
+    status, stdout, stderr = run_ablate("--sweep", "loss.temperature=0.1,0.5", "--out", str(out), "--jobs", "2")
+    assert status == 0, stdout + stderr
+
+    def without_times(rows: list[dict]) -> list[dict]:
+        return [{key: value for key, value in row.items() if key not in ("wall_s", "cpu_s")} for row in rows]
+
+    for table in ("results.csv", "summary.csv"):
+        assert without_times(read_csv(out / table)) == without_times(read_csv(sweep[0] / table)), table
+
+    def records(folder: Path) -> list[dict]:
+        text = (folder / "results.json").read_text().replace(str(folder), "OUT")  # the paths into the output
+        return without_times(json.loads(text)["points"])
+
+    assert records(out) == records(sweep[0])
+
+
+@pytest.mark.slow
 def test_rerun_skips_finished_points_and_redoes_an_unfinished_one(sweep, tmp_path):
     out = tmp_path / "copy"
     shutil.copytree(sweep[0], out)

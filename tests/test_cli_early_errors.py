@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_cli import console_scripts
 
-from sslkit.cli import compare, duplicates, embed, evaluate, export, label_selection, pretrain, report
+from sslkit.cli import ablate, compare, duplicates, embed, evaluate, export, label_selection, pretrain, report
 from sslkit.cli.early_checks import EMBEDDINGS_FILES, embeddings_folder, is_run_dir
 from sslkit.config import load_config
 from sslkit.embeddings import read_embeddings, write_embeddings
@@ -29,6 +29,7 @@ from sslkit.embeddings.encoders import source_kind
 from sslkit.errors import UserError
 from sslkit.evaluation.evaluate import plan_evaluation
 from sslkit.experiments.compare import plan_comparison
+from sslkit.experiments.local import LocalExecutor
 from sslkit.experiments.report import is_run_dir as library_is_run_dir
 from sslkit.selection.label_file import select_to_file
 
@@ -84,6 +85,9 @@ MISTAKES = [
     ("sslkit-ablate", ["nosuchrecipe", "--sweep", "loss.temperature=0.1,0.2"], "recipe 'nosuchrecipe' not found"),
     ("sslkit-ablate", ["quickstart", "--seeds", "0"], "--seeds must be at least 1, got 0"),
     ("sslkit-ablate", ["quickstart", "--variants", "nosuch"], "--variants 'nosuch' not found"),
+    ("sslkit-ablate", ["quickstart", "--seeds", "2", "--jobs", "0"], "--jobs must be at least 1, got 0"),
+    ("sslkit-label-efficiency", ["quickstart", "--labels", "100", "--jobs", "0"], "--jobs must be at least 1, got 0"),
+    ("sslkit-compare", ["quickstart", "--minutes", "1", "--jobs", "-1"], "--jobs must be at least 1, got -1"),
     ("sslkit-label-efficiency", ["quickstart", "--labels", "100", "train.epochz=1"], "unknown key 'train.epochz'"),
     ("sslkit-compare", ["quickstart", "nosuchrecipe", "--minutes", "1"], "recipe 'nosuchrecipe' not found"),
     ("sslkit-compare", ["quickstart", "optim.lrr=1", "--minutes", "1"], "quickstart.yaml: "),
@@ -177,6 +181,10 @@ SAME_LINE = {
             compare.parse_args(["quickstart", "recipes/mine.yaml", "optim.lrr=1", "--minutes", "1"])
         ),  # fmt: skip
         lambda: plan_comparison(["quickstart", "recipes/mine.yaml"], 1, overrides=["optim.lrr=1"]),
+    ),
+    "no job at once": (
+        lambda: ablate.check_early(ablate.parse_args(["quickstart", "--seeds", "2", "--jobs", "0"])),
+        lambda: LocalExecutor(0),
     ),
     "a fraction of 1 or more": (
         lambda: duplicates.check_early(duplicates.parse_args(["emb", "--fraction", "1.5"])),

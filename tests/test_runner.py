@@ -6,8 +6,13 @@ tools' own tests run real sweeps."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -192,3 +197,146 @@ def test_cpu_seconds_count_the_job_and_the_processes_it_waited_for(tmp_path):
     (record,) = run(tmp_path, [job(tmp_path, "launched", workers)])
     assert record["status"] == "ok", record["error"]
     assert record["cpu_s"] >= 0.8  # two workers of 0.4 CPU-s each (beside the interpreters' own starts)
+    # Two such jobs side by side: each is charged its own processes, not its neighbour's too.
+    for result in tmp_path.glob("*.json"):
+        result.unlink()
+    records = run(tmp_path, [job(tmp_path, name, workers) for name in ("a", "b")], jobs_at_once=2)
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert all(0.8 <= r["cpu_s"] < 1.6 for r in records), [r["cpu_s"] for r in records]
+
+
+# --------------------------------------------------------------------------- several jobs at once
+
+# A job that says it has started, then waits (a minute at most) until another has: it finishes only when the two
+# run at the same time.
+MEETS = (
+    "import json, os, pathlib, time\n"
+    "folder = pathlib.Path({result!r}).parent\n"
+    "(folder / (pathlib.Path({result!r}).stem + '.started')).touch()\n"
+    "end = time.monotonic() + 60\n"
+    "while time.monotonic() < end and len(list(folder.glob('*.started'))) < 2: time.sleep(0.05)\n"
+    "met = len(list(folder.glob('*.started'))) >= 2\n"
+    "threads = int(os.environ.get('OMP_NUM_THREADS') or 0)\n"
+    "json.dump({{'results': {{'trained': {{'met': float(met), 'threads': threads}}}}}}, open({result!r}, 'w'))"
+)
+# A job that records whether the result of job "a" was there when it started.
+AFTER_A = (
+    "import json, pathlib\n"
+    "seen = pathlib.Path({result!r}).with_name('a.json').is_file()\n"
+    "json.dump({{'results': {{'trained': {{'a_was_done': float(seen)}}}}}}, open({result!r}, 'w'))"
+)
+
+
+def test_jobs_run_side_by_side_on_their_share_of_the_cpus_each_after_what_it_needs(tmp_path, capsys):
+    jobs = [job(tmp_path, "a", MEETS), job(tmp_path, "b", AFTER_A, needs=("a",)), job(tmp_path, "c", MEETS)]
+    records = run(tmp_path, jobs, jobs_at_once=2)
+    assert [r["name"] for r in records] == ["a", "b", "c"]  # in the jobs' order, whatever order they ended in
+    assert [r["status"] for r in records] == ["ok"] * 3, [r["error"] for r in records]
+    # a and c ran at once (each waited for the other); b, which needs a, started after a had finished
+    assert [r["metrics"].get("met") for r in records] == [1.0, None, 1.0] and records[1]["metrics"]["a_was_done"]
+    cpus = len(os.sched_getaffinity(0))
+    assert [records[i]["metrics"]["threads"] for i in (0, 2)] == [max(1, cpus // 2)] * 2
+    assert "[3/3]" in capsys.readouterr().out
+
+
+def test_a_job_whose_need_fails_beside_others_is_not_run_and_the_others_go_on(tmp_path):
+    jobs = [job(tmp_path, "teacher", FAILS), job(tmp_path, "student", WRITES, needs=("teacher",))]
+    jobs += [job(tmp_path, name, WRITES) for name in ("x", "y")]
+    records = run(tmp_path, jobs, jobs_at_once=2)
+    assert [(r["name"], r["status"]) for r in records] == [
+        ("teacher", "failed"),
+        ("student", "failed"),
+        ("x", "ok"),
+        ("y", "ok"),
+    ]
+    assert records[1]["error"] == "not run: teacher failed"
+
+
+def test_jobs_at_once_are_at_least_one_and_a_calibration_runs_alone_on_a_runs_share():
+    with pytest.raises(UserError, match=r"^--jobs must be at least 1, got 0$"):
+        LocalExecutor(0)
+    alone = LocalExecutor(4).alone()
+    assert alone.jobs == 1 and alone.environments() == LocalExecutor(4).environments()[:1]
+    assert LocalExecutor(1).environments() == [{}]  # one job at a time: the environment as it is
+
+
+# The runner in a process of its own, as a command runs it: jobs "slow-*" wait until they are stopped (unless
+# QUICK is set), "ignores" ignores SIGINT too, "last" waits for a free place; the exit status is the outcome's.
+SWEEP = """
+import os, sys
+from pathlib import Path
+from sslkit.experiments import runner
+from sslkit.experiments.experiment import interrupted
+from sslkit.experiments.jobs import Job
+from sslkit.experiments.local import LocalExecutor
+
+out = Path(sys.argv[1])
+WAITS = (
+    "import json, os, signal, sys, time, pathlib\\n"
+    "result = pathlib.Path(sys.argv[2])\\n"
+    "if sys.argv[3] == 'ignore': signal.signal(signal.SIGINT, signal.SIG_IGN)\\n"
+    "result.with_suffix('.pid').write_text(str(os.getpid()))\\n"
+    "while not os.environ.get('QUICK'): time.sleep(0.05)\\n"
+    "json.dump({'results': {'trained': {'ok': 1}}}, open(result, 'w'))"
+)
+names = sys.argv[2:]
+jobs = [Job(n, "run_code", (WAITS, str(out / f"{n}.json"), "ignore" if n == "ignores" else ""), out / f"{n}.json")
+        for n in names]
+records = runner.run_jobs(jobs, out, {}, lambda records: None, "points", LocalExecutor(len(names) - 1))
+sys.exit(130 if records is None else 0)
+"""
+
+
+def sweep(folder: Path, names: list[str], **env: str) -> subprocess.Popen:
+    """:data:`SWEEP` in a process of its own, over the jobs ``names``."""
+    command = [sys.executable, "-c", SWEEP, str(folder), *names]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}  # no GPU to count: the runner needs no torch
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def wait_for(path: Path) -> int:
+    """The pid a job writes to ``path`` once it has started (a minute at most)."""
+    for _ in range(1200):
+        if path.is_file() and path.read_text():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never came")
+
+
+def alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").is_dir() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_ctrl_c_stops_every_running_job_and_the_same_command_continues(tmp_path):
+    names = ["slow-1", "ignores", "last"]
+    runner_process = sweep(tmp_path, names)
+    slow, ignores = wait_for(tmp_path / "slow-1.pid"), wait_for(tmp_path / "ignores.pid")
+    runner_process.send_signal(signal.SIGINT)  # to the runner alone: it passes Ctrl-C on to the running jobs
+    for _ in range(1200):
+        if not alive(slow):
+            break
+        time.sleep(0.05)
+    assert not alive(slow) and alive(ignores) and runner_process.poll() is None  # waiting for the one left
+    runner_process.send_signal(signal.SIGINT)  # a second Ctrl-C kills it
+    output, _ = runner_process.communicate(timeout=60)
+    assert runner_process.returncode == 130 and "interrupted: the same command continues" in output, output
+    assert not alive(ignores) and not (tmp_path / "last.pid").exists()  # nothing started after Ctrl-C
+
+    again = sweep(tmp_path, names, QUICK="1")  # the same command, its jobs now quick
+    output, _ = again.communicate(timeout=120)
+    assert again.returncode == 0, output
+    assert all((tmp_path / f"{name}.json").is_file() for name in names)
+    (tmp_path / "slow-1.pid").unlink()
+    third = sweep(tmp_path, names, QUICK="1")
+    output, _ = third.communicate(timeout=120)
+    assert third.returncode == 0 and output.count("done, skipped") == 3 and not (tmp_path / "slow-1.pid").exists()
+
+
+def test_sigterm_to_the_runner_stops_its_jobs_as_ctrl_c_does(tmp_path):
+    """The jobs run in sessions of their own, which a terminal's hangup or a kill of the runner does not reach."""
+    runner_process = sweep(tmp_path, ["slow-1", "slow-2"])
+    slow = wait_for(tmp_path / "slow-1.pid")
+    runner_process.send_signal(signal.SIGTERM)
+    output, _ = runner_process.communicate(timeout=60)
+    assert runner_process.returncode == 130 and "interrupted" in output, output
+    assert not alive(slow)

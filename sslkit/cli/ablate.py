@@ -1,13 +1,16 @@
 """``sslkit-ablate``: a grid of pretraining runs (sweeps x variants x seeds), tabulated and plotted.
 
-    sslkit-ablate RECIPE [--sweep KEY=V1,V2,...] [--variants FILE] [--seeds N] [--out DIR]
+    sslkit-ablate RECIPE [--sweep KEY=V1,V2,...] [--variants FILE] [--seeds N] [--out DIR] [--jobs N]
                   [--metrics M1,M2] [--launcher "accelerate launch --cpu --num_processes 2"] [key.sub=value ...]
     sslkit-ablate recipes/quickstart.yaml --sweep loss.temperature=0.05,0.1,0.2,0.5 --seeds 2 train.epochs=10
+    sslkit-ablate quickstart --sweep loss.temperature=0.1,0.2,0.5 --seeds 2 --jobs 2    # two points at once
 
 The grid, its points and the files the sweep writes are :mod:`sslkit.experiments.ablate`'s; this
-command parses its options into :func:`~sslkit.experiments.ablate.plan_ablation`, runs the plan and
-prints its table. Exit status: 0 when every point succeeded, 1 when any failed, 2 for a mistake in the
-command line or a point's config (one line, before anything runs), 130 on Ctrl-C.
+command parses its options into :func:`~sslkit.experiments.ablate.plan_ablation`, runs the plan on the
+executor ``--executor`` and ``--jobs`` ask for (:mod:`sslkit.experiments.local`) and prints its table. Exit
+status: 0 when every point succeeded, 1 when any failed, 2 for a mistake in the command line or a point's
+config (one line, before anything runs), 130 on Ctrl-C (every running point stops; the same command
+continues).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sslkit.cli.early_checks import at_least, recipe_with_overrides, refused
+from sslkit.cli.options import add_executor_options, executor_of
 from sslkit.console import console, print_table, print_user_error
 from sslkit.errors import UserError
 from sslkit.schema.reading import find_variants
@@ -80,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help='a prefix for multi-process points, e.g. "accelerate launch --cpu --num_processes 2"',
     )
+    add_executor_options(parser, "points")
     # Intermixed: overrides may come before or after the --options, as users type them.
     return parser.parse_intermixed_args(argv)
 
@@ -101,9 +106,10 @@ def plan_from(args: argparse.Namespace) -> ablate.Plan:
 
 
 def check_early(args: argparse.Namespace) -> None:
-    """The seeds, the variants file, and the recipe's name and keys with the shared overrides, before torch is
-    imported (the sweeps are read by :func:`~sslkit.experiments.ablate.plan_ablation`)."""
+    """The seeds, the jobs, the variants file, and the recipe's name and keys with the shared overrides, before
+    torch is imported (the sweeps are read by :func:`~sslkit.experiments.ablate.plan_ablation`)."""
     at_least(args.seeds, 1, "--seeds")
+    at_least(args.jobs, 1, "--jobs")
     if args.variants:
         find_variants(args.variants)
     recipe_with_overrides(args.recipe, args.overrides)
@@ -116,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     from sslkit.experiments import ablate
 
     try:
-        plan = plan_from(args)
+        plan, executor = plan_from(args), executor_of(args)
     except UserError as error:
         print_user_error(error)
         return 2
-    outcome = ablate.run_ablation(plan)
+    outcome = ablate.run_ablation(plan, executor)
     for table in outcome.tables:
         print_table(table)
     for note in outcome.notes:

@@ -2,14 +2,17 @@
 
     sslkit-compare RECIPE [RECIPE ...] --minutes M [--seeds N] [--seeds-for NAME=N ...] [--out DIR]
                    [--fraction 0.01] [--finetune-recipe R] [--scratch-recipe R] [--no-finetune]
-                   [--calibration-steps 30]
+                   [--calibration-steps 30] [--jobs N]
                    [--launcher "..."] [--finetune-override K=V ...] [key.sub=value ...]
     sslkit-compare fashion_mnist_simclr fashion_mnist_byol fashion_mnist_dino --minutes 10 \\
         --seeds-for fashion_mnist_simclr=2 train.threads=1
 
 The calibration, the budget, the runs and the files the comparison writes are
 :mod:`sslkit.experiments.compare`'s; this command parses its options into
-:func:`~sslkit.experiments.compare.plan_comparison`, runs the plan and prints its table. Exit status:
+:func:`~sslkit.experiments.compare.plan_comparison`, runs the plan on the executor ``--executor`` and ``--jobs``
+ask for (:mod:`sslkit.experiments.local`) and prints its table. With ``--jobs N`` the calibrations still run one
+at a time, each on the share of the machine a run gets (the CPU threads divided by N, or one GPU): ``--minutes``
+is the time a run trains alone on its share, and N runs then train their steps side by side. Exit status:
 0 when every run succeeded, 1 when any failed, 2 for a mistake in the command line or a run's config
 (one line), 130 on Ctrl-C.
 """
@@ -21,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sslkit.cli.early_checks import recipe_with_overrides, refused
+from sslkit.cli.early_checks import at_least, recipe_with_overrides, refused
+from sslkit.cli.options import add_executor_options, executor_of
 from sslkit.console import console, print_table, print_user_error
 from sslkit.errors import UserError
 from sslkit.schema import find_recipe
@@ -88,6 +92,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="KEY=V",
         help="an override for the fine-tune and scratch runs only (repeatable)",
     )
+    add_executor_options(
+        parser,
+        "runs (the calibrations one at a time, each on a run's share: --minutes is the time a run trains alone on "
+        "its share)",
+    )
     return parser.parse_intermixed_args(argv)
 
 
@@ -119,8 +128,9 @@ def plan_from(args: argparse.Namespace) -> compare.Plan:
 
 
 def check_early(args: argparse.Namespace) -> None:
-    """Every recipe's name, then its keys with the overrides (named by its file, as
+    """The jobs, and every recipe's name, then its keys with the overrides (named by its file, as
     :func:`~sslkit.experiments.compare.plan_comparison` names them), before torch is imported."""
+    at_least(args.jobs, 1, "--jobs")
     recipes, overrides = recipes_and_overrides(args)
     for path in [find_recipe(recipe).resolve() for recipe in recipes]:
         try:
@@ -136,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     from sslkit.experiments import compare
 
     try:
-        outcome = compare.run_comparison(plan_from(args))
+        outcome = compare.run_comparison(plan_from(args), executor_of(args))
     except UserError as error:
         print_user_error(error)
         return 2

@@ -3,15 +3,17 @@
     sslkit-label-efficiency RECIPE (--fractions 0.01,0.1,1 | --labels 100,600) --seeds 3 [--out DIR]
         [--select balanced,random,kmeans,typiclust,probcover,kcenter] [--fixmatch] [--pretrained RUN_DIR]
         [--finetune-recipe R] [--distill-recipe R] [--no-distill] [--fixmatch-recipe R]
-        [--scratch-recipe R] [--scratch-factor 3] [--epochs B=E,...] [--launcher "..."]
+        [--scratch-recipe R] [--scratch-factor 3] [--epochs B=E,...] [--launcher "..."] [--jobs N]
         [--pretrain-override K=V ...] [--finetune-override K=V ...]
         [key.sub=value ...]
     sslkit-label-efficiency quickstart --fractions 0.05,0.1,1 --seeds 3 train.threads=2
+    sslkit-label-efficiency quickstart --fractions 0.05,0.1,1 --seeds 3 --jobs 2 train.threads=1
     sslkit-label-efficiency quickstart --labels 50,100 --select random,typiclust,balanced --fixmatch --seeds 3
 
 The roads, the selections, the runs and the files the comparison writes are
 :mod:`sslkit.experiments.label_efficiency`'s; this command parses its options into
-:func:`~sslkit.experiments.label_efficiency.plan_label_efficiency`, runs the plan and prints its tables.
+:func:`~sslkit.experiments.label_efficiency.plan_label_efficiency`, runs the plan on the executor ``--executor``
+and ``--jobs`` ask for (:mod:`sslkit.experiments.local`) and prints its tables.
 Exit status: 0 when every run succeeded, 1 when any failed, 2 for a mistake in the command line or a
 run's config (one line, before anything runs), 130 on Ctrl-C.
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sslkit.cli.early_checks import at_least, recipe_with_overrides, refused
+from sslkit.cli.options import add_executor_options, executor_of
 from sslkit.console import console, error_console, print_table, print_user_error
 from sslkit.errors import UserError
 
@@ -127,6 +130,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help='a prefix for multi-process runs, e.g. "accelerate launch --cpu --num_processes 2"',
     )
+    add_executor_options(parser, "runs (those a run needs first, first: the pretraining, the embeddings)")
     parser.add_argument(
         "--pretrain-override",
         dest="pretrain_overrides",
@@ -176,10 +180,11 @@ def plan_from(args: argparse.Namespace) -> label_efficiency.Plan:
 
 
 def check_early(args: argparse.Namespace) -> None:
-    """The seeds, and the pretraining recipe's name and keys with its overrides, before torch is imported (the
-    budgets, the selections and the other recipes are read by
+    """The seeds, the jobs, and the pretraining recipe's name and keys with its overrides, before torch is imported
+    (the budgets, the selections and the other recipes are read by
     :func:`~sslkit.experiments.label_efficiency.plan_label_efficiency`)."""
     at_least(args.seeds, 1, "--seeds")
+    at_least(args.jobs, 1, "--jobs")
     recipe_with_overrides(args.recipe, [*args.overrides, *args.pretrain_overrides])
 
 
@@ -190,13 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     from sslkit.experiments import label_efficiency
 
     try:
-        plan = plan_from(args)
+        plan, executor = plan_from(args), executor_of(args)
     except UserError as error:
         print_user_error(error)
         return 2
     if (note := label_efficiency.labels_note(plan)) is not None:
         error_console.print(note, markup=False, highlight=False, soft_wrap=True)
-    outcome = label_efficiency.run_label_efficiency(plan)
+    outcome = label_efficiency.run_label_efficiency(plan, executor)
     for table in outcome.tables:
         print_table(table)
     for note in outcome.notes:

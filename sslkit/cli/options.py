@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+
+from sslkit.experiments.local import LocalExecutor  # light: the standard library's processes and threads
+
 
 def reject_unknown_option(command_line: list[str], options) -> bool:
     """Print one line and return True for a ``--option`` the command does not take (see
@@ -24,3 +28,26 @@ def reject_unknown_option(command_line: list[str], options) -> bool:
         print_user_error(error)
         return True
     return False
+
+
+def add_executor_options(parser: argparse.ArgumentParser, counted: str) -> None:
+    """``--executor`` and ``--jobs N`` of the experiment commands; ``counted``: what N counts, e.g. "points"."""
+    parser.add_argument(
+        "--executor",
+        choices=("local",),
+        default="local",
+        help="where the jobs run: local, on this machine (default)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help=f"{counted} at once (default 1); each gets its share of the CPU threads (OMP_NUM_THREADS, unless "
+        "train.threads is given), or one GPU each where there are GPUs",
+    )
+
+
+def executor_of(args: argparse.Namespace) -> LocalExecutor:
+    """The executor ``--executor`` and ``--jobs`` ask for."""
+    return LocalExecutor(args.jobs)

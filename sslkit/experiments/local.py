@@ -8,10 +8,11 @@ a job's numbers do not depend on which share it ran on, since every run is seede
 (N = 1, the default) leaves the environment as it is.
 
 A job starts once the jobs it needs have finished well, the first ready in the experiment's order; N worker
-threads (:class:`concurrent.futures.ThreadPoolExecutor`) each wait for one process. Every job runs in a process
-group of its own, so that Ctrl-C reaches the runner alone, which passes it on once to every running job
-(its launcher and their workers alike), waits for them to stop, and raises KeyboardInterrupt; a second Ctrl-C
-kills what is left.
+threads (:class:`concurrent.futures.ThreadPoolExecutor`) each wait for one process. Every job runs in a session
+(and process group) of its own, so that Ctrl-C reaches the runner alone, which passes it on once to every
+running job (its launcher and their workers alike), waits for them to stop, and raises KeyboardInterrupt; a
+second Ctrl-C kills what is left. SIGTERM and SIGHUP (``kill``, a closed terminal), which no longer reach the
+jobs either, stop them as Ctrl-C does.
 
 >>> [slot["OMP_NUM_THREADS"] for slot in slot_environments(2, cpus=8, gpus=[])]
 ['4', '4']
@@ -21,12 +22,13 @@ kills what is left.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,10 +113,28 @@ def run_process(job: Job, logs: Path, environment: dict[str, str], processes: Pr
     return Ran(status, error, wall, usage.ru_utime + usage.ru_stime)
 
 
+@contextlib.contextmanager
+def stopping_as_ctrl_c(signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """Within it, ``signals`` raise KeyboardInterrupt in this (the main) thread, as Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python runs handlers in the main thread only
+        return
+
+    def interrupt(signum: int, frame) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 @dataclass
 class LocalExecutor(Executor):
     """Runs ``jobs`` jobs at once on this machine, each on its share of it (:func:`slot_environments`);
-    ``share``: the jobs the machine is divided between (default ``jobs``)."""
+    ``share``: the jobs the machine is divided between, at least ``jobs`` (default ``jobs``)."""
 
     jobs: int = 1
     share: int | None = None
@@ -122,6 +142,8 @@ class LocalExecutor(Executor):
     def __post_init__(self) -> None:
         if self.jobs < 1:
             raise UserError(f"--jobs must be at least 1, got {self.jobs}")
+        if self.share is not None and self.share < self.jobs:
+            raise ValueError(f"{self.jobs} jobs at once cannot share the machine {self.share} ways")
 
     def alone(self) -> LocalExecutor:
         return LocalExecutor(1, self.share or self.jobs)
@@ -141,41 +163,51 @@ class LocalExecutor(Executor):
         started: Callable[[Job], None],
         ended: Callable[[Job, Ran | None], bool],
     ) -> None:
-        places, processes = self.environments(), Processes()
-        order = {job.name: index for index, job in enumerate(jobs)}
+        processes = Processes()
+        with stopping_as_ctrl_c(), ThreadPoolExecutor(self.jobs, thread_name_prefix="job") as pool:
+            try:
+                self.dispatch(jobs, pool, lambda job, place: run_process(job, logs, place, processes), started, ended)
+            except KeyboardInterrupt:
+                stop(processes, pool)
+                raise
+
+    def dispatch(
+        self,
+        jobs: Sequence[Job],
+        pool: ThreadPoolExecutor,
+        run_on: Callable[[Job, dict[str, str]], Ran | None],
+        started: Callable[[Job], None],
+        ended: Callable[[Job, Ran | None], bool],
+    ) -> None:
+        """Start each job on ``pool`` as ``run_on(job, place)`` once a place is free and the jobs it needs have
+        ended well, the first ready in ``jobs``' order; report each as it ends (:meth:`Executor.run`)."""
+        places, order = self.environments(), {job.name: index for index, job in enumerate(jobs)}
         waiting, unfinished, failed = list(jobs), set(order), set()
         free, running = list(range(self.jobs)), {}
-        pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="job")
-        try:
-            while waiting or running:
-                for job in list(waiting):  # in the experiment's order: the first ready starts first
-                    if any(need in failed for need in job.needs):
-                        waiting.remove(job)
-                        unfinished.discard(job.name)
-                        failed.add(job.name)
-                        ended(job, None)
-                    elif free and not any(need in unfinished for need in job.needs):
-                        waiting.remove(job)
-                        place = free.pop(0)
-                        started(job)
-                        running[pool.submit(run_process, job, logs, places[place], processes)] = (job, place)
-                if not running:
-                    if waiting:
-                        raise ValueError(f"job {waiting[0].name} needs a job that comes after it, or itself")
-                    break
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in sorted(done, key=lambda f: order[running[f][0].name]):
-                    job, place = running.pop(future)
-                    free.append(place)
+        while waiting or running:
+            for job in list(waiting):
+                if any(need in failed for need in job.needs):
+                    waiting.remove(job)
                     unfinished.discard(job.name)
-                    if not ended(job, future.result()):  # a Ran: a job is not reported once Ctrl-C came
-                        failed.add(job.name)
-                free.sort()
-        except KeyboardInterrupt:
-            stop(processes, pool)
-            raise
-        finally:
-            pool.shutdown(wait=True)
+                    failed.add(job.name)
+                    ended(job, None)
+                elif free and not any(need in unfinished for need in job.needs):
+                    waiting.remove(job)
+                    place = free.pop(0)
+                    started(job)
+                    running[pool.submit(run_on, job, places[place])] = (job, place)
+            if not running:
+                if waiting:
+                    raise ValueError(f"job {waiting[0].name} needs a job that comes after it, or itself")
+                return
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: order[running[f][0].name]):
+                job, place = running.pop(future)
+                free.append(place)
+                unfinished.discard(job.name)
+                if not ended(job, future.result()):  # a Ran: a job is not reported once Ctrl-C came
+                    failed.add(job.name)
+            free.sort()
 
 
 def stop(processes: Processes, pool: ThreadPoolExecutor) -> None:

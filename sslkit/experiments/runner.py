@@ -25,11 +25,11 @@ import yaml
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sslkit.config import flatten
 from sslkit.console import console
 from sslkit.errors import UserError
 from sslkit.experiments.executor import Executor, Ran
 from sslkit.experiments.jobs import TIMES, Job
+from sslkit.schema import flatten
 
 
 def record_of(job: Job, **changes: Any) -> dict:
