@@ -22,7 +22,8 @@ command                         what it does                                modu
 ``python -m sslkit.cli.<module>`` is the same command. A launcher starts the training commands
 as modules: ``accelerate launch -m sslkit.cli.pretrain RECIPE`` (or ``torchrun -m``), and
 ``sslkit-ablate``, ``sslkit-label-efficiency`` and ``sslkit-compare`` start every run they make that way, through one
-runner (:mod:`sslkit.experiments.runner`).
+runner (:mod:`sslkit.experiments.runner`) on the executor ``--executor`` and ``--jobs N`` ask for (N runs at once);
+the arguments of each command they start are built beside that command's parser (:mod:`sslkit.command_lines`).
 
 Every command builds its parser from light modules and imports the library (torch) once its arguments are
 parsed and checked: ``--help``, and the mistakes that need no torch (a path that is not there, a misspelled
