@@ -91,16 +91,17 @@ class Processes:
                     pass
 
 
-def run_process(job: Job, logs: Path, environment: dict[str, str], processes: Processes) -> Ran | None:
+def run_process(job: Job, logs: Path, environment: dict[str, str], processes: Processes, **popen) -> Ran | None:
     """Run ``job``'s command, its stdout and stderr to ``logs/<name>.out`` / ``.err``, ``environment`` added to
-    this process's; None when Ctrl-C came before it started."""
+    this process's (``popen``: more of :class:`subprocess.Popen`'s keywords, e.g. ``pass_fds``); None when Ctrl-C
+    came before it started."""
     logs.mkdir(parents=True, exist_ok=True)
     err_path = logs / f"{job.name}.err"
     # Unbuffered: a job's log is readable while it runs.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **environment}
     start = time.perf_counter()
     with open(logs / f"{job.name}.out", "w") as out_file, open(err_path, "w") as err_file:
-        process = processes.start(job.command(), stdout=out_file, stderr=err_file, env=env)
+        process = processes.start(job.command(), stdout=out_file, stderr=err_file, env=env, **popen)
         if process is None:
             return None
         # wait4: this child's CPU time with that of the processes it waited for (a launcher's workers), where
