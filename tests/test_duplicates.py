@@ -99,26 +99,15 @@ def test_the_keep_rule_picks_the_item_farthest_from_or_nearest_to_the_centroid()
         assert [rows.tolist() for rows in found.groups()] == [[kept, *sorted({0, 1, 2} - {kept})]]
 
 
-def cohesion(vectors: np.ndarray, clusters: np.ndarray) -> float:
-    """Mean cosine similarity of the items to their cluster's normalised mean: the spherical k-means objective."""
-    x = F.normalize(torch.from_numpy(vectors).double(), dim=1)
-    labels = torch.from_numpy(clusters)
-    centroids = F.normalize(torch.zeros(int(labels.max()) + 1, x.shape[1], dtype=x.dtype).index_add_(0, labels, x))
-    return float((x * centroids[labels]).sum(dim=1).mean())
-
-
 @pytest.mark.parametrize("backend", ["faiss", "torch"])
-def test_spherical_kmeans_groups_similar_items_and_semdedup_finds_the_copies_in_them(backend):
+def test_semdedup_finds_the_copies_within_the_clusters_of_either_kmeans(backend):
     rng = np.random.default_rng(0)
     centres = F.normalize(torch.randn(6, 32, generator=torch.Generator().manual_seed(0)), dim=1).numpy()
     truth = rng.integers(0, 6, 600)
     vectors = (centres[truth] + 0.3 * rng.standard_normal((600, 32)) / np.sqrt(32)).astype(np.float32)
     vectors[500:520] = vectors[:20] * 3  # exact copies, scaled
     found = semdedup(vectors, 0.999, num_clusters=6, kmeans=backend)
-    assert found.kmeans == backend and len(np.unique(found.clusters)) == 6
-    # Random starts may merge two true clusters (a local optimum, as faiss' own k-means does here), never worse.
-    assert cohesion(vectors, found.clusters) > 0.85 * cohesion(vectors, truth)
-    assert cohesion(vectors, found.clusters) > 2 * cohesion(vectors, rng.integers(0, 6, 600))
+    assert found.kmeans == backend and len(np.unique(found.clusters)) == 6  # k-means itself: tests/test_search.py
     assert found.num_duplicates == 20  # one of each copy and its original: equally far from their centroid
     assert sorted(sorted(rows.tolist()) for rows in found.groups()) == [[i, 500 + i] for i in range(20)]
 

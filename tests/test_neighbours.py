@@ -1,5 +1,6 @@
-"""Nearest neighbours over embeddings: the exact search against a brute-force sort, faiss' recall, the files, the
-command, and one line for each mistake."""
+"""Nearest neighbours over embeddings (the search itself is tests/test_search.py's): an item left out of its own list,
+queries of another set, a float16 folder, faiss' lists and recall, the files, the command, and one line for each
+mistake."""
 
 import subprocess
 import sys
@@ -12,7 +13,6 @@ import torch.nn.functional as F
 from sslkit.cli import neighbours as cli
 from sslkit.embeddings import nearest_neighbours, neighbours, read_embeddings, recall_at_k, write_embeddings
 from sslkit.errors import UserError
-from sslkit.evaluation import search
 
 
 def brute_force(vectors: np.ndarray, k: int, queries: np.ndarray | None = None):
@@ -47,30 +47,6 @@ def clustered(n: int, dim: int, clusters: int, seed: int = 0) -> np.ndarray:
     return points.astype(np.float32)
 
 
-@pytest.fixture
-def small_blocks(monkeypatch):
-    """Blocks of a few query rows, so that every search crosses block boundaries."""
-    monkeypatch.setattr(search, "SIMILARITY_BLOCK_BYTES", 4 * 300 * 7)
-
-
-@pytest.mark.parametrize("k", [1, 5, 40])
-def test_exact_search_is_the_stable_sort_of_every_similarity(k, small_blocks):
-    vectors = tied_vectors()
-    similarities, indices = nearest_neighbours(vectors, k)
-    expected_similarities, expected_indices = brute_force(vectors, k)
-    np.testing.assert_array_equal(indices, expected_indices)
-    np.testing.assert_allclose(similarities, expected_similarities, atol=1e-6)
-    assert indices.dtype == np.int64 and similarities.dtype == np.float32 and indices.shape == (300, k)
-
-
-def test_exact_search_of_untied_vectors_is_the_float64_ranking(small_blocks):
-    vectors = clustered(300, 16, 5)
-    similarities, indices = nearest_neighbours(vectors, 20)
-    expected_similarities, expected_indices = brute_force(vectors, 20)
-    np.testing.assert_array_equal(indices, expected_indices)
-    np.testing.assert_allclose(similarities, expected_similarities, atol=1e-6)
-
-
 def test_an_item_is_not_its_own_neighbour_but_its_exact_copy_is():
     vectors = tied_vectors()
     _, indices = nearest_neighbours(vectors, k=5)
@@ -78,7 +54,7 @@ def test_an_item_is_not_its_own_neighbour_but_its_exact_copy_is():
     assert indices[3, :2].tolist() == [10, 20] and indices[10, :2].tolist() == [3, 20]  # equal: lower row first
 
 
-def test_queries_of_another_set_search_all_of_it(small_blocks):
+def test_queries_of_another_set_search_all_of_it():
     vectors, queries = tied_vectors(seed=0), tied_vectors(n=50, seed=1)
     queries[0] = vectors[7]
     similarities, indices = nearest_neighbours(vectors, k=300, queries=queries)
@@ -98,12 +74,11 @@ def test_a_float16_folder_is_read_from_disk_and_searched_as_its_values(tmp_path)
 
 
 @pytest.mark.parametrize("faiss_type", ["ivf", "hnsw"])
-def test_faiss_finds_most_of_the_exact_neighbours_of_clustered_vectors(faiss_type):
-    vectors = clustered(4000, 32, 40)
+def test_faiss_lists_leave_each_item_out_most_similar_first(faiss_type):
+    vectors = clustered(2000, 32, 20)
     similarities, indices = nearest_neighbours(vectors, k=10, index="faiss", faiss_type=faiss_type)
-    assert not (indices == np.arange(len(vectors))[:, None]).any()
-    assert recall_at_k(vectors, indices, sample=500) > 0.9
-    assert (np.diff(similarities, axis=1) <= 1e-6).all()  # most similar first
+    assert indices.shape == (2000, 10) and not (indices == np.arange(len(vectors))[:, None]).any()
+    assert (np.diff(similarities, axis=1) <= 1e-6).all()
 
 
 def test_faiss_queries_of_another_set_and_recall_of_known_lists():

@@ -10,13 +10,13 @@ Bounded memory. Similarities are cosine, computed for one chunk of queries at a 
 every reference (:func:`sslkit.evaluation.search.cosine_blocks`), so the largest tensor is one
 (chunk_size, G) block and never the (N, G) matrix (60,000 x 60,000 float32 would be 14 GB). Each
 chunk needs one matrix product and one top-k to the depth the metrics look at
-(:func:`sslkit.evaluation.search.nearest_columns`): the largest K, or the largest R of the chunk for
+(:func:`sslkit.evaluation.top_k.nearest_columns`): the largest K, or the largest R of the chunk for
 MAP@R (``tools/bench/retrieval.py`` measures time and memory against the full matrix). The search
 runs on the features' device and needs no extra dependency; pytorch-metric-learning's
 ``AccuracyCalculator`` is the test oracle. :func:`sslkit.embeddings.nearest_neighbours` is the same
 search over an embeddings file, its queries read from disk one block at a time.
 
-Order of neighbours: :mod:`sslkit.evaluation.search`'s, most similar first and exact ties by the
+Order of neighbours: :mod:`sslkit.evaluation.top_k`'s, most similar first and exact ties by the
 reference's index, lowest first (faiss' exact index and pytorch-metric-learning's default kNN),
 whatever the chunk size and the number of processes. When the queries are the references
 (leave-one-out, pytorch-metric-learning's ``ref_includes_query``), a query is removed from its own
@@ -44,7 +44,8 @@ import torch.nn.functional as F
 from sslkit import distributed
 from sslkit.evaluation._checks import check_class_ids, check_features
 from sslkit.evaluation.clustering import KMEANS_RESTARTS, kmeans
-from sslkit.evaluation.search import cosine_blocks, nearest_columns
+from sslkit.evaluation.search import cosine_blocks
+from sslkit.evaluation.top_k import nearest_columns
 
 
 def _check_retrieval_args(query_features, query_labels, gallery_features, gallery_labels, ks, chunk_size) -> None:

@@ -13,13 +13,11 @@ for the next, which overwrites it. One buffer rather than a fresh block each tim
 would place blocks of under 32 MB on its heap, between the small results a caller keeps, and the
 heap would grow by a block each time.
 
-Order of neighbours (:func:`nearest_columns`, :func:`exact_search`). Most similar first; exact
-ties by the reference's index, lowest first. That is the order of faiss' exact index (its heaps
-compare (distance, id) pairs), which is pytorch-metric-learning's default kNN; ``torch.topk`` alone
-leaves the order of equal values unspecified, and fixing it makes results independent of the
-block sizes and of the number of processes. A query's own column (``own_columns``: the same item
-among the references) is set to ``-inf``, so it never ranks among its neighbours; an exact
-duplicate of it does.
+Order of neighbours (:func:`exact_search`): most similar first, exact ties by the reference's
+index, lowest first (:mod:`sslkit.evaluation.top_k`, which ranks every exact search: faiss' exact
+index and pytorch-metric-learning's default kNN order them so). A query's own column
+(``own_columns``: the same item among the references) is set to ``-inf``, so it never ranks among
+its neighbours; an exact duplicate of it does.
 
 Approximate search (:func:`build_faiss_index`, :func:`faiss_search`) is faiss' index over the
 inner product of L2-normalised vectors, which is their cosine similarity, for sets where N^2
@@ -46,10 +44,24 @@ import torch
 import torch.nn.functional as F
 
 from sslkit.errors import UserError, install_hint
+from sslkit.evaluation.top_k import (
+    Chunks,
+    Tiles,
+    chunks_for,
+    key_columns,
+    key_values,
+    tile_maxima,
+    top_keys,
+)
 
 # A block of query rows holds at most this many bytes of similarities: 1,118 rows against 60,000.
 SIMILARITY_BLOCK_BYTES = 256 * 2**20
 MAX_ROWS_PER_BLOCK = 4096
+# The exact search (tools/bench/neighbours.py --cases floor; tools/bench/README.md): query rows per block,
+# and reference columns per matrix product on the CPU, whose (rows, columns) tile of similarities is
+# still in cache when its chunk maxima are taken.
+SEARCH_ROWS = 512
+TILE_COLUMNS = 1024
 # Rows of a distance block of the selection strategies: 512 x 60,000 float32 is 123 MB.
 BLOCK_ROWS = 512
 
@@ -168,43 +180,15 @@ def squared_distances(queries: torch.Tensor, references: torch.Tensor) -> torch.
     return (queries @ references.T).mul_(-2).add_(2).clamp_(min=0)
 
 
-# --------------------------------------------------------------------------- exact top-k
+# --------------------------------------------------------------------------- exact search
 
 
-def order_keys(values: torch.Tensor, columns: torch.Tensor, num_columns: int) -> torch.Tensor:
-    """One int64 per entry that sorts as (value, then lower column first) does: ties broken in one comparison.
-
-    The high 32 bits are the float32 value's bits made monotonic (a negative float's bits count
-    down as it grows: flip them), the low 32 bits the column counted backwards.
-
-    Shape:
-        values: (c, k) float32; columns: (c, k) int64; returns: (c, k) int64
-    """
-    bits = (values + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into 0.0, which compares equal to it
-    monotonic = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return (monotonic.long() << 32) | (num_columns - 1 - columns)
-
-
-def nearest_columns(similarity: torch.Tensor, depth: int) -> torch.Tensor:
-    """Column indices of each row's ``depth`` largest values: largest first, equal values by lowest column.
-
-    ``similarity.gather(1, columns)`` gives the values themselves. ``depth`` must not exceed G.
-
-    Shape:
-        similarity: (c, G) float32; returns: (c, depth) int64
-    """
-    num_columns = similarity.shape[1]
-    take = min(depth + 1, num_columns)  # one more than needed: it tells whether a tie crosses the cut
-    values, indices = similarity.topk(take, dim=1, sorted=False)  # (c, take), equal values in no set order
-    key = order_keys(values, indices, num_columns).sort(dim=1, descending=True).values  # (c, take)
-    if take > depth:
-        # Where the next value equals the last one kept, topk may have left out an equal value of lower
-        # index: those rows (rare, exact ties) are ranked again over all their columns.
-        spills = (key[:, depth - 1] >> 32) == (key[:, depth] >> 32)  # (c,)
-        if spills.any():
-            columns = torch.arange(num_columns, device=similarity.device).expand(int(spills.sum()), -1)
-            key[spills, :depth] = order_keys(similarity[spills], columns, num_columns).topk(depth, dim=1).values
-    return num_columns - 1 - (key[:, :depth] & 0xFFFFFFFF)
+def columns_per_block(num_references: int, rows: int) -> int:
+    """Reference columns per block of :func:`exact_search`: (rows, columns) float32 within
+    :data:`SIMILARITY_BLOCK_BYTES`, the references cut into blocks of equal width."""
+    widest = max(1, SIMILARITY_BLOCK_BYTES // (4 * rows))
+    blocks = -(-num_references // widest)
+    return -(-num_references // blocks)
 
 
 def exact_search(
@@ -217,34 +201,87 @@ def exact_search(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` most similar references of each query, in the order of the module docstring.
 
-    The queries are read, converted to float32 and L2-normalised a block of rows at a time, so they
-    may be a NumPy memory map larger than memory.
+    A block of query rows (read, converted to float32 and L2-normalised a block at a time, so the
+    queries may be a NumPy memory map larger than memory) meets a block of reference columns
+    (:func:`columns_per_block`), a tile of :data:`TILE_COLUMNS` at a time on the CPU, and each tile's
+    chunk maxima are taken while it is in cache; :func:`top_keys` finds the block's top k from them, and
+    the blocks of columns are merged by their keys. Memory: one (rows, columns) block of similarities.
 
     Args:
         queries: the rows to find neighbours for.
         references: the rows searched, L2-normalised.
         k: neighbours per query, at most G.
         own_columns: each query's own row among the references, never its neighbour; or None.
-        block_rows: query rows per block (default :func:`rows_per_block`).
+        block_rows: query rows per block (default :data:`SEARCH_ROWS`).
         on_rows: called with the rows of each finished block.
 
     Shape:
         queries: (Q, D) tensor or NumPy array; references: (G, D) float32; own_columns: (Q,) int64;
         returns: similarities (Q, k) float32 and columns (Q, k) int64, on the references' device.
     """
-    device = references.device
-    block_rows = block_rows or rows_per_block(len(references))
-    similarities = torch.empty(len(queries), k, device=device)
-    columns = torch.empty(len(queries), k, dtype=torch.long, device=device)
-    for start in range(0, len(queries), block_rows):
-        stop = min(start + block_rows, len(queries))
+    device, total = references.device, len(references)
+    if not 1 <= k <= total:
+        raise ValueError(f"k must be between 1 and the {total} references, got {k}")
+    rows = min(block_rows or SEARCH_ROWS, max(len(queries), 1))
+    width = columns_per_block(total, rows)
+    tile = TILE_COLUMNS if device.type == "cpu" else width
+    chunks = [chunks_for(len(part), k, tile) for part in references.split(width)]  # one per block of columns
+    flat = torch.empty(rows * (width + tile), device=device)  # the tiles of a block of (rows, width)
+    maxima = torch.empty(rows, max((c.count for c in chunks if c is not None), default=0), device=device)
+    keys = torch.empty(len(queries), k, dtype=torch.long, device=device)
+    for start in range(0, len(queries), rows):
+        stop = min(start + rows, len(queries))
         block = unit_rows(queries[start:stop], device)
-        own = None if own_columns is None else own_columns[start:stop]
-        for _, _, similarity in cosine_blocks(block, references, block_rows, own):
-            columns[start:stop] = nearest_columns(similarity, k)
-            similarities[start:stop] = similarity.gather(1, columns[start:stop])
+        own = None if own_columns is None else own_columns[start:stop].to(device)
+        best = None
+        for first, part, part_chunks in zip(range(0, total, width), references.split(width), chunks):
+            part_tile = tile if part_chunks is not None else len(part)  # no chunks: one plain block
+            tiles = Tiles(flat, len(block), len(part), part_tile, rows)
+            part_maxima = maxima[: len(block), : part_chunks.count if part_chunks else 0]
+            similarity_tiles(block, part, tiles, part_chunks, part_maxima)
+            if own is not None:
+                _leave_out(tiles, own - first, part_chunks, part_maxima)
+            found = top_keys(tiles, k, part_chunks, part_maxima, first, total)  # (c, min(k, len(part)))
+            best = found if best is None else _merge(best, found, k)
+        keys[start:stop] = best
         _advance(on_rows, stop - start)
-    return similarities, columns
+    return key_values(keys), key_columns(keys, total)
+
+
+def similarity_tiles(block: torch.Tensor, references: torch.Tensor, tiles: Tiles, chunks: Chunks | None, maxima):
+    """The block's similarities to the references, tile by tile into ``tiles``, and each tile's chunk maxima
+    into ``maxima`` right after its product, while it is in cache.
+
+    Shape:
+        block: (c, D); references: (w, D); maxima: (c, chunks.count)
+    """
+    for index, first in enumerate(range(0, tiles.width, tiles.tile)):
+        product = torch.mm(block, references[first : first + tiles.tile].T, out=tiles.matrix(index))
+        if chunks is not None:
+            whole = min(tiles.tile, chunks.whole - first)
+            out = maxima[:, first // chunks.size : (first + whole) // chunks.size]
+            tile_maxima(product[:, :whole], chunks.size, out)
+
+
+def _leave_out(tiles: Tiles, own: torch.Tensor, chunks: Chunks | None, maxima) -> None:
+    """Each row's own column, where it falls in this block of columns, set to -inf, and its chunk's maximum anew.
+
+    Shape:
+        own: (rows,) the own columns counted from the block's first; maxima: (rows, chunks.count)
+    """
+    rows = ((own >= 0) & (own < tiles.width)).nonzero()[:, 0]
+    tiles.flat[tiles.positions(rows[:, None], own[rows, None])] = float("-inf")
+    if chunks is not None:
+        rows = rows[own[rows] < chunks.whole]
+        chunk = chunks.of(own[rows])
+        columns = chunks.columns(chunk[:, None])[:, : chunks.size]  # (n, size)
+        maxima[rows, chunk] = tiles.gather(columns, rows).amax(dim=1)
+
+
+def _merge(keys: torch.Tensor, more: torch.Tensor, k: int) -> torch.Tensor:
+    """The first ``k`` of two rows of keys. Shape: (c, a) and (c, b); returns: (c, min(k, a + b))"""
+    both = torch.cat([keys, more], dim=1)
+    return both.topk(min(k, both.shape[1]), dim=1).values
 
 
 # --------------------------------------------------------------------------- faiss
