@@ -17,12 +17,16 @@ chunks whose maxima can hold the answer (:class:`Chunks`, :func:`top_keys`), so 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
-# Columns per chunk at most, and the share of a row's columns the chunks holding its top k may
-# hold at most (larger: topk over the whole row).
+# Columns per chunk at most (a power of 2; the tiles of the exact search hold 32 chunks at least, whose maxima
+# are vectorised), the cost of a candidate's key against a chunk maximum's share of a topk, measured
+# (tools/bench/neighbours.py --cases floor), and the share of a row's columns the chunks holding its top k may
+# hold at most (beyond: topk over the whole row).
 CHUNK = 32
+CANDIDATE_COST = 20
 CANDIDATE_SHARE = 1 / 8
 
 
@@ -106,14 +110,18 @@ class Chunks:
 
 
 def chunks_for(width: int, depth: int, tile: int | None) -> Chunks | None:
-    """Chunks of the largest size up to :data:`CHUNK` (a power of 2) whose ``depth`` chunks hold at most
-    :data:`CANDIDATE_SHARE` of a row's ``width`` columns, in tiles of ``tile`` columns (a multiple of
-    :data:`CHUNK`; None: one tile), or None where even chunks of 4 would hold more."""
-    size = CHUNK
-    while size >= 4 and depth * size > width * CANDIDATE_SHARE:
-        size //= 2
+    """The chunks of a block of ``width`` columns for its top ``depth``, in tiles of ``tile`` columns (a multiple
+    of :data:`CHUNK`; None: one tile), or None where ``topk`` over the whole row is cheaper.
+
+    A row costs a ``topk`` of its ``width / size`` chunk maxima and the keys of ``depth * size`` candidates:
+    the size balancing the two, ``sqrt(width / (CANDIDATE_COST * depth))``, to the nearest power of 2 from 4 to
+    :data:`CHUNK`. None where even then the candidates would be over :data:`CANDIDATE_SHARE` of the row.
+    """
+    balanced = math.sqrt(width / (CANDIDATE_COST * depth))
+    size = min(CHUNK, 2 ** max(2, round(math.log2(max(balanced, 1)))))
     chunks = Chunks(width, tile or max(width - width % size, size), size)
-    return chunks if size >= 4 and chunks.count > depth else None
+    fits = depth * size <= width * CANDIDATE_SHARE and chunks.count > depth
+    return chunks if fits else None
 
 
 def tile_maxima(tile: torch.Tensor, size: int, out: torch.Tensor) -> None:

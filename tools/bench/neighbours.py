@@ -21,12 +21,22 @@ Cases:
   exact search on ``--sample`` of those queries; ``ivf`` at several ``--nprobe`` and ``hnsw`` at
   several ``--ef-search`` on the same index;
 - ``dedup``: :func:`sslkit.embeddings.semdedup` at ``--threshold`` with each k-means
-  (``--kmeans``), and the share of the injected copies found.
+  (``--kmeans``), and the share of the injected copies found;
+- ``floor``: the exact k nearest of every row of ``--n`` random unit vectors (Gaussian, L2-normalised)
+  among all of them, timed three ways on the same threads, interleaved over ``--rounds`` rounds (the
+  median of each): sslkit's :func:`sslkit.evaluation.search.exact_search` (a row left out of its own
+  list); its *floor*, the same blocks' matrix products alone (the same rows per block, columns per
+  block and tiles, into the same buffer, by the same :func:`~sslkit.evaluation.search.similarity_tiles`,
+  nothing selected); and faiss' exact ``IndexFlatIP`` (k + 1 searched: a row finds itself), if faiss
+  is installed. Wall and CPU time (this process) of each; prints floor / sslkit (the share of the
+  floor's speed sslkit reaches) and faiss / sslkit (above 1: sslkit is faster), and how many neighbour
+  lists faiss and sslkit agree on.
 
     python tools/bench/neighbours.py --quick
     python tools/bench/neighbours.py --cases exact --n 60000 --dim 512 --clusters 10
     python tools/bench/neighbours.py --cases exact-sample ivf hnsw --n 1000000 --dim 128 --clusters 1000
     python tools/bench/neighbours.py --cases dedup --n 1000000 --dim 128 --clusters 1000
+    python tools/bench/neighbours.py --cases floor --n 100000 --dim 128 --threads 1
 """
 
 from __future__ import annotations
@@ -47,7 +57,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-CASES = ("exact", "exact-sample", "ivf", "hnsw", "dedup")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host import describe_host, host_line  # noqa: E402
+
+CASES = ("exact", "exact-sample", "ivf", "hnsw", "dedup", "floor")
 QUICK = {
     "n": 20_000,
     "dim": 64,
@@ -118,6 +131,68 @@ def recall(found: np.ndarray, exact: np.ndarray) -> float:
     return float(np.mean([len(np.intersect1d(a, b)) for a, b in zip(found, exact)]) / exact.shape[1])
 
 
+def random_unit_vectors(n: int, dim: int, seed: int = 0) -> torch.Tensor:
+    """Shape: returns (n, dim) float32, Gaussian rows L2-normalised."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.nn.functional.normalize(torch.randn(n, dim, generator=generator), dim=1)
+
+
+def matrix_product_floor(vectors: torch.Tensor) -> None:
+    """What :func:`~sslkit.evaluation.search.exact_search` of every row among ``vectors`` computes, without
+    choosing anything: its blocks of rows and columns, each a tile at a time into one buffer, as it lays them
+    out on the CPU."""
+    from sslkit.evaluation import search
+    from sslkit.evaluation.top_k import Tiles
+
+    total = len(vectors)
+    rows = min(search.SEARCH_ROWS, total)
+    width = search.columns_per_block(total, rows)
+    flat = torch.empty(rows * (width + search.TILE_COLUMNS))
+    for start in range(0, total, rows):
+        block = search.unit_rows(vectors[start : start + rows])
+        for first, part in zip(range(0, total, width), vectors.split(width)):
+            tiles = Tiles(flat, len(block), len(part), search.TILE_COLUMNS, rows)
+            search.similarity_tiles(block, part, tiles, None, None)
+
+
+def measure_floor(n: int, dim: int, k: int, rounds: int) -> dict:
+    """sslkit's exact search of every row, its matrix-product floor and faiss' exact index, interleaved."""
+    from sslkit.evaluation.search import exact_search, faiss_installed
+
+    vectors = random_unit_vectors(n, dim)
+    calls = {
+        "sslkit": lambda: exact_search(vectors, vectors, k, torch.arange(n)),
+        "floor": lambda: matrix_product_floor(vectors),
+    }
+    if faiss_installed():
+        import faiss
+
+        faiss.omp_set_num_threads(torch.get_num_threads())
+        index = faiss.IndexFlatIP(dim)
+        index.add(vectors.numpy())
+        calls["faiss"] = lambda: index.search(vectors.numpy(), k + 1)
+    wall, cpu, found = {name: [] for name in calls}, {name: [] for name in calls}, {}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start_wall, start_cpu = time.perf_counter(), time.process_time()
+            found[name] = call()
+            wall[name].append(time.perf_counter() - start_wall)
+            cpu[name].append(time.process_time() - start_cpu)
+    result = {
+        "wall_seconds": {name: float(np.median(times)) for name, times in wall.items()},
+        "cpu_seconds": {name: float(np.median(times)) for name, times in cpu.items()},
+        "all_wall_seconds": wall,
+    }
+    if "faiss" in found:
+        # faiss lists a row first among its own neighbours (ties aside); drop it as sslkit leaves it out.
+        faiss_lists = found["faiss"][1]
+        own = faiss_lists == np.arange(n)[:, None]
+        own[~own.any(axis=1), -1] = True
+        faiss_lists = faiss_lists[~own].reshape(n, k)
+        result["same_lists"] = float((faiss_lists == found["sslkit"][1].numpy()).all(axis=1).mean())
+    return result
+
+
 def measure(
     case: str, folder: str, k: int, sample: int, queries: int, settings: list[int], threshold: float, kmeans: str
 ) -> dict:
@@ -177,10 +252,13 @@ def measure(
             "by_setting": results}  # fmt: skip
 
 
-def measure_in_fresh_process(case: str, folder: Path, args, settings: list[int]) -> dict:
-    spec = {"case": case, "folder": str(folder), "k": args.k, "sample": args.sample, "queries": args.queries,
-            "settings": settings,
-            "threshold": args.threshold, "kmeans": args.kmeans_backend}  # fmt: skip
+def measure_in_fresh_process(case: str, folder: Path | None, args, settings: list[int]) -> dict:
+    if case == "floor":
+        spec = {"floor": {"n": args.n, "dim": args.dim, "k": args.k, "rounds": args.rounds}}
+    else:
+        spec = {"case": case, "folder": str(folder), "k": args.k, "sample": args.sample, "queries": args.queries,
+                "settings": settings,
+                "threshold": args.threshold, "kmeans": args.kmeans_backend}  # fmt: skip
     command = [sys.executable, __file__, "--measure", json.dumps(spec)]
     if args.threads:
         command += ["--threads", str(args.threads)]
@@ -190,7 +268,31 @@ def measure_in_fresh_process(case: str, folder: Path, args, settings: list[int])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def render_floor(row: dict, console: Console) -> None:
+    """The exact search against its matrix-product floor and faiss' exact index: times and ratios."""
+    wall, cpu = row["wall_seconds"], row["cpu_seconds"]
+    table = Table(title=f"Exact search of every row of {row['n']:,} x {row['dim']}, k = {row['k']}: median of "
+                        f"{row['rounds']} rounds, {row['threads']} thread(s), {row['host']}")  # fmt: skip
+    for column in ("", "wall s", "CPU s", "floor / this (wall)", "floor / this (CPU)"):
+        table.add_column(column, justify="left" if not column else "right")
+    for name in wall:
+        ratios = [f"{times['floor'] / times[name]:.3f}" for times in (wall, cpu)]
+        table.add_row(name, f"{wall[name]:.2f}", f"{cpu[name]:.2f}", *ratios)
+    console.print(table)
+    floor_ratios = f"{wall['floor'] / wall['sslkit']:.3f} (wall), {cpu['floor'] / cpu['sslkit']:.3f} (CPU)"
+    console.print(f"exact search / matrix-product floor: floor / sslkit = {floor_ratios}")
+    if "faiss" in wall:
+        console.print(f"faiss exact / sslkit exact: faiss / sslkit = {wall['faiss'] / wall['sslkit']:.3f} (wall), "
+                      f"{cpu['faiss'] / cpu['sslkit']:.3f} (CPU); the same {row['k']} neighbours in order for "
+                      f"{row['same_lists']:.4%} of the rows")  # fmt: skip
+    else:
+        console.print("faiss exact: not measured, faiss is not installed (pip install faiss-cpu)")
+
+
 def render(rows: list[dict], console: Console) -> None:
+    rows = [row for row in rows if row["case"] != "floor"]
+    if not rows:
+        return
     table = Table(title="Neighbours and duplicates: wall time and peak memory (RSS above the start)")
     for column in ("case", "N x D", "setting", "build s", "search s", "peak MiB", "recall@k / found", "note"):
         table.add_column(column, justify="left" if column in ("case", "note") else "right")
@@ -229,6 +331,7 @@ def main() -> None:
     parser.add_argument("--nprobe", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--ef-search", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--threshold", type=float, default=0.99)
+    parser.add_argument("--rounds", type=int, default=3, help="floor: interleaved rounds, the median reported")
     parser.add_argument("--kmeans", nargs="+", default=["faiss", "torch"], dest="kmeans_backends")
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "sslkit-bench-neighbours"))
     parser.add_argument("--threads", type=int, help="torch threads (default: every core)")
@@ -238,7 +341,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.measure:
-        print(json.dumps(measure(**json.loads(args.measure))))
+        spec = json.loads(args.measure)
+        print(json.dumps(measure_floor(**spec["floor"]) if "floor" in spec else measure(**spec)))
         return
     if args.quick:
         args.cases = list(CASES)
@@ -250,17 +354,27 @@ def main() -> None:
     rows = []
     for case in args.cases:
         copies = (args.copies or args.n // 100) if case == "dedup" else 0
-        folder = data_folder(Path(args.data), args.n, args.dim, args.clusters, args.noise, copies)
+        folder = (
+            None
+            if case == "floor"
+            else data_folder(Path(args.data), args.n, args.dim, args.clusters, args.noise, copies)
+        )
         settings = {"ivf": args.nprobe, "hnsw": args.ef_search}.get(case, [0])
         for backend in args.kmeans_backends if case == "dedup" else [None]:
             args.kmeans_backend = backend
             row = {"case": case, "n": args.n, "dim": args.dim, "clusters": args.clusters, "noise": args.noise,
                    "copies": copies, "k": args.k, "sample": args.sample}  # fmt: skip
             row.update(measure_in_fresh_process(case, folder, args, settings))
+            if case == "floor":
+                row.update({"rounds": args.rounds, "threads": torch.get_num_threads(), "host": host_line()})
             console.print(row)
             rows.append(row)
     render(rows, console)
+    for row in rows:
+        if row["case"] == "floor" and "error" not in row:
+            render_floor(row, console)
     machine = {
+        **describe_host(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "python": platform.python_version(), "load_average_1min": [load_before, os.getloadavg()[0]],
     }  # fmt: skip
