@@ -10,6 +10,7 @@ command                         what it does                                modu
 ``sslkit-ablate``               a grid of runs (sweeps x seeds), tabulated  :mod:`sslkit.cli.ablate`
 ``sslkit-label-efficiency``     pretrained against scratch at few labels    :mod:`sslkit.cli.label_efficiency`
 ``sslkit-compare``              recipes at equal training time, tabulated   :mod:`sslkit.cli.compare`
+``sslkit-tune``                 a recipe's settings searched with Optuna    :mod:`sslkit.cli.tune`
 ``sslkit-report``               a run's report.md with its curves           :mod:`sslkit.cli.report`
 ``sslkit-show-augmentations``   a PNG grid of a recipe's views              :mod:`sslkit.cli.show_augmentations`
 ``sslkit-write-shards``         an image folder as webdataset tar shards    :mod:`sslkit.cli.write_shards`
@@ -22,7 +23,8 @@ command                         what it does                                modu
 ``python -m sslkit.cli.<module>`` is the same command. A launcher starts the training commands
 as modules: ``accelerate launch -m sslkit.cli.pretrain RECIPE`` (or ``torchrun -m``), and
 ``sslkit-ablate``, ``sslkit-label-efficiency`` and ``sslkit-compare`` start every run they make that way, through one
-runner (:mod:`sslkit.experiments.runner`) on the executor ``--executor`` and ``--jobs N`` ask for (N runs at once);
+runner (:mod:`sslkit.experiments.runner`) on the executor ``--executor`` and ``--jobs N`` ask for (N runs at once;
+``sslkit-tune`` starts N workers of its study there, each running trials one after another);
 the arguments of each command they start are built beside that command's parser (:mod:`sslkit.command_lines`).
 
 Every command builds its parser from light modules and imports the library (torch) once its arguments are

@@ -11,4 +11,5 @@ nothing heavy, so ``--help`` and the early mistakes still answer before torch is
 - :mod:`sslkit.command_lines.evaluate`  ``sslkit-evaluate TARGET [key=value ...] [--out FILE]``.
 - :mod:`sslkit.command_lines.embed`  ``sslkit-embed SOURCE [key=value ...] [--split S] [--out DIR]``.
 - :mod:`sslkit.command_lines.label_selection`  ``sslkit-select EMBEDDINGS --budget N --strategy S``.
+- :mod:`sslkit.command_lines.tune`  ``sslkit-tune RECIPE --search KEY=SPACE ...``, as it starts its workers.
 """

@@ -10,6 +10,9 @@ The commands (:mod:`sslkit.cli`) parse their options into these calls and print 
 - :mod:`sslkit.experiments.ablate`  a grid of pretraining runs (sweeps x variants x seeds) (``sslkit-ablate``).
 - :mod:`sslkit.experiments.label_efficiency`  pretrained against scratch at few labels (``sslkit-label-efficiency``).
 - :mod:`sslkit.experiments.compare`  recipes at equal training time (``sslkit-compare``).
+- :mod:`sslkit.experiments.tune`  a recipe's settings searched with Optuna, trials pruned (``sslkit-tune``); its
+  search spaces (``tune_space``), study storage (``tune_storage``), workers (``tune_worker``) and tables
+  (``tune_report``).
 - :mod:`sslkit.experiments.experiment`  the shape they share, and how an experiment ended.
 - :mod:`sslkit.experiments.jobs`  a job: the command it starts, its result file, the jobs it needs.
 - :mod:`sslkit.experiments.runner`  runs an experiment's jobs on an executor, resumably, and records each one.

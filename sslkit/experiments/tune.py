@@ -291,9 +291,10 @@ def plan_tuning(
     spaces = parse_search(search)
     keep_out = "sslkit-tune sets {key} for every trial; use --out DIR instead"
     refuse_reserved(overrides, PLACE_KEYS, "override", keep_out)
-    refuse_reserved([f"{space.key}=" for space in spaces], PLACE_KEYS, "--search", keep_out)
+    refuse_reserved([f"{space.key}={space.text()}" for space in spaces], PLACE_KEYS, "--search", keep_out)
     recipe = find_recipe(recipe).resolve()  # the runs get a path
     base = load_config(recipe, overrides)
+    refuse_unrecorded(metric, base, "the recipe")
     for space in spaces:
         for override in space.overrides():
             try:
@@ -301,7 +302,6 @@ def plan_tuning(
             except UserError as error:
                 raise UserError(f"--search {space.key}={space.text()}: with {override}: {error}") from None
             refuse_unrecorded(metric, cfg, override)
-    refuse_unrecorded(metric, base, "the recipe")
     keys = [space.key for space in spaces]
     out = (Path(out) if out else Path(base.run.output_dir) / "-".join(["tune", recipe.stem, *keys])).resolve()
     shared = {key: value for key, value in flatten(to_dict(base)).items() if key not in (*PLACE_KEYS, *keys)}

@@ -51,7 +51,7 @@ from sslkit.experiments.tune_storage import (
 from sslkit.loop.signals import signal_of, stop_with_parent
 
 POLL_S = 1.0  # how often a worker reads its run's metrics.jsonl
-WAIT_S = 5.0  # how often an idle worker looks whether the last trials still run
+WAIT_S = 2.0  # how often an idle worker looks whether the last trials still run
 
 
 class RunFailed(Exception):
