@@ -33,24 +33,25 @@ FINAL_STATES = {
 }  # fmt: skip
 START_TIMEOUT = 30.0  # seconds for each daemon to be ready
 
-# Everything a one-node cluster needs; the rest is SLURM's default. Why each setting is not the default:
+# All that a one-node cluster needs; the rest is SLURM's default. Where a setting is not the default, why:
+# - SlurmctldHost=localhost, and `slurmd -N localhost`: the node is localhost whatever the machine's host name.
+# - The ports: free ones (default 6817 and 6818), so that clusters of several test processes run side by side.
 # - AuthInfo: munged's socket in the folder; cred_expire is also how long a requeued job waits before it may start
 #   again (default 120 s).
-# - ProctrackType / TaskPlugin: track a job's processes by their parent ids and bind nothing (no cgroups here).
-# - SelectTypeParameters=CR_CPU: CPUs are what jobs take, so two one-CPU jobs run side by side.
-# - SchedulerParameters=sched_interval=1: look at pending jobs every second (default 60), so a requeued job starts
-#   as soon as cred_expire has passed.
+# - ProctrackType / TaskPlugin: track a job's processes by their parents and bind nothing (default: cgroups, which
+#   a container does not give).
+# - SelectType / SelectTypeParameters: CPUs are what jobs take (default: whole nodes), so one-CPU jobs share it.
+# - SchedulerParameters=sched_interval=1: look at waiting jobs every second (default 60 s), so that a requeued job
+#   starts as soon as it may.
 # - KillWait: seconds between SIGTERM and SIGKILL for a cancelled or timed-out job (default 30).
-# - MinJobAge: how long a finished job stays in `scontrol show job`, where the tests read its final state.
-# - ReturnToService=2: a node that was down (a slurmd restarted) takes jobs again when it registers.
+# - MailProg: none here (without one slurmctld logs an error at every start).
+# - ReturnToService=2: a node that was down (its slurmd restarted) takes jobs again once it registers.
+# A finished job stays in `scontrol show job`, where the tests read its final state, for MinJobAge (300 s).
 SLURM_CONF = """\
 ClusterName=sslkit
 SlurmctldHost=localhost
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
-SlurmUser=root
-AuthType=auth/munge
-CredType=cred/munge
 AuthInfo=socket={folder}/munge/munge.socket,cred_expire=5
 StateSaveLocation={folder}/state
 SlurmdSpoolDir={folder}/spool
@@ -63,13 +64,8 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerParameters=sched_interval=1
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
 MailProg=/bin/true
-JobRequeue=1
 KillWait=5
-MinJobAge=120
 ReturnToService=2
 NodeName=localhost CPUs={cpus} RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
@@ -161,13 +157,15 @@ class OneNodeSlurm:
         assert shown.returncode == 0, shown.stderr
         return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", shown.stdout))
 
-    def wait(self, job_id: int, timeout: float = 300, until: Callable[[], bool] | None = None) -> dict[str, str]:
-        """Waits until a job has ended for good (requeued runs included), or until ``until()`` is true; returns
-        :meth:`job` of it."""
+    def wait(
+        self, job_id: int, timeout: float = 300, until: Callable[[dict[str, str]], bool] | None = None
+    ) -> dict[str, str]:
+        """Waits until a job has ended for good (requeued runs included), or until ``until`` is true of :meth:`job`;
+        returns :meth:`job`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             job = self.job(job_id)
-            if job["JobState"] in FINAL_STATES or (until is not None and until()):
+            if job["JobState"] in FINAL_STATES or (until is not None and until(job)):
                 return job
             time.sleep(0.5)
         raise AssertionError(f"job {job_id} still {job['JobState']} after {timeout:.0f} s: {self.output(job_id)}")
