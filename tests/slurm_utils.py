@@ -201,12 +201,14 @@ class OneNodeSlurm:
         raise SlurmUnavailable(f"{failure} {START_TIMEOUT:.0f} s after the start: {self._said('slurmd')}")
 
     def _said(self, name: str) -> str:
-        """The last error a daemon wrote (its output, then its log), or its last line."""
+        """A daemon's last fatal error (its output, then its log), else its last error, else its last line. Every
+        start logs some harmless errors (no PMIx library, no state saved yet)."""
         lines = []
         for path in (self.folder / f"{name}.out", self.folder / f"{name}.log"):
             lines += [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-        errors = [line for line in lines if "error" in line.lower() or "fatal" in line.lower()]
-        return (errors or lines or ["nothing in its output"])[-1]
+        fatal = [line for line in lines if "fatal" in line.lower()]
+        errors = [line for line in lines if "error" in line.lower()]
+        return (fatal or errors or lines or ["nothing in its output"])[-1]
 
 
 def _sbin_path() -> str:
