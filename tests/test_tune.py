@@ -396,6 +396,7 @@ def test_the_end_of_a_study_tabulates_its_trials_writes_the_best_recipe_and_draw
     assert not (plan.out / "importance.png").exists()  # one key explains everything there is to explain
 
 
+@pytest.mark.slow  # fANOVA's forest: seconds
 def test_with_two_keys_the_importance_of_each_is_drawn(tmp_path):
     values = [(1e-3, 0.1, 0.80), (4e-3, 0.2, 0.85), (1e-4, 0.3, 0.60), (5e-4, 0.15, 0.7)]
     plan, study = finished_study(

@@ -29,8 +29,8 @@ only a finished run shows missing stops the study after its first trial, in one 
 OUT holds the study (``study.journal``, without ``--storage``), ``trials/`` (a run directory per trial),
 ``logs/`` (each worker's and each trial's output) and, at the end: ``trials.csv`` and ``results.json`` (every
 trial), ``best.yaml`` (the recipe with the best trial's values, which ``sslkit-pretrain`` takes),
-``history.png`` and ``importance.png``. The command run again continues the study: after Ctrl-C, and after a
-kill -9 (a trial its worker left running is retried, continuing its run from its last checkpoint).
+and the plots (:mod:`sslkit.experiments.tune_report`). The command run again continues the study: after Ctrl-C,
+and after a kill -9 (a trial its worker left running is retried, continuing its run from its last checkpoint).
 """
 
 from __future__ import annotations

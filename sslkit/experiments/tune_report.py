@@ -37,7 +37,7 @@ from sslkit.experiments.experiment import Outcome
 from sslkit.experiments.report import PLOT_HINT, new_figure
 from sslkit.experiments.tables import csv_number, save_plot, write_csv
 from sslkit.experiments.tune_space import override_value
-from sslkit.experiments.tune_storage import ERROR_ATTR, RUN_ATTR
+from sslkit.experiments.tune_storage import ERROR_ATTR, RUN_ATTR, counted
 from sslkit.schema import apply_overrides, read_yaml
 
 if TYPE_CHECKING:
@@ -244,9 +244,10 @@ def plot_values(trials: list[FrozenTrial], plan: Plan, path: Path) -> bool:
 
 
 def plot_curves(trials: list[FrozenTrial], path: Path) -> bool:
-    """``curves.png``: each trial's online kNN top-1 by epoch (pruned trials dashed); whether it was drawn."""
+    """``curves.png``: each trial's online kNN top-1 by epoch (pruned trials dashed; a stopped trial is drawn as its
+    retry); whether it was drawn."""
     figure = new_figure(6.5, 4.2)
-    reported = [trial for trial in trials if trial.intermediate_values]
+    reported = [trial for trial in trials if trial.intermediate_values and counted(trial)]
     if figure is None or not reported:
         return False
     axes = figure.axes[0]

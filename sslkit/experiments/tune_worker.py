@@ -117,15 +117,19 @@ class Objective:
             raise
         finally:
             os.close(lock)
-        for key, cost in (("wall_s", ran.wall_s), ("cpu_s", ran.cpu_s)):  # over every attempt of the trial
-            trial.set_user_attr(key, trial.user_attrs.get(key, 0.0) + cost)
         trial.set_user_attr("epochs", epochs)
         return self.outcome(trial, ran, pruned_at, job.finished_metrics())
 
     def watched(self, trial: optuna.Trial, job: Job, lock: int) -> tuple[Ran, int | None, int]:
         """Run ``job``, reporting its epochs to ``trial`` and stopping it when the pruner says so; returns how it
-        ran, the epoch it was pruned at (None: not pruned) and the last epoch it evaluated."""
+        ran, the epoch it was pruned at (None: not pruned) and the last epoch it evaluated. Its wall and CPU seconds
+        are added to the trial's, a stopped run's too: a retry's cost is that of every attempt.
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C or a stop signal; the run has saved and exited.
+        """
         processes, epochs, pruned_at = Processes(), EpochValues(job.result.parent / "metrics.jsonl"), None
+        stopped = False
         stop = signal_of(self.plan.stop_signal)
         logs = self.plan.out / "logs"
         with ThreadPoolExecutor(1, thread_name_prefix="trial") as pool:
@@ -143,9 +147,12 @@ class Objective:
                         break
             except KeyboardInterrupt:
                 processes.signal_all(stop)  # the run saves; leaving the pool waits for it to exit
-                raise
+                stopped = True
         ran = future.result()
-        if ran is None:  # stopped before it started
+        if ran is not None:
+            for key, cost in (("wall_s", ran.wall_s), ("cpu_s", ran.cpu_s)):
+                trial.set_user_attr(key, trial.user_attrs.get(key, 0.0) + cost)
+        if stopped or ran is None:  # None: stopped before it started
             raise KeyboardInterrupt
         return ran, pruned_at, epochs.last_epoch
 

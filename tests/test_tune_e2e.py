@@ -1,0 +1,190 @@
+"""sslkit-tune end to end on digits: real workers running real tiny pretraining runs (a width-4 ResNet-18 on 8x8
+crops, an epoch of 22 steps).
+
+Two workers finish a study and write a best recipe that sslkit-pretrain trains; a trial whose online kNN falls
+behind is pruned by its stop signal; a kill -9 of the command stops its workers, and the same command continues
+the study to its trials, the stopped runs from their checkpoints; the study lives in a PostgreSQL server the test
+starts (tests/postgres_utils.py); a metric no run records stops the study after its first trial. The command runs
+as its ``main(argv)`` in this process (its workers and their runs are processes), but where it is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from command_utils import read_csv, run_main
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+from postgres_utils import postgres_server
+
+from sslkit.cli import pretrain as pretrain_cli
+from sslkit.cli import tune as tune_cli
+from sslkit.config import load_config
+from sslkit.experiments.tune import plan_tuning
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
+TINY = [
+    "model.width=4",
+    "model.projector_hidden=32",
+    "model.projector_out=16",
+    "augment.image_size=8",
+    "train.batch_size=64",
+    "train.log_every_steps=5",
+    "train.threads=1",
+    "train.knn_every_epochs=1",
+    "eval.linear_epochs=2",
+    "eval.compare_random_init=false",
+    "eval.compare_raw_pixels=false",
+    "optim.warmup_epochs=0",
+]
+LR = "optim.lr=log:1e-4,1e-2"
+
+
+def tune(out: Path, *argv: str, trials: int = 2) -> subprocess.CompletedProcess:
+    """``sslkit-tune quickstart TINY --search LR --trials N --out OUT ARGV`` in this process, one-thread runs."""
+    command = [QUICKSTART, *TINY, "--search", LR, "--trials", str(trials), "--out", str(out), *argv]
+    return run_main(tune_cli.main, command, OMP_NUM_THREADS="1")
+
+
+def trials_of(out: Path, storage: str | None = None) -> list[optuna.trial.FrozenTrial]:
+    study_storage = storage or optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(out / "study.journal"))
+    )
+    return optuna.load_study(study_name=out.name, storage=study_storage).get_trials()
+
+
+@pytest.mark.slow
+def test_two_workers_finish_a_study_whose_best_recipe_sslkit_pretrain_trains(tmp_path):
+    out = tmp_path / "tuned"
+    result = tune(out, "--jobs", "2", "train.epochs=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = trials_of(out)
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE] * 2
+    assert {trial.user_attrs["run"] for trial in trials} == {"trial-0000", "trial-0001"}
+    assert "best trials of tuned: maximize knn_top1" in result.stdout and "2 trials: 2 complete" in result.stdout
+    assert sum(json.loads((out / "workers" / f"worker-{i}.json").read_text())["trials_run"] for i in (0, 1)) == 2
+    rows = read_csv(out / "trials.csv")
+    assert [row["state"] for row in rows] == ["complete"] * 2
+    best = max(trials, key=lambda trial: trial.value)
+    tuned = load_config(out / "best.yaml")
+    assert (
+        tuned.optim.lr == best.params["optim.lr"] and tuned.model.width == 4 and tuned.run.name == "quickstart-tuned"
+    )
+    assert (out / "history.png").is_file() and (out / "values.png").is_file()
+    assert not (out / "curves.png").exists()  # one epoch: the online kNN never ran, the final evaluation did
+
+    again = run_main(pretrain_cli.main, [str(out / "best.yaml"), f"run.output_dir={tmp_path}", "train.max_steps=2"])
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (tmp_path / "quickstart-tuned" / "results.json").is_file()
+
+    done = tune(out, "--jobs", "2", "train.epochs=1")  # the same command: nothing left to run
+    assert done.returncode == 0 and "2 of 2 trials done" in done.stdout, done.stdout + done.stderr
+    assert len(trials_of(out)) == 2
+
+
+@pytest.mark.slow
+def test_a_trial_behind_the_others_at_an_epoch_is_stopped_by_its_stop_signal_and_pruned(tmp_path):
+    out = tmp_path / "pruned"
+    plan = plan_tuning(QUICKSTART, [LR], trials=6, out=out, overrides=[*TINY, "train.epochs=4"])
+    study = plan.open_study(create=True)
+    for lr in (1e-3, 2e-3, 3e-3, 4e-3, 5e-3):  # five trials far ahead at every epoch: the median pruner starts
+        study.add_trial(
+            create_trial(
+                params={"optim.lr": lr},
+                distributions={"optim.lr": FloatDistribution(1e-4, 1e-2, log=True)},
+                value=0.99,
+                intermediate_values={epoch: 0.99 for epoch in range(1, 4)},
+            )
+        )
+    result = tune(out, "train.epochs=4", trials=6)
+    assert result.returncode == 0, result.stdout + result.stderr
+    pruned = trials_of(out)[5]
+    assert pruned.state == TrialState.PRUNED and list(pruned.intermediate_values) == [1], pruned
+    assert "trial 5: optim.lr=" in result.stdout and ": pruned at epoch 1, kNN top-1 0." in result.stdout
+    assert "6 trials: 5 complete, 1 pruned, 0 failed; pruning saved about" in result.stdout
+    log = (out / "logs" / "trial-0005.err").read_text()
+    assert "stopped by SIGTERM after step" in log and "exit status 75" in log  # saved, not killed
+    assert not (out / "trials" / "trial-0005" / "results.json").exists()
+
+
+def running_processes_under(folder: Path) -> list[str]:
+    """The command lines of the processes that name ``folder`` (the command's workers and their runs), read whole
+    (``ps`` cuts them at the terminal's width)."""
+    command_lines = (" ".join(process.info["cmdline"] or []) for process in psutil.process_iter(["cmdline"]))
+    return [line for line in command_lines if str(folder) in line]
+
+
+@pytest.mark.slow
+def test_after_a_kill_9_of_the_command_the_same_command_continues_the_study(tmp_path):
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "sslkit.cli.tune", QUICKSTART, *TINY, "train.epochs=2"]
+    command += ["train.checkpoint_every_epochs=1", "--search", LR, "--trials", "2", "--jobs", "2", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    while not list(out.glob("trials/*/checkpoints/step-*")) and time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read()
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)  # mid-run: an epoch saved, the trials still training
+    process.wait()
+    while running_processes_under(out) and time.monotonic() < deadline:  # its workers stop their runs, which save
+        time.sleep(0.2)
+    assert not running_processes_under(out)
+    stopped = trials_of(out)
+    assert TrialState.RUNNING not in [trial.state for trial in stopped]
+    retries = [trial for trial in stopped if trial.state == TrialState.WAITING]
+    assert retries and all(trial.user_attrs["run"] in {"trial-0000", "trial-0001"} for trial in retries)
+
+    result = tune(out, "--jobs", "2", "train.epochs=2", "train.checkpoint_every_epochs=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = trials_of(out)
+    assert sum(trial.state == TrialState.COMPLETE for trial in trials) == 2
+    assert "stopped and retried" in result.stdout
+    for retry in retries:  # each continued its run where it stopped
+        log = (out / "logs" / f"{retry.user_attrs['run']}.out").read_text()
+        assert f"resumed from {out / 'trials' / retry.user_attrs['run'] / 'checkpoints'}" in log.replace("\n", "")
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.mark.slow
+def test_workers_share_a_study_in_postgresql_which_refuses_another_search(tmp_path, postgres):
+    out = tmp_path / "in-postgres"
+    result = tune(out, "--jobs", "2", "--storage", postgres, "train.epochs=1", "train.max_steps=4")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"study 'in-postgres' in {postgres}" in result.stdout and not (out / "study.journal").exists()
+    assert [trial.state for trial in trials_of(out, postgres)] == [TrialState.COMPLETE] * 2
+    other = run_main(
+        tune_cli.main,
+        [QUICKSTART, *TINY, "--search", "optim.lr=log:1e-3,1e-1", "--storage", postgres, "--out", str(out)],
+    )
+    assert other.returncode == 2 and other.stderr.strip().splitlines() == [
+        f"error: study 'in-postgres' in {postgres} searches optim.lr=log:0.0001,0.01, this command --search "
+        "optim.lr=log:0.001,0.1; give the same, or another --out (or --study) for a new study"
+    ]
+
+
+@pytest.mark.slow
+def test_a_metric_that_the_finished_runs_do_not_record_stops_the_study_in_one_line(tmp_path):
+    out = tmp_path / "retrieval"
+    result = tune(out, "--metric", "unseen_map@r", "train.epochs=1", "train.max_steps=2", trials=3)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: --metric unseen_map@r: the runs record knn_top1, linear_top1, linear_top5, linear_train_top1, not "
+        "unseen_map@r; choose one of those (the same command with it continues the study)"
+    ]
+    assert len(trials_of(out)) == 1 and not (out / "best.yaml").exists()
