@@ -122,11 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     from sslkit.experiments import ablate
 
     try:
-        plan, executor = plan_from(args), executor_of(args)
+        outcome = ablate.run_ablation(plan_from(args), executor_of(args))
     except UserError as error:
         print_user_error(error)
         return 2
-    outcome = ablate.run_ablation(plan, executor)
     for table in outcome.tables:
         print_table(table)
     for note in outcome.notes:

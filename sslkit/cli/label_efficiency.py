@@ -201,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if (note := label_efficiency.labels_note(plan)) is not None:
         error_console.print(note, markup=False, highlight=False, soft_wrap=True)
-    outcome = label_efficiency.run_label_efficiency(plan, executor)
+    try:
+        outcome = label_efficiency.run_label_efficiency(plan, executor)
+    except UserError as error:  # sbatch refused the jobs
+        print_user_error(error)
+        return 2
     for table in outcome.tables:
         print_table(table)
     for note in outcome.notes:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from sslkit.errors import UserError
+from sslkit.experiments.executor import Executor
 from sslkit.experiments.local import LocalExecutor  # light: the standard library's processes and threads
+from sslkit.experiments.slurm import slurm_settings  # light too: submitit is imported where it is used
 
 
 def reject_unknown_option(command_line: list[str], options) -> bool:
@@ -34,9 +38,10 @@ def add_executor_options(parser: argparse.ArgumentParser, counted: str) -> None:
     """``--executor`` and ``--jobs N`` of the experiment commands; ``counted``: what N counts, e.g. "points"."""
     parser.add_argument(
         "--executor",
-        choices=("local",),
+        choices=("local", "slurm"),
         default="local",
-        help="where the jobs run: local, on this machine (default)",
+        help="where the jobs run: local, on this machine (default), or slurm, submitted as SLURM job arrays "
+        "through submitit (pip install 'sslkit[slurm]')",
     )
     parser.add_argument(
         "--jobs",
@@ -47,7 +52,42 @@ def add_executor_options(parser: argparse.ArgumentParser, counted: str) -> None:
         "train.threads is given), or one GPU each where there are GPUs",
     )
 
+    slurm = parser.add_argument_group("--executor slurm", "each job's resources (default: the cluster's)")
+    slurm.add_argument("--slurm-partition", metavar="NAME", help="the partition (sbatch --partition)")
+    slurm.add_argument("--slurm-time", metavar="TIME", help="each job's time limit, as sbatch --time takes it")
+    slurm.add_argument("--slurm-gpus", type=int, metavar="N", help="GPUs per job (sbatch --gpus-per-node)")
+    slurm.add_argument("--slurm-cpus", type=int, metavar="N", help="CPUs per job (sbatch --cpus-per-task)")
+    slurm.add_argument(
+        "--slurm-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another #SBATCH line, e.g. qos=low or signal=USR1@300 (repeat it for several)",
+    )
+    slurm.add_argument(
+        "--slurm-config", type=Path, metavar="FILE", help="a YAML file of partition, time, gpus, cpus, options"
+    )
 
-def executor_of(args: argparse.Namespace) -> LocalExecutor:
-    """The executor ``--executor`` and ``--jobs`` ask for."""
-    return LocalExecutor(args.jobs)
+
+def executor_of(args: argparse.Namespace) -> Executor:
+    """The executor ``--executor``, ``--jobs`` and the ``--slurm-*`` flags ask for.
+
+    Raises:
+        UserError: ``--executor slurm`` where sbatch or submitit is missing, or a ``--slurm-option`` without ``=``.
+    """
+    if args.executor == "local":
+        return LocalExecutor(args.jobs)
+    options = {}
+    for option in args.slurm_option:
+        key, equals, value = option.partition("=")
+        if not equals or not key:
+            raise UserError(f"--slurm-option {option}: give KEY=VALUE, e.g. --slurm-option qos=low")
+        options[key.strip().lstrip("-")] = value.strip()
+    return slurm_settings(
+        args.slurm_config,
+        partition=args.slurm_partition,
+        time=args.slurm_time,
+        gpus=args.slurm_gpus,
+        cpus=args.slurm_cpus,
+        options=options,
+    )

@@ -1,0 +1,95 @@
+"""``--executor slurm``: an ablation's points submitted through submitit to a real one-node SLURM (``slurm_utils``).
+
+A 3 x 2 temperature ablation of a tiny quick start gives the same tables whether its points ran as a SLURM job array
+or on this machine; run again, the same command finds every point finished and submits nothing; a partition the
+cluster refuses, sbatch missing, or a ``--slurm-option`` without ``=`` is one line and exit 2, with nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from command_utils import jobs_in_this_process, read_csv, run_main
+from slurm_utils import one_node_slurm_fixture  # noqa: F401 (the fixture)
+from test_ablate import QUICKSTART, TINY
+
+from sslkit.cli.ablate import main
+from sslkit.experiments.slurm import SlurmExecutor
+
+SWEEP = ["--sweep", "loss.temperature=0.1,0.2,0.5", "--seeds", "2"]
+
+
+def ablate(out: Path, *argv: str, **env: str):
+    return run_main(main, [QUICKSTART, *TINY, *SWEEP, "--out", str(out), *argv], OMP_NUM_THREADS="1", **env)
+
+
+def without_times(rows: list[dict]) -> list[dict]:
+    return [{key: value for key, value in row.items() if key not in ("wall_s", "cpu_s")} for row in rows]
+
+
+@pytest.mark.slow
+def test_a_sweep_on_slurm_gives_the_tables_of_a_local_sweep_and_a_rerun_submits_nothing(one_node_slurm, tmp_path):
+    slurm_conf = str(one_node_slurm.conf)
+    with jobs_in_this_process():  # the serial local run, its points without an interpreter's start each
+        local = ablate(tmp_path / "local")
+    assert local.returncode == 0, local.stdout + local.stderr
+    on_slurm = ablate(tmp_path / "slurm", "--executor", "slurm", "--slurm-cpus", "1", SLURM_CONF=slurm_conf)
+    assert on_slurm.returncode == 0, on_slurm.stdout + on_slurm.stderr
+    for table in ("results.csv", "summary.csv"):
+        slurm_rows, local_rows = read_csv(tmp_path / "slurm" / table), read_csv(tmp_path / "local" / table)
+        assert without_times(slurm_rows) == without_times(local_rows), table
+    assert len(read_csv(tmp_path / "slurm" / "results.csv")) == 6
+    # every point ran as a task of one job array, its output in the point's own log
+    submitted = list((tmp_path / "slurm" / "logs" / "slurm").glob("*_submitted.pkl"))
+    assert len(submitted) == 6 and len({path.name.split("_")[0] for path in submitted}) == 1, submitted
+    points = json.loads((tmp_path / "slurm" / "results.json").read_text())["points"]
+    assert all("run.resume=auto" in point["command"] for point in points)
+
+    again = ablate(tmp_path / "slurm", "--executor", "slurm", SLURM_CONF=slurm_conf)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.count("done, skipped") == 6, again.stdout
+    assert len(list((tmp_path / "slurm" / "logs" / "slurm").glob("*_submitted.pkl"))) == 6
+
+
+@pytest.mark.slow
+def test_a_partition_the_cluster_refuses_is_one_line_and_nothing_is_written(one_node_slurm, tmp_path):
+    out = tmp_path / "refused"
+    refused = ablate(out, "--executor", "slurm", "--slurm-partition", "nosuch", SLURM_CONF=str(one_node_slurm.conf))
+    assert refused.returncode == 2
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--partition=nosuch" in lines[0] and "Invalid partition" in lines[0], refused.stderr
+    assert not out.exists()
+
+
+def test_without_sbatch_on_the_path_the_command_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no sbatch
+    out = tmp_path / "nothing"
+    refused = ablate(out, "--executor", "slurm")
+    assert refused.returncode == 2
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sbatch" in lines[0], refused.stderr
+    assert not out.exists()
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch is not installed")
+def test_a_slurm_option_without_a_value_is_one_line(tmp_path):
+    refused = ablate(tmp_path / "nothing", "--executor", "slurm", "--slurm-option", "qos")
+    assert refused.returncode == 2
+    assert "--slurm-option qos: give KEY=VALUE" in refused.stderr, refused.stderr
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_flags_yaml_and_options_make_the_sbatch_lines():
+    executor = SlurmExecutor(partition="gpu", time="2:00:00", gpus=1, cpus=8, options={"signal": "USR1@300"})
+    assert executor.parameters()["additional_parameters"] == {
+        "requeue": True,
+        "signal": "USR1@300",
+        "partition": "gpu",
+        "time": "2:00:00",
+        "gpus_per_node": 1,
+        "cpus_per_task": 8,
+    }
+    assert executor.alone().parameters()["array_parallelism"] == 1
