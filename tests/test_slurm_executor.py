@@ -1,14 +1,19 @@
 """``--executor slurm``: an ablation's points submitted through submitit to a real one-node SLURM (``slurm_utils``).
 
 A 3 x 2 temperature ablation of a tiny quick start gives the same tables whether its points ran as a SLURM job array
-or on this machine; run again, the same command finds every point finished and submits nothing; a partition the
-cluster refuses, sbatch missing, or a ``--slurm-option`` without ``=`` is one line and exit 2, with nothing written.
+or on this machine; run again, the same command finds every point finished and submits nothing. A task that SLURM
+signals (``scancel --signal=USR1``, as its time limit would) and that saves and exits 75 is requeued and finishes. A
+partition the cluster refuses, sbatch missing, or a ``--slurm-option`` without ``=`` is one line and exit 2, with
+nothing written.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +22,8 @@ from slurm_utils import one_node_slurm_fixture  # noqa: F401 (the fixture)
 from test_ablate import QUICKSTART, TINY
 
 from sslkit.cli.ablate import main
+from sslkit.experiments.executor import Ran
+from sslkit.experiments.jobs import Job
 from sslkit.experiments.slurm import SlurmExecutor
 
 SWEEP = ["--sweep", "loss.temperature=0.1,0.2,0.5", "--seeds", "2"]
@@ -93,3 +100,51 @@ def test_flags_yaml_and_options_make_the_sbatch_lines():
         "cpus_per_task": 8,
     }
     assert executor.alone().parameters()["array_parallelism"] == 1
+
+
+SAVES_ON_USR1 = """\
+import json, pathlib, signal, sys, time
+result = pathlib.Path(sys.argv[-1])
+saved = result.with_suffix(".saved")
+if saved.exists():  # the requeued task: continue from what was saved
+    result.write_text(json.dumps({"results": {"trained": {"knn_top1": 1.0}}}))
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, lambda signum, frame: (saved.touch(), sys.exit(75)))
+print("training", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+def test_a_task_that_saves_on_slurms_signal_is_requeued_and_finishes(one_node_slurm, tmp_path, monkeypatch):
+    script = tmp_path / "saves_on_usr1.py"
+    script.write_text(SAVES_ON_USR1)
+    # The launcher prefix stands in for a pretraining run: it saves on SIGUSR1 and exits 75, as sslkit's loop does.
+    job = Job(
+        "point",
+        "unused",
+        (str(tmp_path / "result.json"),),
+        tmp_path / "result.json",
+        launcher=f"{sys.executable} {script}",
+    )
+    monkeypatch.setenv("SLURM_CONF", str(one_node_slurm.conf))
+    ended: list[Ran | None] = []
+    runner = threading.Thread(
+        target=SlurmExecutor().run,
+        args=([job], tmp_path / "logs", lambda job: None, lambda job, ran: ended.append(ran) or True),
+    )
+    runner.start()
+    deadline = time.monotonic() + 60
+    log = tmp_path / "logs" / "point.out"
+    while not (log.exists() and "training" in log.read_text()):
+        assert time.monotonic() < deadline, "the task never started"
+        time.sleep(0.2)
+    [job_id] = [path.name.split("_")[0] for path in (tmp_path / "logs" / "slurm").glob("*_submitted.pkl")]
+    signalled = one_node_slurm.run("scancel", "--signal=USR1", job_id)
+    assert signalled.returncode == 0, signalled.stderr
+    runner.join(90)
+    assert not runner.is_alive()
+    [ran] = ended
+    assert ran is not None and ran.status == 0, ran
+    assert one_node_slurm.job(int(job_id))["Restarts"] == "1"
+    assert json.loads(job.result.read_text())["results"]["trained"]["knn_top1"] == 1.0
