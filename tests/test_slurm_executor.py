@@ -22,9 +22,10 @@ from slurm_utils import one_node_slurm_fixture  # noqa: F401 (the fixture)
 from test_ablate import QUICKSTART, TINY
 
 from sslkit.cli.ablate import main
+from sslkit.errors import UserError
 from sslkit.experiments.executor import Ran
 from sslkit.experiments.jobs import Job
-from sslkit.experiments.slurm import SlurmExecutor
+from sslkit.experiments.slurm import SlurmExecutor, slurm_settings
 
 SWEEP = ["--sweep", "loss.temperature=0.1,0.2,0.5", "--seeds", "2"]
 
@@ -148,3 +149,15 @@ def test_a_task_that_saves_on_slurms_signal_is_requeued_and_finishes(one_node_sl
     assert ran is not None and ran.status == 0, ran
     assert one_node_slurm.job(int(job_id))["Restarts"] == "1"
     assert json.loads(job.result.read_text())["results"]["trained"]["knn_top1"] == 1.0
+
+
+@pytest.mark.slow
+def test_the_yaml_file_gives_the_resources_and_the_flags_win(one_node_slurm, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(one_node_slurm.conf))
+    config = tmp_path / "slurm.yaml"
+    config.write_text("partition: debug\ntime: '0:10:00'\ncpus: 2\noptions:\n  signal: USR1@30\n  comment: sweep\n")
+    executor = slurm_settings(config, partition=None, time="0:05:00", gpus=None, cpus=None, options={"comment": "x"})
+    assert executor == SlurmExecutor("debug", "0:05:00", None, 2, {"signal": "USR1@30", "comment": "x"})
+    config.write_text("partitions: debug\n")
+    with pytest.raises(UserError, match="unknown key partitions; the keys are partition, time, gpus, cpus, options"):
+        slurm_settings(config, partition=None, time=None, gpus=None, cpus=None, options={})

@@ -65,7 +65,7 @@ class SlurmJobRun:
             signal.signal(signal.SIGUSR1, lambda signum, frame: process.send_signal(signal.SIGUSR1))
             _, wait_status, usage = os.wait4(process.pid, 0)
             process.returncode = status = os.waitstatus_to_exitcode(wait_status)
-        if status in (REQUEUE_EXIT_STATUS, -signal.SIGUSR1):
+        if status in (REQUEUE_EXIT_STATUS, -signal.SIGUSR1, 128 + signal.SIGUSR1):  # saved, or nothing to save
             subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
             os._exit(REQUEUE_EXIT_STATUS)  # no result for submitit: the requeued task gives it
         error = None if status == 0 else error_line(Path(self.err).read_text(errors="replace"), status)
