@@ -2,9 +2,9 @@
 
 A 3 x 2 temperature ablation of a tiny quick start gives the same tables whether its points ran as a SLURM job array
 or on this machine; run again, the same command finds every point finished and submits nothing. A task that SLURM
-signals (``scancel --signal=USR1``, as its time limit would) and that saves and exits 75 is requeued and finishes. A
-partition the cluster refuses, sbatch missing, or a ``--slurm-option`` without ``=`` is one line and exit 2, with
-nothing written.
+signals (``scancel --signal=USR1``, as its time limit would) and that saves and exits 75 is requeued and finishes; a
+job that needs another is submitted after it, and not at all after one that failed. A partition the cluster refuses,
+sbatch missing, or a ``--slurm-option`` without ``=`` is one line and exit 2, with nothing written.
 """
 
 from __future__ import annotations
@@ -161,3 +161,44 @@ def test_the_yaml_file_gives_the_resources_and_the_flags_win(one_node_slurm, tmp
     config.write_text("partitions: debug\n")
     with pytest.raises(UserError, match="unknown key partitions; the keys are partition, time, gpus, cpus, options"):
         slurm_settings(config, partition=None, time=None, gpus=None, cpus=None, options={})
+
+
+WRITES_RESULT = """\
+import json, pathlib, sys
+result, fails, *needs = sys.argv[sys.argv.index("-m") + 2:]
+if fails == "fails" or not all(pathlib.Path(need).exists() for need in needs):
+    sys.exit(1)
+pathlib.Path(result).write_text(json.dumps({"results": {"trained": {}}}))
+"""
+
+
+def writes_result(job: str, tmp_path: Path, needs: tuple[str, ...] = (), fails: bool = False) -> Job:
+    """A job that writes its result file when the results of ``needs`` are there, else exits 1."""
+    script = tmp_path / "writes_result.py"
+    script.write_text(WRITES_RESULT)
+    result = tmp_path / f"{job}.json"
+    argv = (str(result), "fails" if fails else "ok", *(str(tmp_path / f"{need}.json") for need in needs))
+    return Job(job, "unused", argv, result, needs=needs, launcher=f"{sys.executable} {script}")
+
+
+@pytest.mark.slow
+def test_a_job_runs_after_the_job_it_needs_and_not_after_one_that_failed(one_node_slurm, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(one_node_slurm.conf))
+    jobs = [
+        writes_result("embed", tmp_path),
+        writes_result("broken", tmp_path, fails=True),
+        writes_result("select", tmp_path, needs=("embed",)),
+        writes_result("after-broken", tmp_path, needs=("broken",)),
+    ]
+    ended: dict[str, int | None] = {}
+    SlurmExecutor().run(
+        jobs,
+        tmp_path / "logs",
+        lambda job: None,
+        lambda job, ran: ended.setdefault(job.name, None if ran is None else ran.status) == 0,
+    )
+    assert ended == {"embed": 0, "broken": 1, "select": 0, "after-broken": None}
+    assert (tmp_path / "select.json").exists() and not (tmp_path / "after-broken.json").exists()
+    # the two that needed nothing were one array; the one that needed "embed" came after it
+    arrays = {path.name.split("_")[0] for path in (tmp_path / "logs" / "slurm").glob("*_submitted.pkl")}
+    assert len(arrays) == 2
