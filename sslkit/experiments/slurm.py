@@ -1,6 +1,6 @@
 """The SLURM executor: an experiment's jobs submitted through submitit (``--executor slurm``).
 
-The jobs whose needs have finished are submitted together as one job array (submitit's ``map_array``); a job
+The jobs whose needs have finished are submitted together as one job array (submitit's ``batch()``); a job
 that needs others is submitted once they have ended well, so that SLURM holds no job that waits on a job that
 failed. Each array task runs the job's command (:class:`SlurmJobRun`), its stdout and stderr appended to
 ``logs/<name>.out`` and ``.err``; submitit's own files go to ``logs/slurm``.
@@ -55,7 +55,7 @@ class SlurmJobRun:
 
     def __call__(self) -> Ran:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if "SLURM_CPUS_PER_TASK" in env:  # torch's threads: the CPUs the task was given, not the node's
+        if "SLURM_CPUS_PER_TASK" in env:  # torch's threads: the task's CPUs, not the node's (unless set)
             env.setdefault("OMP_NUM_THREADS", env["SLURM_CPUS_PER_TASK"])
         start = time.perf_counter()
         with open(self.out, "a") as out_file, open(self.err, "a") as err_file:
