@@ -4,7 +4,8 @@ crops, an epoch of 22 steps).
 Two workers finish a study and write a best recipe that sslkit-pretrain trains; a trial whose online kNN falls
 behind is pruned by its stop signal; a kill -9 of the command stops its workers, and the same command continues
 the study to its trials, the stopped runs from their checkpoints; the study lives in a PostgreSQL server the test
-starts (tests/postgres_utils.py); a metric no run records stops the study after its first trial. The command runs
+starts (tests/postgres_utils.py); the workers run as a job array of a one-node SLURM (tests/slurm_utils.py); a
+metric no run records stops the study after its first trial. The command runs
 as its ``main(argv)`` in this process (its workers and their runs are processes), but where it is killed.
 """
 
@@ -25,6 +26,7 @@ from command_utils import read_csv, run_main
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 from postgres_utils import postgres_server
+from slurm_utils import one_node_slurm_fixture  # noqa: F401 (the fixture)
 
 from sslkit.cli import pretrain as pretrain_cli
 from sslkit.cli import tune as tune_cli
@@ -140,6 +142,8 @@ def test_after_a_kill_9_of_the_command_the_same_command_continues_the_study(tmp_
     while running_processes_under(out) and time.monotonic() < deadline:  # its workers stop their runs, which save
         time.sleep(0.2)
     assert not running_processes_under(out)
+    for worker in ("worker-0", "worker-1"):  # the command's end reached them as a stop signal
+        assert "stopped by SIGTERM" in (out / "logs" / f"{worker}.err").read_text(), worker
     stopped = trials_of(out)
     assert TrialState.RUNNING not in [trial.state for trial in stopped]
     retries = [trial for trial in stopped if trial.state == TrialState.WAITING]
@@ -188,3 +192,21 @@ def test_a_metric_that_the_finished_runs_do_not_record_stops_the_study_in_one_li
         "unseen_map@r; choose one of those (the same command with it continues the study)"
     ]
     assert len(trials_of(out)) == 1 and not (out / "best.yaml").exists()
+
+
+@pytest.mark.slow
+def test_the_workers_run_as_a_slurm_job_array_as_they_run_here(tmp_path, one_node_slurm):
+    out = tmp_path / "on-slurm"
+    conf = str(one_node_slurm.conf)
+    result = run_main(
+        tune_cli.main,
+        [QUICKSTART, *TINY, "--search", LR, "--trials", "2", "--jobs", "2", "--out", str(out), "train.epochs=1"]
+        + ["--executor", "slurm", "--slurm-cpus", "1"],
+        OMP_NUM_THREADS="1",
+        SLURM_CONF=conf,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [trial.state for trial in trials_of(out)] == [TrialState.COMPLETE] * 2
+    submitted = sorted(path.name for path in (out / "logs" / "slurm").glob("*_submitted.pkl"))
+    assert len(submitted) == 2 and len({name.split("_")[0] for name in submitted}) == 1, submitted  # one array
+    assert (out / "best.yaml").is_file()

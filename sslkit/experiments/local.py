@@ -115,18 +115,23 @@ def run_process(job: Job, logs: Path, environment: dict[str, str], processes: Pr
 
 
 @contextlib.contextmanager
-def stopping_as_ctrl_c(signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
-    """Within it, ``signals`` raise KeyboardInterrupt in this (the main) thread, as Ctrl-C does."""
+def stopping_as_ctrl_c(
+    signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP),
+) -> Iterator[list[signal.Signals]]:
+    """Within it, ``signals`` raise KeyboardInterrupt in this (the main) thread, as Ctrl-C does; it gives the list
+    of those received, for a caller that tells them from Ctrl-C."""
+    received: list[signal.Signals] = []
     if threading.current_thread() is not threading.main_thread():
-        yield  # Python runs handlers in the main thread only
+        yield received  # Python runs handlers in the main thread only
         return
 
     def interrupt(signum: int, frame) -> None:
+        received.append(signal.Signals(signum))
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, interrupt) for sig in signals}
     try:
-        yield
+        yield received
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -88,7 +88,8 @@ class Plan:
             study's trials share.
         epochs: ``train.epochs`` with the overrides: a trial's length when it does not search it.
         monitor_every: ``train.knn_every_epochs`` with the overrides: the epochs the pruner hears of (0: none).
-        stop_signal: the signal that stops a trial's run cleanly (the recipe's first ``train.stop_signals``).
+        stop_signals: the recipe's ``train.stop_signals``: the first stops a trial's run cleanly (SIGTERM when there
+            is none), and each stops a worker as Ctrl-C does (a cluster's preemption notice).
     """
 
     recipe: Path
@@ -105,11 +106,16 @@ class Plan:
     base: dict[str, Any]
     epochs: int
     monitor_every: int
-    stop_signal: str
+    stop_signals: list[str]
 
     @property
     def out(self) -> Path:
         return self.place.out
+
+    @property
+    def stop_signal(self) -> str:
+        """The signal that stops a trial's run: it saves and exits (SIGTERM, which ends it, without one)."""
+        return (self.stop_signals or ["SIGTERM"])[0]
 
     def trial_job(self, run: str, values: dict[str, Any]) -> Job:
         """The pretraining run of a trial: the user's command with ``values`` (the trial's, by key) last."""
@@ -320,7 +326,7 @@ def plan_tuning(
         base=json.loads(json.dumps(shared)),  # as the storage gives it back: lists, not tuples
         epochs=base.train.epochs,
         monitor_every=base.train.knn_every_epochs,
-        stop_signal=(base.train.stop_signals or ["SIGTERM"])[0],
+        stop_signals=list(base.train.stop_signals),
     )
 
 

@@ -16,8 +16,10 @@ study how it ended:
 
 A worker ends when the study holds its trials; while the last ones run on other workers it waits, retrying
 those whose worker died (:func:`sslkit.experiments.tune_storage.fail_abandoned`). It exits with 0; 2 when a
-finished run did not record the metric (every worker of the study stops, in the same line); 75 when its run was
-stopped by a signal the worker did not get (a cluster's preemption); 130 when stopped.
+finished run did not record the metric (every worker of the study stops, in the same line); 130 after Ctrl-C;
+75 (to be started again: a SLURM task requeues itself on it) after a stop signal (SIGTERM, SIGHUP, the runs'
+``train.stop_signals``, the command that started it ending), or when its run was stopped by a signal the worker
+did not get.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from sslkit.console import console, print_user_error
+from sslkit.console import console, error_console, print_user_error
 from sslkit.errors import REQUEUE_EXIT_STATUS, UserError
 from sslkit.experiments.executor import Ran
 from sslkit.experiments.jobs import Job
@@ -189,6 +191,13 @@ def next_step(study: optuna.Study, trials: int) -> str:
     return "ask" if waiting or done + running < trials else "wait"
 
 
+def stop_line(stop: BaseException, signalled: list[signal.Signals], trial: int | None) -> str:
+    """Why a worker stopped on a stop signal (``signalled``), or its run on one it missed; its trial's fate."""
+    why = f"its run was stopped ({stop})" if isinstance(stop, RunStopped) else f"stopped by {signalled[0].name}"
+    again = "" if trial is None else f"; trial {trial} enqueued again, to continue its run"
+    return f"{why}{again} (exit status {REQUEUE_EXIT_STATUS}: start the worker again)"
+
+
 def run_worker(plan: Plan, index: int) -> int:
     """Worker ``index``: run trials of the study until it holds ``plan.trials``; returns the exit status (see the
     module's docstring)."""
@@ -197,7 +206,9 @@ def run_worker(plan: Plan, index: int) -> int:
     study = plan.open_study(create=False, worker=index)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # each trial's own line says how it ended
     objective, ran = Objective(plan), 0
-    with stopping_as_ctrl_c():
+    # SIGTERM and SIGHUP, and the stop signals of the runs: a cluster's notice reaches the worker too.
+    stops = tuple(dict.fromkeys((signal.SIGTERM, signal.SIGHUP, *map(signal_of, plan.stop_signals))))
+    with stopping_as_ctrl_c(stops) as signalled:
         try:
             while (step := next_step(study, plan.trials)) != "done":
                 if stopped := study.user_attrs.get(STOPPED_ATTR):
@@ -211,7 +222,11 @@ def run_worker(plan: Plan, index: int) -> int:
         except (KeyboardInterrupt, RunStopped) as stop:
             if objective.stopped is not None:  # failed by optimize: its values again, for the run to continue
                 retry(study, study.get_trials(deepcopy=False)[objective.stopped])
-            return 130 if isinstance(stop, KeyboardInterrupt) else REQUEUE_EXIT_STATUS
+            if isinstance(stop, KeyboardInterrupt) and not signalled:
+                return 130
+            # A stop signal asks for the worker again (a cluster requeues a task on 75).
+            error_console.print(stop_line(stop, signalled, objective.stopped), markup=False, soft_wrap=True)
+            return REQUEUE_EXIT_STATUS
         except UserError as error:
             study.set_user_attr(STOPPED_ATTR, str(error))
             print_user_error(error)
