@@ -254,21 +254,24 @@ study = optuna.load_study(study_name="s", storage=storage)
 trial = study.ask({"optim.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
 lock = tune_storage.take_lock(tune_storage.Path(out), "trial-0000")
 trial.set_user_attr("run", "trial-0000")
+orphan = None
 if then == "orphan":  # as a trial's run: it inherits the lock, and outlives this process
-    subprocess.Popen(["sleep", "60"], pass_fds=(lock,), start_new_session=True)
-print("holding", flush=True)
+    orphan = subprocess.Popen(["sleep", "60"], pass_fds=(lock,), start_new_session=True).pid
+print("holding", orphan, flush=True)
 time.sleep(60)
 """
 
 
-def hold_a_trial(out: Path, then: str) -> subprocess.Popen:
+def hold_a_trial(out: Path, then: str) -> tuple[subprocess.Popen, int | None]:
     """A process that asks the study in ``out`` for a trial and holds its run's lock, as a worker does; once it
-    says so, it sleeps (``then``: ``orphan``, it has also started a process that inherits the lock)."""
+    says so, it sleeps. ``then``: ``orphan``, it has also started a process that inherits the lock, whose pid comes
+    second (else None)."""
     process = subprocess.Popen(
         [sys.executable, "-c", HOLD_A_TRIAL, str(out), then], stdout=subprocess.PIPE, text=True, cwd=ROOT
     )
-    assert process.stdout.readline().strip() == "holding"
-    return process
+    said, orphan = process.stdout.readline().split()
+    assert said == "holding"
+    return process, None if orphan == "None" else int(orphan)
 
 
 def kill_9(process: subprocess.Popen) -> None:
@@ -279,12 +282,12 @@ def kill_9(process: subprocess.Popen) -> None:
 def test_a_trial_whose_worker_was_killed_is_failed_and_retried_once_and_a_live_one_is_left(tmp_path):
     place = tune_storage.Place(tmp_path, None, "s")
     study = optuna.create_study(storage=place.storage(), study_name="s", direction="maximize")
-    worker = hold_a_trial(tmp_path, "sleep")
+    worker, _ = hold_a_trial(tmp_path, "sleep")
     try:
         assert tune_storage.fail_abandoned(study, place, start_grace_s=0) == []  # alive: its lock is held
     finally:
         kill_9(worker)
-    assert tune_storage.fail_abandoned(study, place) == []  # started less than START_GRACE_S ago: being started
+    assert tune_storage.fail_abandoned(study, place, start_grace_s=3600) == []  # as young as a trial being started
     assert tune_storage.fail_abandoned(study, place, start_grace_s=0) == [0]
     assert tune_storage.fail_abandoned(study, place, start_grace_s=0) == []  # once
     first, retry = study.get_trials()
@@ -296,16 +299,12 @@ def test_a_trial_whose_worker_was_killed_is_failed_and_retried_once_and_a_live_o
 def test_a_run_that_outlives_its_worker_keeps_its_trial_alive_until_it_ends(tmp_path):
     place = tune_storage.Place(tmp_path, None, "s")
     study = optuna.create_study(storage=place.storage(), study_name="s", direction="maximize")
-    kill_9(hold_a_trial(tmp_path, "orphan"))
-    sleeping = [
-        int(pid)
-        for pid in subprocess.run(["pgrep", "-f", "^sleep 60$"], capture_output=True, text=True).stdout.split()
-    ]
+    worker, orphan = hold_a_trial(tmp_path, "orphan")
+    kill_9(worker)
     try:
         assert tune_storage.fail_abandoned(study, place, start_grace_s=0) == []  # the orphan holds the lock
     finally:
-        for pid in sleeping:
-            os.kill(pid, signal.SIGKILL)
+        os.kill(orphan, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while (failed := tune_storage.fail_abandoned(study, place, start_grace_s=0)) == [] and time.monotonic() < deadline:
         time.sleep(0.2)  # the killed orphan's lock goes once the kernel has reaped it

@@ -97,7 +97,7 @@ def test_two_workers_finish_a_study_whose_best_recipe_sslkit_pretrain_trains(tmp
 @pytest.mark.slow
 def test_a_trial_behind_the_others_at_an_epoch_is_stopped_by_its_stop_signal_and_pruned(tmp_path):
     out = tmp_path / "pruned"
-    plan = plan_tuning(QUICKSTART, [LR], trials=6, out=out, overrides=[*TINY, "train.epochs=4"])
+    plan = plan_tuning(QUICKSTART, [LR], trials=6, out=out, overrides=[*TINY, "train.epochs=20"])
     study = plan.open_study(create=True)
     for lr in (1e-3, 2e-3, 3e-3, 4e-3, 5e-3):  # five trials far ahead at every epoch: the median pruner starts
         study.add_trial(
@@ -108,7 +108,7 @@ def test_a_trial_behind_the_others_at_an_epoch_is_stopped_by_its_stop_signal_and
                 intermediate_values={epoch: 0.99 for epoch in range(1, 4)},
             )
         )
-    result = tune(out, "train.epochs=4", trials=6)
+    result = tune(out, "train.epochs=20", trials=6)  # 20: pruned long before its end
     assert result.returncode == 0, result.stdout + result.stderr
     pruned = trials_of(out)[5]
     assert pruned.state == TrialState.PRUNED and list(pruned.intermediate_values) == [1], pruned
