@@ -14,7 +14,7 @@ its task leaves the queue; Ctrl-C cancels every submitted task (``scancel``), an
 what has not finished, which resumes from its checkpoint.
 
 Resources come from flags or a YAML file (:func:`slurm_settings`): partition, time, GPUs and CPUs per job, any
-other ``#SBATCH`` line. submitit is imported only where the executor is used (``pip install sslkit[slurm]``).
+other ``#SBATCH`` line. submitit is imported only where the executor is used (``pip install "sslkit[slurm]"``).
 
 >>> SlurmExecutor(partition="debug", time="0:10:00", cpus=2, options={"qos": "low"}).parameters()["additional_parameters"]
 {'requeue': True, 'signal': 'USR1@120', 'partition': 'debug', 'time': '0:10:00', 'cpus_per_task': 2, 'qos': 'low'}
