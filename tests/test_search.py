@@ -118,12 +118,24 @@ def test_wide_rows_are_ranked_through_their_chunk_maxima_with_ties_across_every_
     assert torch.equal(nearest_columns(similarity, depth), expected)
 
 
+@pytest.mark.parametrize("group", [2, 5, 32])
+def test_the_largest_values_through_group_maxima_are_topks_even_with_ties_at_every_cut(group, monkeypatch):
+    monkeypatch.setattr(top_k, "GROUP", group)
+    g = torch.Generator().manual_seed(group)
+    for width, count in ((1, 1), (40, 3), (999, 11), (5000, 2), (5000, 40)):
+        values = torch.randint(0, 30, (20, width), generator=g).float()  # many equal values in every row
+        values[::3, -1] = 30  # the largest in the last column, which may be in no group
+        top, columns = top_k.largest(values, count)
+        assert torch.equal(top, values.topk(min(count, width), dim=1).values)
+        assert torch.equal(values.gather(1, columns), top)
+
+
 # Blocks of rows, of columns (through the bytes of a block), tiles and chunks that cut the 700 references unevenly.
 LAYOUTS = {
     "defaults": {},
-    "small tiles": {"block_rows": 64, "TILE_COLUMNS": 96, "CHUNK": 8},
+    "small tiles": {"block_rows": 64, "TILE_COLUMNS": 96, "CHUNK": 8, "GROUP": 2},
     "blocks of columns": {"block_rows": 50, "SIMILARITY_BLOCK_BYTES": 4 * 50 * 230, "TILE_COLUMNS": 64},
-    "one row at a time": {"block_rows": 1, "TILE_COLUMNS": 128, "CHUNK": 4},
+    "one row at a time": {"block_rows": 1, "TILE_COLUMNS": 128, "CHUNK": 4, "GROUP": 3},
 }
 
 
@@ -133,7 +145,7 @@ def test_exact_search_is_the_stable_sort_of_every_similarity(layout, k, monkeypa
     settings = dict(LAYOUTS[layout])
     block_rows = settings.pop("block_rows", None)
     for name, value in settings.items():
-        monkeypatch.setattr(top_k if name == "CHUNK" else search, name, value)
+        monkeypatch.setattr(top_k if name in ("CHUNK", "GROUP") else search, name, value)
     vectors = tied_vectors()
     references = unit_rows(vectors)
     for own_columns in (None, torch.arange(len(vectors))):

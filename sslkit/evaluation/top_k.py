@@ -21,13 +21,15 @@ import math
 
 import torch
 
-# Columns per chunk at most (a power of 2; the tiles of the exact search hold 32 chunks at least, whose maxima
-# are vectorised), the cost of a candidate's key against a chunk maximum's share of a topk, measured
-# (tools/bench/neighbours.py --cases floor), and the share of a row's columns the chunks holding its top k may
-# hold at most (beyond: topk over the whole row).
+# Columns per chunk at most (a power of 2; the tiles of the exact search then hold 32 chunks at least, whose
+# maxima are vectorised), the cost of a candidate against a chunk maximum's (measured: tools/bench/neighbours.py
+# --cases floor, tools/bench/README.md), and the share of a row's columns the chunks holding its top k may hold
+# at most (beyond: topk over the whole row).
 CHUNK = 32
-CANDIDATE_COST = 20
+CANDIDATE_COST = 8
 CANDIDATE_SHARE = 1 / 8
+# Chunk maxima per group whose maximum ranks them first (:func:`largest`).
+GROUP = 32
 
 
 def order_keys(values: torch.Tensor, columns: torch.Tensor, num_columns: int) -> torch.Tensor:
@@ -113,9 +115,10 @@ def chunks_for(width: int, depth: int, tile: int | None) -> Chunks | None:
     """The chunks of a block of ``width`` columns for its top ``depth``, in tiles of ``tile`` columns (a multiple
     of :data:`CHUNK`; None: one tile), or None where ``topk`` over the whole row is cheaper.
 
-    A row costs a ``topk`` of its ``width / size`` chunk maxima and the keys of ``depth * size`` candidates:
+    A row costs the ranking of its ``width / size`` chunk maxima and the keys of ``depth * size`` candidates:
     the size balancing the two, ``sqrt(width / (CANDIDATE_COST * depth))``, to the nearest power of 2 from 4 to
-    :data:`CHUNK`. None where even then the candidates would be over :data:`CANDIDATE_SHARE` of the row.
+    :data:`CHUNK` (100,000 columns, k = 10: 32). None where even then the candidates would be over
+    :data:`CANDIDATE_SHARE` of the row.
     """
     balanced = math.sqrt(width / (CANDIDATE_COST * depth))
     size = min(CHUNK, 2 ** max(2, round(math.log2(max(balanced, 1)))))
@@ -199,13 +202,36 @@ def top_keys(tiles: Tiles, depth: int, chunks: Chunks | None, maxima, first: int
     every = torch.arange(first, first + tiles.width, device=tiles.flat.device)
     if chunks is None:
         return _top_keys_of(tiles.whole_rows(), every.expand(tiles.rows, -1), depth, total)
-    top, best = maxima.topk(depth + 1, dim=1)  # (rows, depth + 1), largest first
+    top, best = largest(maxima, depth + 1)  # (rows, depth + 1), largest first
     candidates = chunks.columns(best[:, :depth])  # (rows, depth * size + width - whole)
     keys = _top_keys_of(tiles.gather(candidates), candidates + first, depth, total)
     spills = (top[:, depth - 1] == top[:, depth]).nonzero()[:, 0]
     if len(spills):
         keys[spills] = _top_keys_of(tiles.whole_rows(spills), every.expand(len(spills), -1), depth, total)
     return keys
+
+
+def largest(values: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``count`` largest values, largest first, and their columns (equal values in no set order).
+
+    A wide row goes through the maxima of its groups of :data:`GROUP` columns: its ``count`` largest values
+    lie in its ``count`` groups of largest maxima and the columns in no group, so one ``topk`` of the group
+    maxima and one of those groups' values replace a ``topk`` of the row. (Where groups tie at the cut, a value
+    of a group left out can equal the last one kept: the values are the same, a column may be another.)
+
+    Shape:
+        values: (c, n); returns: (c, min(count, n)) values and int64 columns
+    """
+    whole = values.shape[1] - values.shape[1] % GROUP
+    if whole < 4 * GROUP * count:
+        return values.topk(min(count, values.shape[1]), dim=1)
+    groups = values[:, :whole].unflatten(1, (-1, GROUP)).amax(dim=2)  # (c, whole / GROUP)
+    best = groups.topk(count, dim=1).indices  # (c, count)
+    columns = (best[..., None] * GROUP + torch.arange(GROUP, device=values.device)).flatten(1)
+    rest = torch.arange(whole, values.shape[1], device=values.device).expand(len(values), -1)
+    columns = torch.cat([columns, rest], dim=1)  # (c, count * GROUP + n - whole)
+    top, where = values.gather(1, columns).topk(count, dim=1)
+    return top, columns.gather(1, where)
 
 
 def _top_keys_of(values: torch.Tensor, columns: torch.Tensor, depth: int, total: int) -> torch.Tensor:
