@@ -89,7 +89,10 @@ def test_bad_subset_settings_are_one_line(override, words):
 
 def test_a_fraction_and_a_count_together_say_how_to_choose_one():
     with pytest.raises(UserError, match=r"not both .*data.label_fraction=null data.labels_per_class=5"):
-        load_config("quickstart_finetune", ["data.labels_per_class=5"])
+        load_config("quickstart_finetune", ["data.labels_per_class=5", "data.label_fraction=0.1"])
+    # One on the command line replaces the recipe's label_fraction (the more specific choice).
+    cfg = load_config("quickstart_finetune", ["data.labels_per_class=5"])
+    assert cfg.data.labels_per_class == 5 and cfg.data.label_fraction is None
 
 
 def test_splits_of_a_supervised_method_hold_only_the_subset():
