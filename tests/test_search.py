@@ -155,6 +155,21 @@ def test_exact_search_is_the_stable_sort_of_every_similarity(layout, k, monkeypa
         assert columns.dtype == torch.int64 and similarities.dtype == torch.float32
 
 
+def test_blocks_searched_on_several_threads_give_the_same_lists_and_torch_gets_its_threads_back():
+    vectors = tied_vectors()
+    expected = naive_search(vectors, vectors, 7, torch.arange(700))
+    done = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        found = exact_search(vectors, unit_rows(vectors), 7, torch.arange(700), block_rows=64, on_rows=done.append)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(found[1], expected[1]) and torch.equal(found[0], expected[0])
+    assert done == [64] * 10 + [60]  # every block, in order
+
+
 def test_exact_search_of_untied_vectors_is_the_float64_ranking():
     vectors, queries = clustered(3000, 16, 20, seed=0), clustered(300, 16, 20, seed=1)
     similarities, columns = exact_search(queries, unit_rows(vectors), 20)

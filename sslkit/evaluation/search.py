@@ -36,7 +36,9 @@ faiss holds its own copy of the vectors, so an index needs twice the exact searc
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import queue
 from typing import Callable, Iterator
 
 import numpy as np
@@ -183,14 +185,6 @@ def squared_distances(queries: torch.Tensor, references: torch.Tensor) -> torch.
 # --------------------------------------------------------------------------- exact search
 
 
-def columns_per_block(num_references: int, rows: int) -> int:
-    """Reference columns per block of :func:`exact_search`: (rows, columns) float32 within
-    :data:`SIMILARITY_BLOCK_BYTES`, the references cut into blocks of equal width."""
-    widest = max(1, SIMILARITY_BLOCK_BYTES // (4 * rows))
-    blocks = -(-num_references // widest)
-    return -(-num_references // blocks)
-
-
 def exact_search(
     queries,
     references: torch.Tensor,
@@ -202,10 +196,14 @@ def exact_search(
     """The ``k`` most similar references of each query, in the order of the module docstring.
 
     A block of query rows (read, converted to float32 and L2-normalised a block at a time, so the
-    queries may be a NumPy memory map larger than memory) meets a block of reference columns
-    (:func:`columns_per_block`), a tile of :data:`TILE_COLUMNS` at a time on the CPU, and each tile's
-    chunk maxima are taken while it is in cache; :func:`top_keys` finds the block's top k from them, and
-    the blocks of columns are merged by their keys. Memory: one (rows, columns) block of similarities.
+    queries may be a NumPy memory map larger than memory) meets a block of reference columns, a tile
+    of :data:`TILE_COLUMNS` at a time on the CPU, each tile's chunk maxima taken while it is in cache;
+    :func:`~sslkit.evaluation.top_k.top_keys` finds the block's top k from them, and the blocks of
+    columns are merged by their keys (:class:`BlockSearch`). On the CPU with torch's ``T`` threads,
+    ``T`` blocks of queries are searched at once, each on one thread (torch's intra-op threads are set
+    to one meanwhile, and restored): a core never waits for another between two products, which kept
+    two threads twice as fast as two threads sharing each product (tools/bench/README.md). Memory:
+    :data:`SIMILARITY_BLOCK_BYTES` of similarities in all.
 
     Args:
         queries: the rows to find neighbours for.
@@ -213,54 +211,116 @@ def exact_search(
         k: neighbours per query, at most G.
         own_columns: each query's own row among the references, never its neighbour; or None.
         block_rows: query rows per block (default :data:`SEARCH_ROWS`).
-        on_rows: called with the rows of each finished block.
+        on_rows: called with the rows of each finished block, in order, from the calling thread.
 
     Shape:
         queries: (Q, D) tensor or NumPy array; references: (G, D) float32; own_columns: (Q,) int64;
         returns: similarities (Q, k) float32 and columns (Q, k) int64, on the references' device.
     """
-    device, total = references.device, len(references)
-    if not 1 <= k <= total:
-        raise ValueError(f"k must be between 1 and the {total} references, got {k}")
+    if not 1 <= k <= len(references):
+        raise ValueError(f"k must be between 1 and the {len(references)} references, got {k}")
+    device = references.device
     rows = min(block_rows or SEARCH_ROWS, max(len(queries), 1))
-    width = columns_per_block(total, rows)
-    tile = TILE_COLUMNS if device.type == "cpu" else width
-    chunks = [chunks_for(len(part), k, tile) for part in references.split(width)]  # one per block of columns
-    flat = torch.empty(rows * (width + tile), device=device)  # the tiles of a block of (rows, width)
-    maxima = torch.empty(rows, max((c.count for c in chunks if c is not None), default=0), device=device)
     keys = torch.empty(len(queries), k, dtype=torch.long, device=device)
-    for start in range(0, len(queries), rows):
-        stop = min(start + rows, len(queries))
-        block = unit_rows(queries[start:stop], device)
+
+    def search(searcher: BlockSearch, start: int, stop: int) -> None:
         own = None if own_columns is None else own_columns[start:stop].to(device)
-        best = None
-        for first, part, part_chunks in zip(range(0, total, width), references.split(width), chunks):
-            part_tile = tile if part_chunks is not None else len(part)  # no chunks: one plain block
-            tiles = Tiles(flat, len(block), len(part), part_tile, rows)
-            part_maxima = maxima[: len(block), : part_chunks.count if part_chunks else 0]
-            similarity_tiles(block, part, tiles, part_chunks, part_maxima)
-            if own is not None:
-                _leave_out(tiles, own - first, part_chunks, part_maxima)
-            found = top_keys(tiles, k, part_chunks, part_maxima, first, total)  # (c, min(k, len(part)))
-            best = found if best is None else _merge(best, found, k)
-        keys[start:stop] = best
-        _advance(on_rows, stop - start)
-    return key_values(keys), key_columns(keys, total)
+        keys[start:stop] = searcher.top_keys(unit_rows(queries[start:stop], device), own)
+
+    over_query_blocks(len(queries), rows, lambda workers: BlockSearch(references, k, rows, workers), search, on_rows)
+    return key_values(keys), key_columns(keys, len(references))
 
 
-def similarity_tiles(block: torch.Tensor, references: torch.Tensor, tiles: Tiles, chunks: Chunks | None, maxima):
-    """The block's similarities to the references, tile by tile into ``tiles``, and each tile's chunk maxima
-    into ``maxima`` right after its product, while it is in cache.
+def over_query_blocks(
+    count: int, rows: int, make: Callable[[int], BlockSearch], work: Callable, on_rows: OnRows = None
+) -> None:
+    """``work(searcher, start, stop)`` for each block of ``rows`` of ``count`` query rows, on as many threads as
+    torch has on the CPU, each with its own ``make(threads)`` and torch's intra-op threads set to one meanwhile.
 
-    Shape:
-        block: (c, D); references: (w, D); maxima: (c, chunks.count)
+    ``on_rows`` hears of the blocks in order, on the calling thread.
     """
-    for index, first in enumerate(range(0, tiles.width, tiles.tile)):
-        product = torch.mm(block, references[first : first + tiles.tile].T, out=tiles.matrix(index))
-        if chunks is not None:
-            whole = min(tiles.tile, chunks.whole - first)
-            out = maxima[:, first // chunks.size : (first + whole) // chunks.size]
-            tile_maxima(product[:, :whole], chunks.size, out)
+    starts = range(0, count, rows)
+    threads = max(1, min(torch.get_num_threads(), len(starts)))
+    searchers = queue.SimpleQueue()
+    for _ in range(threads):
+        searchers.put(make(threads))
+
+    def run(start: int) -> int:
+        searcher = searchers.get()
+        try:
+            work(searcher, start, min(start + rows, count))
+        finally:
+            searchers.put(searcher)
+        return min(start + rows, count) - start
+
+    if threads == 1:
+        for start in starts:
+            _advance(on_rows, run(start))
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            for done in pool.map(run, starts):
+                _advance(on_rows, done)
+    finally:
+        torch.set_num_threads(previous)
+
+
+class BlockSearch:
+    """The top k of blocks of query rows among ``references``, with its own buffers (one per thread).
+
+    The references are cut into blocks of equal width, ``rows`` x width float32 within a ``1 / threads``
+    share of :data:`SIMILARITY_BLOCK_BYTES`; each is held in tiles of :data:`TILE_COLUMNS` columns on the
+    CPU (one tile elsewhere, and wherever the top k has no chunks: ``k`` near the width).
+    """
+
+    def __init__(self, references: torch.Tensor, k: int, rows: int, threads: int = 1) -> None:
+        self.references, self.k, self.rows = references, k, rows
+        widest = max(1, SIMILARITY_BLOCK_BYTES // (4 * rows * threads))
+        self.width = -(-len(references) // -(-len(references) // widest))  # blocks of equal width
+        tile = TILE_COLUMNS if references.device.type == "cpu" else self.width
+        self.parts = [
+            (first, part, chunks, tile if chunks is not None else len(part))
+            for first, part in zip(range(0, len(references), self.width), references.split(self.width))
+            for chunks in [chunks_for(len(part), k, tile)]
+        ]
+        self.flat = references.new_empty(rows * (self.width + tile))  # the tiles of one block of (rows, width)
+        most = max((chunks.count for _, _, chunks, _ in self.parts if chunks is not None), default=0)
+        self.maxima = references.new_empty(rows, most)
+
+    def products(self, block: torch.Tensor, part: torch.Tensor, chunks: Chunks | None, tile: int):
+        """The block's similarities to one block of references, as :class:`~sslkit.evaluation.top_k.Tiles`, and
+        their chunk maxima (each tile's right after its product, while it is in cache).
+
+        Shape:
+            block: (c, D); part: (w, D); returns: Tiles of (c, w), maxima (c, chunks.count)
+        """
+        tiles = Tiles(self.flat, len(block), len(part), tile, self.rows)
+        maxima = self.maxima[: len(block), : chunks.count if chunks is not None else 0]
+        for index, start in enumerate(range(0, len(part), tile)):
+            product = torch.mm(block, part[start : start + tile].T, out=tiles.matrix(index))
+            if chunks is not None:
+                whole = min(tile, chunks.whole - start)
+                tile_maxima(
+                    product[:, :whole], chunks.size, maxima[:, start // chunks.size :][:, : whole // chunks.size]
+                )
+        return tiles, maxima
+
+    def top_keys(self, block: torch.Tensor, own: torch.Tensor | None) -> torch.Tensor:
+        """The block's top k as :func:`~sslkit.evaluation.top_k.order_keys`, ``own`` its rows' own columns.
+
+        Shape:
+            block: (c, D) L2-normalised; own: (c,) int64 or None; returns: (c, k) int64
+        """
+        best = None
+        for first, part, chunks, tile in self.parts:
+            tiles, maxima = self.products(block, part, chunks, tile)
+            if own is not None:
+                _leave_out(tiles, own - first, chunks, maxima)
+            found = top_keys(tiles, self.k, chunks, maxima, first, len(self.references))  # (c, min(k, w))
+            best = found if best is None else _merge(best, found, self.k)
+        return best
 
 
 def _leave_out(tiles: Tiles, own: torch.Tensor, chunks: Chunks | None, maxima) -> None:

@@ -137,22 +137,22 @@ def random_unit_vectors(n: int, dim: int, seed: int = 0) -> torch.Tensor:
     return torch.nn.functional.normalize(torch.randn(n, dim, generator=generator), dim=1)
 
 
-def matrix_product_floor(vectors: torch.Tensor) -> None:
+def matrix_product_floor(vectors: torch.Tensor, k: int) -> None:
     """What :func:`~sslkit.evaluation.search.exact_search` of every row among ``vectors`` computes, without
-    choosing anything: its blocks of rows and columns, each a tile at a time into one buffer, as it lays them
-    out on the CPU."""
+    choosing anything: its blocks of rows and columns on its threads, each block a tile at a time into its
+    buffer, as it lays them out on the CPU."""
     from sslkit.evaluation import search
-    from sslkit.evaluation.top_k import Tiles
 
-    total = len(vectors)
-    rows = min(search.SEARCH_ROWS, total)
-    width = search.columns_per_block(total, rows)
-    flat = torch.empty(rows * (width + search.TILE_COLUMNS))
-    for start in range(0, total, rows):
-        block = search.unit_rows(vectors[start : start + rows])
-        for first, part in zip(range(0, total, width), vectors.split(width)):
-            tiles = Tiles(flat, len(block), len(part), search.TILE_COLUMNS, rows)
-            search.similarity_tiles(block, part, tiles, None, None)
+    rows = min(search.SEARCH_ROWS, len(vectors))
+
+    def products(searcher: search.BlockSearch, start: int, stop: int) -> None:
+        block = search.unit_rows(vectors[start:stop])
+        for _, part, _, tile in searcher.parts:
+            searcher.products(block, part, None, tile)
+
+    search.over_query_blocks(
+        len(vectors), rows, lambda threads: search.BlockSearch(vectors, k, rows, threads), products
+    )
 
 
 def measure_floor(n: int, dim: int, k: int, rounds: int) -> dict:
@@ -162,7 +162,7 @@ def measure_floor(n: int, dim: int, k: int, rounds: int) -> dict:
     vectors = random_unit_vectors(n, dim)
     calls = {
         "sslkit": lambda: exact_search(vectors, vectors, k, torch.arange(n)),
-        "floor": lambda: matrix_product_floor(vectors),
+        "floor": lambda: matrix_product_floor(vectors, k),
     }
     if faiss_installed():
         import faiss
