@@ -136,6 +136,7 @@ LAYOUTS = {
     "small tiles": {"block_rows": 64, "TILE_COLUMNS": 96, "CHUNK": 8, "GROUP": 2},
     "blocks of columns": {"block_rows": 50, "SIMILARITY_BLOCK_BYTES": 4 * 50 * 230, "TILE_COLUMNS": 64},
     "one row at a time": {"block_rows": 1, "TILE_COLUMNS": 128, "CHUNK": 4, "GROUP": 3},
+    "one product per block, as on a GPU": {"block_rows": 100, "TILE_COLUMNS": None, "GROUP": 2},
 }
 
 

@@ -60,8 +60,8 @@ from sslkit.evaluation.top_k import (
 SIMILARITY_BLOCK_BYTES = 256 * 2**20
 MAX_ROWS_PER_BLOCK = 4096
 # The exact search (tools/bench/neighbours.py --cases floor; tools/bench/README.md): query rows per block,
-# and reference columns per matrix product on the CPU, whose (rows, columns) tile of similarities is
-# still in cache when its chunk maxima are taken.
+# and reference columns per matrix product on the CPU (a multiple of top_k.CHUNK), whose (rows, columns) tile
+# of similarities is still in cache when its chunk maxima are taken; None: one product per block, as on a GPU.
 SEARCH_ROWS = 512
 TILE_COLUMNS = 1024
 # Rows of a distance block of the selection strategies: 512 x 60,000 float32 is 123 MB.
@@ -279,19 +279,18 @@ class BlockSearch:
         self.references, self.k, self.rows = references, k, rows
         widest = max(1, SIMILARITY_BLOCK_BYTES // (4 * rows * threads))
         self.width = -(-len(references) // -(-len(references) // widest))  # blocks of equal width
-        tile = TILE_COLUMNS if references.device.type == "cpu" else self.width
-        self.parts = [
-            (first, part, chunks, tile if chunks is not None else len(part))
-            for first, part in zip(range(0, len(references), self.width), references.split(self.width))
-            for chunks in [chunks_for(len(part), k, tile)]
-        ]
-        self.flat = references.new_empty(rows * (self.width + tile))  # the tiles of one block of (rows, width)
+        tile = TILE_COLUMNS if references.device.type == "cpu" else None  # None: one product per block
+        self.parts = []
+        for first, part in zip(range(0, len(references), self.width), references.split(self.width)):
+            chunks = chunks_for(len(part), k, tile)
+            self.parts.append((first, part, chunks, tile if tile and chunks is not None else len(part)))
+        self.flat = references.new_empty(rows * (self.width + (tile or 0)))  # the tiles of one (rows, width) block
         most = max((chunks.count for _, _, chunks, _ in self.parts if chunks is not None), default=0)
         self.maxima = references.new_empty(rows, most)
 
     def products(self, block: torch.Tensor, part: torch.Tensor, chunks: Chunks | None, tile: int):
         """The block's similarities to one block of references, as :class:`~sslkit.evaluation.top_k.Tiles`, and
-        their chunk maxima (each tile's right after its product, while it is in cache).
+        their chunk maxima, each tile's right after its product, while it is in cache.
 
         Shape:
             block: (c, D); part: (w, D); returns: Tiles of (c, w), maxima (c, chunks.count)
@@ -300,11 +299,12 @@ class BlockSearch:
         maxima = self.maxima[: len(block), : chunks.count if chunks is not None else 0]
         for index, start in enumerate(range(0, len(part), tile)):
             product = torch.mm(block, part[start : start + tile].T, out=tiles.matrix(index))
-            if chunks is not None:
-                whole = min(tile, chunks.whole - start)
-                tile_maxima(
-                    product[:, :whole], chunks.size, maxima[:, start // chunks.size :][:, : whole // chunks.size]
-                )
+            # The chunk tiles of this product: the same tile on the CPU, all of them in one product elsewhere.
+            for first in range(start, start + product.shape[1], chunks.tile) if chunks is not None else ():
+                whole = min(chunks.tile, chunks.whole - first)
+                if whole > 0:
+                    out = maxima[:, first // chunks.size : (first + whole) // chunks.size]
+                    tile_maxima(product[:, first - start : first - start + whole], chunks.size, out)
         return tiles, maxima
 
     def top_keys(self, block: torch.Tensor, own: torch.Tensor | None) -> torch.Tensor:
