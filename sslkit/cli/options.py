@@ -49,7 +49,8 @@ def add_executor_options(parser: argparse.ArgumentParser, counted: str) -> None:
         default=1,
         metavar="N",
         help=f"{counted} at once (default 1); each gets its share of the CPU threads (OMP_NUM_THREADS, unless "
-        "train.threads is given), or one GPU each where there are GPUs",
+        "train.threads is given: the numbers of one at a time need the same threads), or one GPU each where there "
+        "are GPUs",
     )
 
     slurm = parser.add_argument_group("--executor slurm", "each job's resources (default: the cluster's)")

@@ -3,9 +3,11 @@
 Each job is its own process, so a job that crashes or diverges cannot take the others down. With N jobs at
 once the machine is divided between them: where there are GPUs, each job gets one (``CUDA_VISIBLE_DEVICES``;
 more jobs than GPUs share them in turn), and each gets its share of the CPU threads this process may use
-(``OMP_NUM_THREADS``, which torch takes as its thread count unless the run's ``train.threads`` says otherwise);
-a job's numbers do not depend on which share it ran on, since every run is seeded by itself. One job at a time
-(N = 1, the default) leaves the environment as it is.
+(``OMP_NUM_THREADS``, which torch takes as its thread count unless the run's ``train.threads`` says otherwise).
+Every run is seeded by itself: its numbers do not depend on where it ran, nor beside what. Its thread count is
+another matter: the same run on one thread and on two sums its floats in another order, and its figures may
+differ in their last digits, so a run that must give the numbers of one run at a time sets ``train.threads``.
+One job at a time (N = 1, the default) leaves the environment as it is.
 
 A job starts once the jobs it needs have finished well, the first ready in the experiment's order; N worker
 threads (:class:`concurrent.futures.ThreadPoolExecutor`) each wait for one process. Every job runs in a session
