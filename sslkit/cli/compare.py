@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sslkit.cli.early_checks import at_least, recipe_with_overrides, refused
-from sslkit.cli.options import add_executor_options, executor_of
-from sslkit.console import console, print_table, print_user_error
+from sslkit.cli.options import add_executor_options, executor_of, run_and_report
 from sslkit.errors import UserError
 from sslkit.schema import find_recipe
 
@@ -145,16 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from sslkit.experiments import compare
 
-    try:
-        outcome = compare.run_comparison(plan_from(args), executor_of(args))
-    except UserError as error:
-        print_user_error(error)
-        return 2
-    for table in outcome.tables:
-        print_table(table)
-    for note in outcome.notes:
-        console.print(note, highlight=False, soft_wrap=True)
-    return outcome.exit_status
+    return run_and_report(lambda: compare.run_comparison(plan_from(args), executor_of(args)))
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sslkit.cli.early_checks import at_least, recipe_with_overrides, refused
-from sslkit.cli.options import add_executor_options, executor_of
-from sslkit.console import console, error_console, print_table, print_user_error
+from sslkit.cli.options import add_executor_options, executor_of, run_and_report
+from sslkit.console import error_console, print_user_error
 from sslkit.errors import UserError
 
 # The experiment (sslkit.config, torch) is imported once the arguments are parsed: --help answers at once.
@@ -201,16 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if (note := label_efficiency.labels_note(plan)) is not None:
         error_console.print(note, markup=False, highlight=False, soft_wrap=True)
-    try:
-        outcome = label_efficiency.run_label_efficiency(plan, executor)
-    except UserError as error:  # sbatch refused the jobs
-        print_user_error(error)
-        return 2
-    for table in outcome.tables:
-        print_table(table)
-    for note in outcome.notes:
-        console.print(note, highlight=False, soft_wrap=True)
-    return outcome.exit_status
+    return run_and_report(lambda: label_efficiency.run_label_efficiency(plan, executor))
 
 
 if __name__ == "__main__":

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from sslkit.console import console, print_table, print_user_error
 from sslkit.errors import UserError
 from sslkit.experiments.executor import Executor
 from sslkit.experiments.local import LocalExecutor  # light: the standard library's processes and threads
 from sslkit.experiments.slurm import slurm_settings  # light too: submitit is imported where it is used
+
+if TYPE_CHECKING:
+    from sslkit.experiments.experiment import Outcome
 
 
 def reject_unknown_option(command_line: list[str], options) -> bool:
@@ -92,3 +98,21 @@ def executor_of(args: argparse.Namespace) -> Executor:
         cpus=args.slurm_cpus,
         options=options,
     )
+
+
+def run_and_report(experiment: Callable[[], Outcome]) -> int:
+    """Run an experiment command's experiment, print its tables and notes, and return its exit status.
+
+    A :class:`~sslkit.errors.UserError` it raises (a point's config, sbatch refusing the jobs) is one line and
+    exit status 2.
+    """
+    try:
+        outcome = experiment()
+    except UserError as error:
+        print_user_error(error)
+        return 2
+    for table in outcome.tables:
+        print_table(table)
+    for note in outcome.notes:
+        console.print(note, highlight=False, soft_wrap=True)
+    return outcome.exit_status

@@ -24,9 +24,9 @@ import importlib.util
 import sys
 
 from sslkit.cli.early_checks import at_least, recipe_with_overrides, refused
-from sslkit.cli.options import add_executor_options, executor_of
+from sslkit.cli.options import add_executor_options, executor_of, run_and_report
 from sslkit.command_lines import tune as tune_lines
-from sslkit.console import console, print_table, print_user_error
+from sslkit.console import print_user_error
 from sslkit.errors import UserError, install_hint
 from sslkit.experiments.tune_space import check_in_schema, check_metric_name, parse_search
 
@@ -78,18 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from sslkit.experiments import tune, tune_worker
 
+    if args.worker is None:
+        return run_and_report(lambda: tune.run_tuning(plan_from(args), executor_of(args)))
     try:
-        if args.worker is not None:
-            return tune_worker.run_worker(plan_from(args), args.worker)
-        outcome = tune.run_tuning(plan_from(args), executor_of(args))
+        return tune_worker.run_worker(plan_from(args), args.worker)
     except UserError as error:
         print_user_error(error)
         return 2
-    for table in outcome.tables:
-        print_table(table)
-    for note in outcome.notes:
-        console.print(note, highlight=False, soft_wrap=True)
-    return outcome.exit_status
 
 
 if __name__ == "__main__":
