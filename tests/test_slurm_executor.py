@@ -1,7 +1,9 @@
 """``--executor slurm``: an ablation's points submitted through submitit to a real one-node SLURM (``slurm_utils``).
 
 A 3 x 2 temperature ablation of a tiny quick start gives the same tables whether its points ran as a SLURM job array
-or on this machine; run again, the same command finds every point finished and submits nothing. A task that SLURM
+or on this machine, also when the command that submitted them was killed (-9) and run again, which waits for the
+tasks SLURM holds instead of submitting them twice; run once more, it finds every point finished and submits
+nothing. A task that SLURM
 signals (``scancel --signal=USR1``, as its time limit would) and that saves and exits 75 is requeued and finishes; a
 job that needs another is submitted after it, and not at all after one that failed. A partition the cluster refuses,
 sbatch missing, or a ``--slurm-option`` without ``=`` is one line and exit 2, with nothing written.
@@ -10,7 +12,9 @@ sbatch missing, or a ``--slurm-option`` without ``=`` is one line and exit 2, wi
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -25,7 +29,7 @@ from sslkit.cli.ablate import main
 from sslkit.errors import UserError
 from sslkit.experiments.executor import Ran
 from sslkit.experiments.jobs import Job
-from sslkit.experiments.slurm import SlurmExecutor, slurm_settings
+from sslkit.experiments.slurm import SlurmExecutor, slurm_settings, submitted_tasks
 
 SWEEP = ["--sweep", "loss.temperature=0.1,0.2,0.5", "--seeds", "2"]
 
@@ -35,7 +39,21 @@ def ablate(out: Path, *argv: str, **env: str):
 
 
 def without_times(rows: list[dict]) -> list[dict]:
-    return [{key: value for key, value in row.items() if key not in ("wall_s", "cpu_s")} for row in rows]
+    return [{key: value for key, value in row.items() if key not in ("wall_s", "cpu_s", "skipped")} for row in rows]
+
+
+def submit_and_kill_9(out: Path, slurm_conf: str) -> None:
+    """Start the sweep on SLURM in a process of its own and kill it (-9) once SLURM holds all 6 points."""
+    command = [sys.executable, "-m", "sslkit.cli.ablate", QUICKSTART, *TINY, *SWEEP, "--out", str(out)]
+    command += ["--executor", "slurm", "--slurm-cpus", "1"]
+    environment = {**os.environ, "SLURM_CONF": slurm_conf, "OMP_NUM_THREADS": "1"}
+    sweep = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(submitted_tasks(out / "logs")) < 6:
+        assert sweep.poll() is None and time.monotonic() < deadline, sweep.stderr.read() if sweep.stderr else ""
+        time.sleep(0.2)
+    sweep.kill()
+    sweep.wait()
 
 
 @pytest.mark.slow
@@ -44,8 +62,12 @@ def test_a_sweep_on_slurm_gives_the_tables_of_a_local_sweep_and_a_rerun_submits_
     with jobs_in_this_process():  # the serial local run, its points without an interpreter's start each
         local = ablate(tmp_path / "local")
     assert local.returncode == 0, local.stdout + local.stderr
+    # The command that submitted the points is killed; run again, it waits for the tasks SLURM still holds.
+    submit_and_kill_9(tmp_path / "slurm", slurm_conf)
     on_slurm = ablate(tmp_path / "slurm", "--executor", "slurm", "--slurm-cpus", "1", SLURM_CONF=slurm_conf)
     assert on_slurm.returncode == 0, on_slurm.stdout + on_slurm.stderr
+    # SLURM runs 2 of the 6 points at a time, each seconds long: the command waited for some still running
+    assert on_slurm.stdout.count("done, skipped") < 6, on_slurm.stdout
     for table in ("results.csv", "summary.csv"):
         slurm_rows, local_rows = read_csv(tmp_path / "slurm" / table), read_csv(tmp_path / "local" / table)
         assert without_times(slurm_rows) == without_times(local_rows), table

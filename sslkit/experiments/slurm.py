@@ -11,7 +11,9 @@ docs/cluster.md's batch script does; the requeued task runs the same command, wh
 checkpoint (``run.resume=auto``, in every pretraining job's argv). A status of 138 (128 + SIGUSR1: the signal
 came before the first step or after the last) requeues too. The runner polls ``squeue`` and hears of each job as
 its task leaves the queue; Ctrl-C cancels every submitted task (``scancel``), and the same command submits again
-what has not finished, which resumes from its checkpoint.
+what has not finished, which resumes from its checkpoint. A command that ended otherwise (killed, its terminal
+closed) leaves its tasks to SLURM: each submitted job's task id is kept in ``logs/slurm/tasks.json``, and the same
+command run again waits for those still queued or running instead of submitting them twice.
 
 Resources come from flags or a YAML file (:func:`slurm_settings`): partition, time, GPUs and CPUs per job, any
 other ``#SBATCH`` line. submitit is imported only where the executor is used (``pip install "sslkit[slurm]"``).
@@ -23,6 +25,7 @@ other ``#SBATCH`` line. submitit is imported only where the executor is used (``
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import shutil
 import signal
@@ -38,9 +41,11 @@ import yaml
 from sslkit.errors import REQUEUE_EXIT_STATUS, UserError, install_hint
 from sslkit.experiments.executor import Executor, Ran, error_line
 from sslkit.experiments.jobs import Job
+from sslkit.files import written_whole
 
 SIGNAL_BEFORE_LIMIT_S = 120  # a save takes well under a second; the rest is margin for a slow filesystem
 POLL_S = 2.0  # how often squeue is asked which tasks are still queued or running
+TASKS_FILE = "tasks.json"  # in logs/slurm: each submitted job's task id, {name: "<array id>_<index>"}
 SETTINGS = ("partition", "time", "gpus", "cpus", "options")  # the keys of --slurm-config's YAML
 
 
@@ -140,6 +145,10 @@ class SlurmExecutor(Executor):
         executor.update_parameters(**self.parameters())
         waiting, unfinished, failed = list(jobs), {job.name for job in jobs}, set()
         queued: dict[str, tuple[Job, Any]] = {}  # by SLURM job id
+        for job, task in still_running(jobs, logs):  # submitted by an earlier command that did not wait for them
+            waiting.remove(job)
+            queued[task.job_id] = (job, task)
+            started(job)
         try:
             while waiting or queued:
                 ready = []
@@ -156,6 +165,7 @@ class SlurmExecutor(Executor):
                     for job, task in zip(ready, submit(executor, ready, logs), strict=True):
                         queued[task.job_id] = (job, task)
                         started(job)
+                    record_tasks(logs, {job.name: job_id for job_id, (job, _) in queued.items()})
                 if not queued:
                     if waiting:
                         raise ValueError(f"job {waiting[0].name} needs a job that comes after it, or itself")
@@ -191,6 +201,38 @@ def submit(executor, jobs: list[Job], logs: Path) -> list:
         said = [line.strip() for line in str(error).splitlines() if "error:" in line]
         raise UserError(f"sbatch refused the jobs: {said[-1] if said else str(error).strip()}") from None
     return tasks
+
+
+def record_tasks(logs: Path, tasks: dict[str, str]) -> None:
+    """Add ``tasks`` ({job name: SLURM task id}) to ``logs/slurm/tasks.json``."""
+    path = logs / "slurm" / TASKS_FILE
+    with written_whole(path) as tmp:
+        tmp.write_text(json.dumps({**submitted_tasks(logs), **tasks}, indent=1))
+
+
+def submitted_tasks(logs: Path) -> dict[str, str]:
+    """The SLURM task id of every job submitted into ``logs`` ({} before the first submission)."""
+    try:
+        return json.loads((logs / "slurm" / TASKS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def still_running(jobs: Sequence[Job], logs: Path) -> list[tuple[Job, Any]]:
+    """The jobs among ``jobs`` whose task, submitted into ``logs`` by an earlier command, SLURM still holds
+    (queued, running or requeued), each with that task as submitit sees it, to wait for instead of submitting it
+    again."""
+    import submitit
+
+    tasks = submitted_tasks(logs)
+    if not tasks:
+        return []
+    live = still_queued()
+    return [
+        (job, submitit.SlurmJob(folder=logs / "slurm", job_id=tasks[job.name]))
+        for job in jobs
+        if tasks.get(job.name) in live
+    ]
 
 
 def still_queued() -> set[str]:
