@@ -173,6 +173,68 @@ def test_a_task_that_saves_on_slurms_signal_is_requeued_and_finishes(one_node_sl
     assert json.loads(job.result.read_text())["results"]["trained"]["knn_top1"] == 1.0
 
 
+SAVES_ON_SIGTERM = """\
+import json, os, pathlib, signal, sys, time
+result = pathlib.Path(sys.argv[-1])
+saved = result.with_suffix(".saved")
+if saved.exists() or os.environ.get("TRAINS_FOR_S") == "0":
+    result.write_text(json.dumps({"results": {"trained": {"knn_top1": 1.0}}, "continued": saved.exists()}))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, lambda signum, frame: (saved.touch(), sys.exit(75)))
+print("training", flush=True)
+time.sleep(120)
+"""
+
+
+def run_in_thread(executor: SlurmExecutor, jobs: list[Job], logs: Path, ended: list) -> threading.Thread:
+    runner = threading.Thread(
+        target=executor.run,
+        args=(jobs, logs, lambda job: None, lambda job, ran: ended.append((job.name, ran)) or True),
+    )
+    runner.start()
+    return runner
+
+
+@pytest.mark.slow
+def test_a_sweep_cancelled_by_scancel_stays_cancelled_and_the_next_command_continues_it(
+    one_node_slurm, tmp_path, monkeypatch
+):
+    script = tmp_path / "saves_on_sigterm.py"
+    script.write_text(SAVES_ON_SIGTERM)
+    # Two jobs, one at a time: the first runs (and saves on SIGTERM, as sslkit's loop does), the second waits.
+    stand_in = f"{sys.executable} {script}"
+    jobs = [
+        Job(name, "unused", (str(tmp_path / f"{name}.json"),), tmp_path / f"{name}.json", launcher=stand_in)
+        for name in ("first", "second")
+    ]
+    monkeypatch.setenv("SLURM_CONF", str(one_node_slurm.conf))
+    ended: list[tuple[str, Ran | None]] = []
+    runner = run_in_thread(SlurmExecutor(one_at_a_time=True), jobs, tmp_path / "logs", ended)
+    deadline = time.monotonic() + 60
+    log = tmp_path / "logs" / "first.out"
+    while not (log.exists() and "training" in log.read_text()):
+        assert time.monotonic() < deadline, "the task never started"
+        time.sleep(0.2)
+    [job_id] = {path.name.split("_")[0] for path in (tmp_path / "logs" / "slurm").glob("*_submitted.pkl")}
+    cancelled = one_node_slurm.run("scancel", job_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    runner.join(60)  # a cluster without accounting (sacct) tells nothing of a task cancelled before it ran
+    assert not runner.is_alive()
+    outcomes = dict(ended)
+    assert outcomes["first"] is not None and outcomes["first"].status == 75, outcomes  # saved, not requeued
+    assert outcomes["second"] is not None and "ended without a result" in outcomes["second"].error, outcomes
+    assert (tmp_path / "first.saved").exists() and not (tmp_path / "first.json").exists()
+
+    ended.clear()  # the same jobs again, whose stand-in now trains at once: the first continues what it saved
+    monkeypatch.setenv("TRAINS_FOR_S", "0")
+    run_in_thread(SlurmExecutor(), jobs, tmp_path / "logs", ended).join(90)
+    assert sorted((name, ran.status) for name, ran in ended) == [("first", 0), ("second", 0)], ended
+    assert [json.loads((tmp_path / f"{name}.json").read_text())["continued"] for name in ("first", "second")] == [
+        True,
+        False,
+    ]
+
+
 @pytest.mark.slow
 def test_the_yaml_file_gives_the_resources_and_the_flags_win(one_node_slurm, tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(one_node_slurm.conf))

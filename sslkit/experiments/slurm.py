@@ -9,7 +9,8 @@ Before the time limit SLURM sends every process of a task SIGUSR1 (``--signal=US
 saves and exits with 75 (``sslkit.loop.signals``), and the task requeues itself (``scontrol requeue``), as
 docs/cluster.md's batch script does; the requeued task runs the same command, which continues from the saved
 checkpoint (``run.resume=auto``, in every pretraining job's argv). A status of 138 (128 + SIGUSR1: the signal
-came before the first step or after the last) requeues too. The runner polls ``squeue`` and hears of each job as
+came before the first step or after the last) requeues too. A task stopped by ``scancel`` (SIGTERM) saves as well and
+is not requeued: it ends as a failed job, and the sweep run again continues it. The runner polls ``squeue`` and hears of each job as
 its task leaves the queue; Ctrl-C cancels every submitted task (``scancel``), and the same command submits again
 what has not finished, which resumes from its checkpoint. A command that ended otherwise (killed, its terminal
 closed) leaves its tasks to SLURM: each submitted job's task id is kept in ``logs/slurm/tasks.json``, and the same
@@ -45,6 +46,7 @@ from sslkit.files import written_whole
 
 SIGNAL_BEFORE_LIMIT_S = 120  # a save takes well under a second; the rest is margin for a slow filesystem
 POLL_S = 2.0  # how often squeue is asked which tasks are still queued or running
+RESULT_GRACE_S = 10.0  # how long a task that left the queue may take to show its result file
 TASKS_FILE = "tasks.json"  # in logs/slurm: each submitted job's task id, {name: "<array id>_<index>"}
 SETTINGS = ("partition", "time", "gpus", "cpus", "options")  # the keys of --slurm-config's YAML
 
@@ -62,15 +64,22 @@ class SlurmJobRun:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if "SLURM_CPUS_PER_TASK" in env:  # torch's threads: the task's CPUs, not the node's (unless set)
             env.setdefault("OMP_NUM_THREADS", env["SLURM_CPUS_PER_TASK"])
-        start = time.perf_counter()
+        start, time_is_up = time.perf_counter(), []
         with open(self.out, "a") as out_file, open(self.err, "a") as err_file:
             process = subprocess.Popen(self.command, stdout=out_file, stderr=err_file, env=env)
-            # SLURM signals every process of the task; passing it on as well covers a command that does not
-            # share the task's processes, and a second signal while saving is only recorded.
-            signal.signal(signal.SIGUSR1, lambda signum, frame: process.send_signal(signal.SIGUSR1))
+
+            def pass_on(signum, frame) -> None:
+                # SLURM signals every process of the task; passing it on as well covers a command that does not
+                # share the task's processes, and a second signal while saving is only recorded.
+                time_is_up.append(signum)
+                process.send_signal(signal.SIGUSR1)
+
+            signal.signal(signal.SIGUSR1, pass_on)
             _, wait_status, usage = os.wait4(process.pid, 0)
             process.returncode = status = os.waitstatus_to_exitcode(wait_status)
-        if status in (REQUEUE_EXIT_STATUS, -signal.SIGUSR1, 128 + signal.SIGUSR1):  # saved, or nothing to save
+        # Requeued only at the time limit's signal: a run stopped by scancel's SIGTERM saved, and stays cancelled
+        # (the sweep run again continues it).
+        if time_is_up and status in (REQUEUE_EXIT_STATUS, -signal.SIGUSR1, 128 + signal.SIGUSR1):
             subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
             os._exit(REQUEUE_EXIT_STATUS)  # no result for submitit: the requeued task gives it
         error = None if status == 0 else error_line(Path(self.err).read_text(errors="replace"), status)
@@ -172,10 +181,11 @@ class SlurmExecutor(Executor):
                     return
                 time.sleep(POLL_S)
                 live = still_queued()
+                results_due = time.monotonic() + RESULT_GRACE_S  # one wait for the tasks that left together
                 for job_id in [job_id for job_id in queued if job_id not in live]:
                     job, task = queued.pop(job_id)
                     unfinished.discard(job.name)
-                    if not ended(job, outcome(task)):
+                    if not ended(job, outcome(task, results_due)):
                         failed.add(job.name)
         except KeyboardInterrupt:
             for _, task in queued.values():
@@ -246,8 +256,17 @@ def still_queued() -> set[str]:
     return {line.strip() for line in listed.stdout.splitlines() if line.strip()}
 
 
-def outcome(task) -> Ran:
-    """What a task that left the queue gave: its :class:`SlurmJobRun`'s Ran, or why there is none."""
+def outcome(task, results_due: float) -> Ran:
+    """What a task that left the queue gave: its :class:`SlurmJobRun`'s Ran, or why there is none.
+
+    A task cancelled before it ran leaves no result file; submitit would wait for ``sacct`` to say so, which a
+    cluster without accounting never does, so its absence at ``results_due`` (a ``time.monotonic()``, leaving a
+    shared filesystem time to show the file) is read as the end.
+    """
+    while not task.paths.result_pickle.exists():
+        if time.monotonic() > results_due:
+            return Ran(1, f"SLURM job {task.job_id} ended without a result (cancelled, or killed)", 0.0, 0.0)
+        time.sleep(0.5)
     try:
         return task.result()
     except Exception as error:  # noqa: BLE001 (submitit's UncompletedJobError or FailedJobError, with its log's tail)
