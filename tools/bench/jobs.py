@@ -5,7 +5,9 @@ The quick start is pretrained once, with every CPU thread; then each round runs 
 turn (so that load on the machine hits both): one run at a time with every thread (``OMP_NUM_THREADS`` = the
 CPUs), and ``--jobs N``, each run on its share of the threads (CPUs / N). The figures: each command's wall
 time, their ratio, the runs' CPU seconds, and whether every run gave the same test top-1 both ways, run by run
-(``points.csv``).
+(``points.csv``). A run's floats depend on its thread count (sums split between threads are added in another
+order), so the grid runs once more one at a time on the threads each of ``--jobs N``'s runs had: that one must
+give the figures of ``--jobs N`` exactly.
 
     python tools/bench/jobs.py                        # 2 rounds of the grid, a rich table
     python tools/bench/jobs.py --jobs 2 --rounds 3 --out jobs.json --dir runs/bench/jobs
@@ -87,8 +89,15 @@ def measure(folder: Path, jobs: int, rounds: int, quick: bool, fractions: str, s
         walls["jobs"].append(
             run([*grid, "--jobs", str(jobs), "--out", str(together)], folder / f"{together.name}.log", None)
         )
-    first, second = points(folder / "alone-0"), points(folder / f"jobs{jobs}-0")
+    # once more one at a time, on the threads each of --jobs N's runs had: the same floats, so the same figures
+    one_thread = folder / "alone-one-thread"
+    shutil.rmtree(one_thread, ignore_errors=True)
+    walls["alone_one_thread"] = [
+        run([*grid, "--out", str(one_thread)], folder / f"{one_thread.name}.log", max(1, cpus // jobs))
+    ]
+    first, second, same_threads = points(folder / "alone-0"), points(folder / f"jobs{jobs}-0"), points(one_thread)
     differences = [abs(float(first[key]["top1"]) - float(second[key]["top1"])) for key in first]
+    same_thread_differences = [abs(float(same_threads[key]["top1"]) - float(second[key]["top1"])) for key in first]
     cpu = {name: cpu_seconds(folder / f"{prefix}-0") for name, prefix in (("alone", "alone"), ("jobs", f"jobs{jobs}"))}
     return {
         "jobs": jobs,
@@ -101,6 +110,8 @@ def measure(folder: Path, jobs: int, rounds: int, quick: bool, fractions: str, s
         "runs": len(first),
         "same_top1": sum(d == 0 for d in differences),
         "largest_difference": max(differences),
+        "same_top1_same_threads": sum(d == 0 for d in same_thread_differences),
+        "largest_difference_same_threads": max(same_thread_differences),
         "cpu_s_first_round": cpu,
     }
 
@@ -129,9 +140,12 @@ def main() -> None:
     console.print(table)
     console.print(
         f"median ratio {statistics.median(result['ratio']):.2f}x; the same test top-1 on {result['same_top1']} of "
-        f"{result['runs']} figures (largest difference {result['largest_difference']:.4f}); CPU seconds of the "
-        f"runs, first round: alone {result['cpu_s_first_round']['alone']:.0f}, --jobs "
-        f"{result['cpu_s_first_round']['jobs']:.0f}"
+        f"{result['runs']} figures (largest difference {result['largest_difference']:.4f}); one at a time on "
+        f"{max(1, result['cpus'] // args.jobs)} thread(s) a run, as --jobs gives each "
+        f"({result['wall_s']['alone_one_thread'][0]:.0f} s): "
+        f"the same on {result['same_top1_same_threads']} of {result['runs']} (largest difference "
+        f"{result['largest_difference_same_threads']:.4f}); CPU seconds of the runs, first round: alone "
+        f"{result['cpu_s_first_round']['alone']:.0f}, --jobs {result['cpu_s_first_round']['jobs']:.0f}"
     )
     loads = " -> ".join(f"{load:.1f}" for load in result["load_average_1min"])
     console.print(f"{host_line(result['host'])}; load average (1 min) {loads}")
