@@ -42,7 +42,8 @@ from host import describe_host, host_line  # noqa: E402
 SWEEP = ["quickstart", "--sweep", "loss.temperature=0.1,0.2,0.5", "--seeds", "2"]
 # --quick: a width-4 network on 8x8 crops, 8 epochs a point, a checkpoint each
 QUICK = ["model.width=4", "model.projector_hidden=32", "model.projector_out=16", "augment.image_size=8"]
-QUICK += ["train.epochs=8", "train.checkpoint_every_epochs=1", "eval.linear_epochs=1", "eval.compare_random_init=false"]
+QUICK += ["train.epochs=8", "train.checkpoint_every_epochs=1"]
+QUICK += ["eval.linear_epochs=1", "eval.compare_random_init=false"]
 UNCOMPARED = {"wall_s", "cpu_s", "skipped"}  # what may differ between two runs of the same sweep
 
 
@@ -72,7 +73,8 @@ def steps_in_logs(folder: Path, suffix: str, pattern: str) -> dict[str, int]:
     the step)."""
     steps = {}
     for log in sorted((folder / "logs").glob(f"*{suffix}")):
-        if found := re.search(pattern, log.read_text(errors="replace").replace("\n", " ")):
+        # rich wraps a log's lines at its width, inside a long path too: the lines are joined as they were
+        if found := re.search(pattern, log.read_text(errors="replace").replace("\n", "")):
             steps[log.name.removesuffix(suffix)] = int(found.group(1))
     return steps
 
@@ -115,11 +117,11 @@ def measure(folder: Path, jobs: int, quick: bool, cancel_after: int) -> dict:
     assert status == 0, f"the sweep on SLURM exited {status}: see {folder / 'slurm.log'}"
     command = ablate(cancelled, *on_slurm, quick=quick)
     wall["cancelled"], cancelled_status, done_before = cancel_midway(cancelled, command, cancel_after, 3600)
-    saved = steps_in_logs(cancelled, ".err", r"stopped by SIG\w+\s+after step (\d+)")
+    saved = steps_in_logs(cancelled, ".err", r"stopped by SIG\w+\s*after step (\d+)")
     wall["again"], status = run(command, folder / "cancelled-again.log")
     assert status == 0, f"the sweep run again exited {status}: see {folder / 'cancelled-again.log'}"
     again_log = (folder / "cancelled-again.log").read_text()
-    resumed = steps_in_logs(cancelled, ".out", r"resumed from\s+\S+\s+at step (\d+)")
+    resumed = steps_in_logs(cancelled, ".out", r"resumed from\s*/\S+?\s*at step (\d+)")
     reference = tables(local)
     points = [row["name"] for row in reference["results.csv"]]
     return {
