@@ -41,7 +41,7 @@ from sslkit.experiments.tune_storage import ERROR_ATTR, RUN_ATTR, counted
 from sslkit.schema import apply_overrides, read_yaml
 
 if TYPE_CHECKING:
-    from sslkit.experiments.tune import Plan
+    from sslkit.experiments.tune_plan import Plan
 
 SHOWN_BEST = 5  # rows of the terminal table
 

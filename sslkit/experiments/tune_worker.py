@@ -40,7 +40,8 @@ from sslkit.errors import REQUEUE_EXIT_STATUS, UserError
 from sslkit.experiments.executor import Ran
 from sslkit.experiments.jobs import Job
 from sslkit.experiments.local import Processes, run_process, stopping_as_ctrl_c
-from sslkit.experiments.tune import STOPPED_ATTR, Plan
+from sslkit.experiments.tune import STOPPED_ATTR
+from sslkit.experiments.tune_plan import Plan
 from sslkit.experiments.tune_storage import (
     ERROR_ATTR,
     RUN_ATTR,
