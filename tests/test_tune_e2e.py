@@ -1,9 +1,9 @@
 """sslkit-tune end to end on digits: real workers running real tiny pretraining runs (a width-4 ResNet-18 on 8x8
 crops, an epoch of 22 steps).
 
-Two workers finish a study and write a best recipe that sslkit-pretrain trains; a trial whose online kNN falls
-behind is pruned by its stop signal; a kill -9 of the command stops its workers, and the same command continues
-the study to its trials, the stopped runs from their checkpoints; the study lives in a PostgreSQL server the test
+A kill -9 of the command stops its two workers, and the same command continues the study to its trials, the
+stopped runs from their checkpoints, and writes a best recipe that sslkit-pretrain trains; a trial whose online kNN
+falls behind is pruned by its stop signal; the study lives in a PostgreSQL server the test
 starts (tests/postgres_utils.py); the workers run as a job array of a one-node SLURM (tests/slurm_utils.py); a
 metric no run records stops the study after its first trial. The command runs
 as its ``main(argv)`` in this process (its workers and their runs are processes), but where it is killed.
@@ -66,35 +66,6 @@ def trials_of(out: Path, storage: str | None = None) -> list[optuna.trial.Frozen
 
 
 @pytest.mark.slow
-def test_two_workers_finish_a_study_whose_best_recipe_sslkit_pretrain_trains(tmp_path):
-    out = tmp_path / "tuned"
-    result = tune(out, "--jobs", "2", "train.epochs=1")
-    assert result.returncode == 0, result.stdout + result.stderr
-    trials = trials_of(out)
-    assert [trial.state for trial in trials] == [TrialState.COMPLETE] * 2
-    assert {trial.user_attrs["run"] for trial in trials} == {"trial-0000", "trial-0001"}
-    assert "best trials of tuned: maximize knn_top1" in result.stdout and "2 trials: 2 complete" in result.stdout
-    assert sum(json.loads((out / "workers" / f"worker-{i}.json").read_text())["trials_run"] for i in (0, 1)) == 2
-    rows = read_csv(out / "trials.csv")
-    assert [row["state"] for row in rows] == ["complete"] * 2
-    best = max(trials, key=lambda trial: trial.value)
-    tuned = load_config(out / "best.yaml")
-    assert (
-        tuned.optim.lr == best.params["optim.lr"] and tuned.model.width == 4 and tuned.run.name == "quickstart-tuned"
-    )
-    assert (out / "history.png").is_file() and (out / "values.png").is_file()
-    assert not (out / "curves.png").exists()  # one epoch: the online kNN never ran, the final evaluation did
-
-    again = run_main(pretrain_cli.main, [str(out / "best.yaml"), f"run.output_dir={tmp_path}", "train.max_steps=2"])
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert (tmp_path / "quickstart-tuned" / "results.json").is_file()
-
-    done = tune(out, "--jobs", "2", "train.epochs=1")  # the same command: nothing left to run
-    assert done.returncode == 0 and "2 of 2 trials done" in done.stdout, done.stdout + done.stderr
-    assert len(trials_of(out)) == 2
-
-
-@pytest.mark.slow
 def test_a_trial_behind_the_others_at_an_epoch_is_stopped_by_its_stop_signal_and_pruned(tmp_path):
     out = tmp_path / "pruned"
     plan = plan_tuning(QUICKSTART, [LR], trials=6, out=out, overrides=[*TINY, "train.epochs=20"])
@@ -127,7 +98,7 @@ def running_processes_under(folder: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_after_a_kill_9_of_the_command_the_same_command_continues_the_study(tmp_path):
+def test_after_a_kill_9_the_same_command_finishes_the_study_and_its_best_recipe_trains(tmp_path):
     out = tmp_path / "killed"
     command = [sys.executable, "-m", "sslkit.cli.tune", QUICKSTART, *TINY, "train.epochs=2"]
     command += ["train.checkpoint_every_epochs=1", "--search", LR, "--trials", "2", "--jobs", "2", "--out", str(out)]
@@ -161,6 +132,33 @@ def test_after_a_kill_9_of_the_command_the_same_command_continues_the_study(tmp_
         expected = f"resumed from {checkpoints}" if run in saved else f"no checkpoint in {checkpoints}: starting fresh"
         log = (out / "logs" / f"{run}.out").read_text()
         assert "".join(expected.split()) in "".join(log.split()), log  # rich wraps long paths where it likes
+    assert_a_finished_study(out, result, trials)
+
+    again = run_main(pretrain_cli.main, [str(out / "best.yaml"), f"run.output_dir={tmp_path}", "train.max_steps=2"])
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (tmp_path / "quickstart-tuned" / "results.json").is_file()
+
+    done = tune(out, "--jobs", "2", "train.epochs=2", "train.checkpoint_every_epochs=1")  # nothing left to run
+    assert done.returncode == 0 and "2 of 2 trials done" in done.stdout, done.stdout + done.stderr
+    assert len(trials_of(out)) == 4  # nothing new: the two stopped trials and their two retries
+
+
+def assert_a_finished_study(out: Path, result: subprocess.CompletedProcess, trials: list) -> None:
+    """Two complete trials (their runs those of the two stopped ones), their table, the best trial's recipe and the
+    study's plots."""
+    complete = [trial for trial in trials if trial.state == TrialState.COMPLETE]
+    assert {trial.user_attrs["run"] for trial in complete} == {"trial-0000", "trial-0001"}
+    assert "best trials of killed: maximize knn_top1" in result.stdout
+    assert "4 trials: 2 complete, 0 pruned, 0 failed, 2 stopped and retried" in result.stdout
+    assert sum(json.loads((out / "workers" / f"worker-{i}.json").read_text())["trials_run"] for i in (0, 1)) == 2
+    rows = read_csv(out / "trials.csv")
+    assert [row["state"] for row in rows] == ["stopped, retried"] * 2 + ["complete"] * 2, rows
+    best = max(complete, key=lambda trial: trial.value)
+    tuned = load_config(out / "best.yaml")
+    assert (
+        tuned.optim.lr == best.params["optim.lr"] and tuned.model.width == 4 and tuned.run.name == "quickstart-tuned"
+    )
+    assert (out / "history.png").is_file() and (out / "values.png").is_file() and (out / "curves.png").is_file()
 
 
 @pytest.fixture(scope="module")
