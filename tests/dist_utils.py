@@ -10,7 +10,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
+import subprocess
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -50,3 +52,26 @@ def run_in_processes(fn, *args, world: int = 2) -> list:
         arguments = (world, _free_port(), out_dir, fn, args, dict(os.environ))
         mp.start_processes(_worker, args=arguments, nprocs=world, join=True, start_method="forkserver")
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+
+
+def run_as_ranks(
+    command: list[str], *, env: dict, cwd: Path, world: int = 2, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """``command`` as the ``world`` processes of one run, each told its rank in the environment as srun and torchrun
+    tell theirs: what ``accelerate launch --cpu --num_processes N`` starts, without the launcher's own interpreter
+    and imports (about 4 CPU-seconds). Where a test is about the run and not the launcher, this is the cheaper start.
+    The result holds the ranks' outputs in rank order and the first nonzero exit status (0 where all are 0)."""
+    shared = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1"}
+    shared["MASTER_PORT"] = str(_free_port())
+    # Files, not pipes: a rank blocked on a full pipe that nobody reads would hold the other in a collective.
+    with tempfile.TemporaryDirectory() as folder:
+        files = [(Path(folder, f"{rank}.out"), Path(folder, f"{rank}.err")) for rank in range(world)]
+        processes = []
+        for rank, (out, err) in enumerate(files):
+            with out.open("w") as stdout, err.open("w") as stderr:
+                rank_env = {**env, **shared, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+                processes.append(subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=cwd, env=rank_env))
+        codes = [process.wait(timeout=timeout) for process in processes]
+        stdout, stderr = ("".join(pair[i].read_text() for pair in files) for i in (0, 1))
+    status = next((code for code in codes if code != 0), 0)
+    return subprocess.CompletedProcess(command, status, stdout, stderr)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dist_utils import run_as_ranks
 from test_embed import TINY
 
 from sslkit.cli.embed import main as embed_main
@@ -46,16 +47,15 @@ def env() -> dict:
     return e
 
 
-def command(*args: str, launcher: list[str] | None = None) -> list[str]:
-    return [*(launcher or [sys.executable]), "-m", "sslkit.cli.embed", *args]
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sslkit.cli.embed", *args]
 
 
-def embed_command(cwd: Path, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    """The command through a ``launcher``'s processes, or without one through its main() in this process (the
-    runs that are killed, or meet a full disk, are processes of their own: :func:`start_and_wait_for_a_chunk`)."""
-    if launcher is not None:
-        started = command(*args, launcher=launcher)
-        return subprocess.run(started, capture_output=True, text=True, timeout=300, env=env(), cwd=cwd)
+def embed_command(cwd: Path, *args: str, processes: int = 1) -> subprocess.CompletedProcess:
+    """The command in ``processes`` real processes, or in one through its main() in this process (the runs that
+    are killed, or meet a full disk, are processes of their own: :func:`start_and_wait_for_a_chunk`)."""
+    if processes > 1:
+        return run_as_ranks(command(*args), env=env(), cwd=cwd, world=processes)
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         status = embed_main(list(args))
@@ -85,15 +85,10 @@ def start_and_wait_for_a_chunk(cwd: Path, out: Path, *args: str) -> subprocess.P
 
 @pytest.mark.slow
 def test_two_processes_write_the_file_one_process_writes(run, tmp_path):
-    from dist_utils import _free_port
-
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--cpu", "--num_processes", "2"]
-    launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    launcher += ["--main_process_port", str(_free_port())]
     common = [str(run), "--split", "test", "--batch-size", "8"]  # 360 rows in 3 chunks: the second round has one
     one = embed_command(tmp_path, *common, "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
-    two = embed_command(tmp_path, *common, "--out", str(tmp_path / "two"), launcher=launcher)
+    two = embed_command(tmp_path, *common, "--out", str(tmp_path / "two"), processes=2)
     assert two.returncode == 0, two.stderr[-3000:]
     assert two.stdout.count("written to") == 1  # said once, by the main process
     first, second = read_embeddings(tmp_path / "one"), read_embeddings(tmp_path / "two")

@@ -3,18 +3,20 @@ same network from scratch on the same labelled images, distil; in one process an
 
 Tiny runs (digits, a width-4 ResNet-18 on 8x8 crops) so the file stays around a minute. The one-process runs
 go through ``sslkit-pretrain``'s ``main()`` in this process (the command's own start is tested in
-test_pretrain_e2e.py); the two-process run is a real ``accelerate launch``.
+test_pretrain_e2e.py); the two-process run is two real processes, ranked as srun and torchrun rank them (the
+launchers are tested in test_pretrain_e2e.py and test_preemption_e2e.py).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
+import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from dist_utils import _free_port
+from dist_utils import run_as_ranks
 from safetensors.torch import load_file
 
 from sslkit import datasets, models
@@ -37,13 +39,6 @@ SSL_TINY = ["model.projector_hidden=32", "model.projector_out=16", "train.batch_
 FINETUNE = ["data.label_fraction=0.1", "train.epochs=2", "train.batch_size=16", "optim.warmup_epochs=0"]
 
 pytestmark = pytest.mark.slow
-
-
-def run(tmp_path: Path, module: str, *args: str, launcher: list[str]) -> subprocess.CompletedProcess:
-    command = [*launcher, "-m", module, *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 def pretrain(*argv: str) -> None:
@@ -103,11 +98,10 @@ def test_finetune_and_scratch_see_the_same_labels_and_score_their_own_classifier
 
 
 def test_two_processes_count_every_test_sample_once(pretrained, tmp_path):
-    launcher = ["accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1"]
-    launcher += ["--mixed_precision", "no", "--dynamo_backend", "no"]
-    launcher += ["--main_process_port", str(_free_port())]  # not 29500: another run may hold it
     args = ["quickstart_finetune", f"run.output_dir={tmp_path}", "run.name=two", f"run.init_from={pretrained}"]
-    run(tmp_path, PRETRAIN, *args, *TINY, *FINETUNE, launcher=launcher)
+    command = [sys.executable, "-m", PRETRAIN, *args, *TINY, *FINETUNE]
+    result = run_as_ranks(command, env=dict(os.environ), cwd=tmp_path)
+    assert result.returncode == 0 and "2 processes" in result.stdout, result.stderr[-3000:]
     assert_own_top1(tmp_path / "two")
 
 

@@ -1,5 +1,5 @@
 """FixMatch end to end as a user runs it: from a tiny pretrained quick-start encoder, one process, a run killed
-with SIGKILL and resumed, and two processes under ``accelerate launch``.
+with SIGKILL and resumed, and two processes, ranked as srun and torchrun rank them.
 
 Digits with 5% of the labels, a width-4 ResNet-18 on 8x8 crops, a batch of 16 labelled and 112 unlabelled
 images: an epoch is 1437 // 112 = 12 steps.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_utils import _free_port
+from dist_utils import run_as_ranks
 from safetensors.torch import load_file
 from test_pretrain_e2e import PRETRAIN, _wait_for, env
 
@@ -36,18 +36,18 @@ FIXMATCH = ["train.batch_size=16", "train.epochs=3", "train.log_every_steps=1", 
 STEPS = 3 * (1437 // (7 * 16))
 
 
-def pretrain(tmp_path: Path, *args: str, launcher: tuple[str, ...] | None = None) -> subprocess.CompletedProcess:
-    """A run through a ``launcher``'s processes, or without one through sslkit-pretrain's main() in this process
-    (the killed run below is the process of its own that these tests need)."""
-    if launcher is None:
+def pretrain(tmp_path: Path, *args: str, processes: int = 1) -> subprocess.CompletedProcess:
+    """A run of ``processes`` real processes, or of one through sslkit-pretrain's main() in this process (the
+    killed run below is the process of its own that these tests need)."""
+    if processes == 1:
         argv = [*args, f"run.output_dir={tmp_path}", *TINY]
         stdout, stderr = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             status = main(argv)
         result = subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
     else:
-        command = [*launcher, *PRETRAIN, *args, f"run.output_dir={tmp_path}", *TINY]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env(), cwd=tmp_path)
+        command = [sys.executable, *PRETRAIN, *args, f"run.output_dir={tmp_path}", *TINY]
+        result = run_as_ranks(command, env=env(), cwd=tmp_path, world=processes)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -132,10 +132,8 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_weights(encoder, straight, t
 
 
 def test_two_processes_train_on_shares_of_both_streams(encoder, tmp_path):
-    launcher = ("accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-                "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()))  # fmt: skip
     args = ["quickstart_fixmatch", "run.name=two", f"run.init_from={encoder}", *FIXMATCH, "train.epochs=1"]
-    result = pretrain(tmp_path, *args, "method.lambda_u=0.5", launcher=launcher)
+    result = pretrain(tmp_path, *args, "method.lambda_u=0.5", processes=2)
     assert "2 processes" in result.stdout and "8 images per process per batch" in result.stdout
     run = tmp_path / "two"
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]

@@ -1,5 +1,5 @@
 """A folder of unlabelled images of mixed sizes and modes, pretrained as a new user would: one process
-(``sslkit-pretrain``'s ``main()`` in this process) and two (``accelerate launch --cpu --num_processes 2``),
+(``sslkit-pretrain``'s ``main()`` in this process) and two (real processes, ranked as srun and torchrun rank them),
 a labelled evaluation set or none, an exact two-process resume from a mid-epoch checkpoint (the loader
 workers augmenting), and bad folders that give one line and write nothing."""
 
@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+from dist_utils import run_as_ranks
 from PIL import Image
 from safetensors.torch import load_file
-from test_pretrain_e2e import assert_one_line_error, pretrain, pretrain_here
+from test_pretrain_e2e import PRETRAIN, QUICKSTART, TINY, assert_one_line_error, env, pretrain_here
 
 FOLDER = [
     "data.name=imagefolder",
@@ -80,12 +82,9 @@ def test_an_unlabelled_folder_pretrains_with_and_without_an_evaluation_set(tmp_p
     assert (tmp_path / "alone" / "backbone.safetensors").is_file() and _results(tmp_path / "alone") == {"trained": {}}
 
 
-def _two_processes() -> list[str]:
-    from dist_utils import _free_port
-
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2"]
-    launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    return [*launcher, "--main_process_port", str(_free_port())]
+def two_processes(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, *PRETRAIN, str(QUICKSTART), f"run.output_dir={tmp_path}", *TINY, *overrides]
+    return run_as_ranks(command, env=env(), cwd=tmp_path)
 
 
 @pytest.mark.slow
@@ -93,7 +92,7 @@ def test_an_unlabelled_folder_in_two_processes_resumes_exactly(tmp_path, folders
     common = [*FOLDER, f"data.root={folders / 'photos'}", f"eval.data.root={folders / 'labelled'}"]
     common += ["data.num_workers=1", "data.augment_in_workers=true"]
     common += ["train.checkpoint_every_steps=4", "train.keep_checkpoints=10"]
-    result = pretrain(tmp_path, "run.name=two", *common, launcher=_two_processes())
+    result = two_processes(tmp_path, "run.name=two", *common)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 processes" in result.stdout
     steps = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
@@ -104,7 +103,7 @@ def test_an_unlabelled_folder_in_two_processes_resumes_exactly(tmp_path, folders
     for later in sorted((tmp_path / "again" / "checkpoints").glob("step-*"))[1:]:
         shutil.rmtree(later)
     (tmp_path / "again" / "backbone.safetensors").unlink()
-    resumed = pretrain(tmp_path, "run.name=again", *common, "run.resume=auto", launcher=_two_processes())
+    resumed = two_processes(tmp_path, "run.name=again", *common, "run.resume=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "step 4" in resumed.stdout
     a, b = (load_file(tmp_path / name / "backbone.safetensors") for name in ("two", "again"))

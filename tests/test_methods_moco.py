@@ -1,5 +1,5 @@
 """MoCo v2, MoCo v3 and the NPID memory-bank method: losses against loops, what trains and what does not,
-state that survives a checkpoint, two real processes, and a run through ``accelerate launch``.
+state that survives a checkpoint, two real processes, and a run of the command in two processes.
 
 Everything runs a width-4 ResNet-18 on scikit-learn's 8x8 digits so the file stays fast on two cores.
 """
@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from dist_utils import run_in_processes
+from dist_utils import run_as_ranks, run_in_processes
 from safetensors.torch import load_file, save_file
 from sklearn.datasets import load_digits
 
@@ -503,25 +501,9 @@ def test_recipe_mistakes_are_one_line_user_errors():
 
 
 @pytest.mark.slow
-def test_moco_through_accelerate_launch_with_two_processes(tmp_path):
-    with socket.socket() as s:  # a free port: accelerate's default 29500 may be taken by another run on this machine
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_moco_in_two_processes(tmp_path):
     command = [
         sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--main_process_port",
-        str(port),
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
         "-m",
         "sslkit.cli.pretrain",
         str(ROOT / "recipes" / "quickstart.yaml"),
@@ -543,7 +525,7 @@ def test_moco_through_accelerate_launch_with_two_processes(tmp_path):
         "optim.warmup_epochs=0",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    result = run_as_ranks(command, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "moco"
     losses = [

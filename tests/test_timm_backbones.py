@@ -229,16 +229,12 @@ def env() -> dict:
     return e
 
 
-def run(tmp_path: Path, module: str, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    """``python -m MODULE ARGS`` under ``launcher``; without one, ``MODULE.main(ARGS)`` in this process."""
-    if launcher is None:
-        stdout, stderr = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            status = importlib.import_module(module).main(list(args))
-        result = subprocess.CompletedProcess([module, *args], status, stdout.getvalue(), stderr.getvalue())
-    else:
-        command = [*launcher, "-m", module, *args]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env())
+def run(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess:
+    """``MODULE.main(ARGS)`` in this process."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        status = importlib.import_module(module).main(list(args))
+    result = subprocess.CompletedProcess([module, *args], status, stdout.getvalue(), stderr.getvalue())
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -336,15 +332,17 @@ def test_mocov3_trains_a_vit(tmp_path):
 def test_two_processes_on_a_vit_resume_exactly(tmp_path):
     """Six steps in two processes; the same run resumed from its step-2 checkpoint ends with the same weights
     and logs the same losses for steps 3 to 6."""
-    from dist_utils import _free_port
+    from dist_utils import run_as_ranks
 
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2"]
-    launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    launcher += ["--main_process_port", str(_free_port())]
+    def two_processes(*args: str) -> subprocess.CompletedProcess:
+        result = run_as_ranks([sys.executable, "-m", PRETRAIN, *args], env=env(), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result
+
     args = ["quickstart", f"run.output_dir={tmp_path}", *SSL_TINY, "train.max_steps=6", "eval.linear_epochs=0"]
     args += ["train.checkpoint_every_steps=2", "train.keep_checkpoints=5", "train.log_every_steps=1"]
     args += ["eval.compare_random_init=false"]
-    straight = run(tmp_path, PRETRAIN, *args, "run.name=straight", launcher=launcher)
+    straight = two_processes(*args, "run.name=straight")
     assert "2 processes" in straight.stdout
     # The same run, as if stopped after its step-2 checkpoint.
     shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
@@ -352,8 +350,7 @@ def test_two_processes_on_a_vit_resume_exactly(tmp_path):
         shutil.rmtree(tmp_path / "resumed" / "checkpoints" / later)
     for name in ("backbone.safetensors", "results.json", "report.md"):
         (tmp_path / "resumed" / name).unlink(missing_ok=True)
-    launcher[-1] = str(_free_port())
-    resumed = run(tmp_path, PRETRAIN, *args, "run.name=resumed", "run.resume=auto", launcher=launcher)
+    resumed = two_processes(*args, "run.name=resumed", "run.resume=auto")
     assert "resumed from" in resumed.stdout and "step 2" in resumed.stdout
 
     def losses(name: str) -> list[tuple[int, float]]:
