@@ -108,3 +108,56 @@ def test_after_accelerate_config_default_the_launcher_starts_sslkit_quietly(tmp_
     configured = run(*ACCELERATE, "--num_cpu_threads_per_process", "2", *launch[len(ACCELERATE) :])
     assert configured.returncode == 0 and configured.stdout.startswith("usage: sslkit-pretrain"), configured.stderr
     assert "were not passed" not in configured.stderr, configured.stderr
+
+
+RANKS = """
+import os, sys, time
+from sslkit.loop.launch import relaunch_cpu_processes
+if (code := relaunch_cpu_processes()) is not None:  # accelerate's --cpu launcher alone starts one process
+    sys.exit(code)
+import torch
+from accelerate import PartialState
+PartialState()  # as the trainer starts its processes' group
+total = torch.ones(1)
+torch.distributed.all_reduce(total)
+time.sleep(2)  # both runs hold their rendezvous at once
+print(f"rank {torch.distributed.get_rank()} of {int(total.item())} at port {os.environ['MASTER_PORT']}")
+"""
+
+
+@pytest.mark.slow
+def test_two_runs_of_two_cpu_processes_side_by_side_meet_on_ports_of_their_own(tmp_path):
+    """As an experiment's ``--jobs 2`` with ``--launcher "accelerate launch --cpu --num_processes 2"`` runs them:
+    without ``--main_process_port`` each run's processes meet on a free port, not both on Accelerate's 29500."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS)
+    runs = [
+        subprocess.Popen(
+            [
+                *ACCELERATE,
+                "--cpu",
+                "--num_processes",
+                "2",
+                "--num_machines",
+                "1",
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                str(script),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=180) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [stderr[-2000:] for _, stderr in outputs]
+    ports = []
+    for stdout, _ in outputs:
+        lines = sorted(line for line in stdout.splitlines() if line.startswith("rank "))
+        assert [line.split(" at ")[0] for line in lines] == ["rank 0 of 2", "rank 1 of 2"], stdout
+        ports.append({line.rsplit(" ", 1)[1] for line in lines})
+    assert all(len(port) == 1 for port in ports) and ports[0] != ports[1] and {"29500"} not in ports, ports

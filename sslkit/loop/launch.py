@@ -8,7 +8,9 @@ a two-process test of gathered losses into a one-process run that proves nothing
 :func:`relaunch_cpu_processes` notices that case (the launcher asked for several CPU processes,
 ``MASTER_ADDR`` is set, but no ``WORLD_SIZE`` reached us) and starts the N processes itself with
 ``torch.distributed.run`` (torchrun, called in this process so that its failure reports do not
-follow a worker's one-line error), which Accelerate then sees as a multi-CPU (gloo) run. Across
+follow a worker's one-line error), which Accelerate then sees as a multi-CPU (gloo) run. On one
+machine, without ``--main_process_port``, the processes meet on a free port (torchrun's standalone
+rendezvous), not Accelerate's fixed 29500, so that several runs can train side by side. Across
 machines (``--num_machines M --machine_rank R --main_process_ip ...`` on each), every machine
 starts its N / M processes as node R of M.
 
@@ -145,21 +147,14 @@ def relaunch_cpu_processes() -> int | None:
     if os.name == "posix":  # stop signals (SLURM's) that torchrun's agent does not pass on by default
         for sig in (signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, _pass_on_to_workers)
-    args = torchrun.parse_args(
-        [
-            "--nproc_per_node",
-            str(per_machine),
-            "--nnodes",
-            str(machines),
-            "--node_rank",
-            str(machine_rank),
-            "--master_addr",
-            env["MASTER_ADDR"],
-            "--master_port",
-            env.get("MASTER_PORT", "29500"),
-            *_own_command_line(),
-        ]
-    )
+    if machines == 1 and not _option_given(cmdline, "--main_process_port"):
+        # Accelerate's default port, 29500, is every run's: two runs side by side on one machine (an experiment's
+        # --jobs 2, two SLURM tasks on one node) would meet there. torchrun's standalone rendezvous takes a free one.
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = ["--nnodes", str(machines), "--node_rank", str(machine_rank), "--master_addr", env["MASTER_ADDR"]]
+        rendezvous += ["--master_port", env.get("MASTER_PORT", "29500")]
+    args = torchrun.parse_args(["--nproc_per_node", str(per_machine), *rendezvous, *_own_command_line()])
     try:
         torchrun.run(args)
     except DistError as error:  # the rendezvous: a port in use, an address that does not answer, a rank twice
