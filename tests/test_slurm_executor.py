@@ -1,6 +1,6 @@
 """``--executor slurm``: an ablation's points submitted through submitit to a real one-node SLURM (``slurm_utils``).
 
-A 3 x 2 temperature ablation of a tiny quick start gives the same tables whether its points ran as a SLURM job array
+A 2 x 2 temperature ablation of a tiny quick start gives the same tables whether its points ran as a SLURM job array
 or on this machine, also when the command that submitted them was killed (-9) and run again, which waits for the
 tasks SLURM holds instead of submitting them twice; run once more, it finds every point finished and submits
 nothing. A task that SLURM
