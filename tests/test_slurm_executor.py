@@ -287,3 +287,26 @@ def test_a_job_runs_after_the_job_it_needs_and_not_after_one_that_failed(one_nod
     # the two that needed nothing were one array; the one that needed "embed" came after it
     arrays = {path.name.split("_")[0] for path in (tmp_path / "logs" / "slurm").glob("*_submitted.pkl")}
     assert len(arrays) == 2
+
+
+LEAVES_A_SAVING_PROCESS = """\
+import subprocess, sys
+# A launcher that dies of SLURM's signal at once, as accelerate launch --cpu and torchrun do, while the training
+# process it started still saves.
+subprocess.Popen([sys.executable, "-c", "import pathlib, sys, time; time.sleep(1); pathlib.Path(sys.argv[1]).touch()",
+                  sys.argv[1]])
+sys.exit(138)
+"""
+
+
+def test_a_task_ends_once_the_processes_its_launcher_left_have_ended(tmp_path):
+    """A task is requeued (and so its processes killed) only after every process of it has ended."""
+    script = tmp_path / "launcher.py"
+    script.write_text(LEAVES_A_SAVING_PROCESS)
+    saved, out, err = (str(tmp_path / name) for name in ("saved", "task.out", "task.err"))
+    task = f"SlurmJobRun([{sys.executable!r}, {str(script)!r}, {saved!r}], {out!r}, {err!r})"
+    # In a process of its own: the task adopts whatever its command leaves, and waits for all its children.
+    check = f"from sslkit.experiments.slurm import SlurmJobRun; import os; ran = {task}()\n"
+    check += f"print(os.path.exists({saved!r}), ran.status)"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert result.stdout.split() == ["True", "138"], result.stdout + result.stderr

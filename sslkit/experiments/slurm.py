@@ -9,7 +9,9 @@ Before the time limit SLURM sends every process of a task SIGUSR1 (``--signal=US
 saves and exits with 75 (``sslkit.loop.signals``), and the task requeues itself (``scontrol requeue``), as
 docs/cluster.md's batch script does; the requeued task runs the same command, which continues from the saved
 checkpoint (``run.resume=auto``, in every pretraining job's argv). A status of 138 (128 + SIGUSR1: the signal
-came before the first step or after the last) requeues too. A task stopped by ``scancel`` (SIGTERM) saves as well and
+came before the first step or after the last) requeues too, once every process of the task has ended: a launcher
+that dies of the signal at once (``accelerate launch --cpu``, torchrun) leaves its training processes saving,
+and the task adopts and waits for them (:func:`adopt_orphans`). A task stopped by ``scancel`` (SIGTERM) saves as well and
 is not requeued: it ends as a failed job, and the sweep run again continues it. The runner polls ``squeue`` and hears of each job as
 its task leaves the queue; Ctrl-C cancels every submitted task (``scancel``), and the same command submits again
 what has not finished, which resumes from its checkpoint. A command that ended otherwise (killed, its terminal
@@ -25,12 +27,14 @@ other ``#SBATCH`` line. submitit is imported only where the executor is used (``
 
 from __future__ import annotations
 
+import ctypes
 import getpass
 import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,6 +51,8 @@ from sslkit.files import written_whole
 SIGNAL_BEFORE_LIMIT_S = 120  # a save takes well under a second; the rest is margin for a slow filesystem
 POLL_S = 2.0  # how often squeue is asked which tasks are still queued or running
 RESULT_GRACE_S = 10.0  # how long a task that left the queue may take to show its result file
+ORPHANS_WAIT_S = 90.0  # how long a task waits for the processes its launcher left saving (within USR1@120)
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 TASKS_FILE = "tasks.json"  # in logs/slurm: each submitted job's task id, {name: "<array id>_<index>"}
 SETTINGS = ("partition", "time", "gpus", "cpus", "options")  # the keys of --slurm-config's YAML
 
@@ -75,15 +81,45 @@ class SlurmJobRun:
                 process.send_signal(signal.SIGUSR1)
 
             signal.signal(signal.SIGUSR1, pass_on)
+            adopt_orphans()
             _, wait_status, usage = os.wait4(process.pid, 0)
             process.returncode = status = os.waitstatus_to_exitcode(wait_status)
+            cpu_s = usage.ru_utime + usage.ru_stime + wait_for_orphans(ORPHANS_WAIT_S)
         # Requeued only at the time limit's signal: a run stopped by scancel's SIGTERM saved, and stays cancelled
         # (the sweep run again continues it).
         if time_is_up and status in (REQUEUE_EXIT_STATUS, -signal.SIGUSR1, 128 + signal.SIGUSR1):
             subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
             os._exit(REQUEUE_EXIT_STATUS)  # no result for submitit: the requeued task gives it
         error = None if status == 0 else error_line(Path(self.err).read_text(errors="replace"), status)
-        return Ran(status, error, time.perf_counter() - start, usage.ru_utime + usage.ru_stime)
+        return Ran(status, error, time.perf_counter() - start, cpu_s)
+
+
+def adopt_orphans() -> None:
+    """Make this process the one that Linux gives the task's orphaned processes to (``PR_SET_CHILD_SUBREAPER``).
+
+    A launcher may end before the processes it started: ``accelerate launch --cpu`` and torchrun die of SLURM's
+    SIGUSR1 at once, while their training processes, signalled too, are still saving. Requeued then, the task's
+    processes would be killed mid-save (the previous checkpoint survives; the steps since it are lost). Adopted,
+    they are waited for (:func:`wait_for_orphans`). One system call through ctypes: no library sslkit depends on
+    offers it; elsewhere than Linux nothing is adopted."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def wait_for_orphans(timeout: float) -> float:
+    """Wait up to ``timeout`` seconds for this process's remaining children (adopted orphans among them); their
+    CPU-seconds. Any still running after it are left to SLURM, which ends them with the task."""
+    cpu_s, deadline = 0.0, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid, _, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:  # none left
+            break
+        if pid == 0:  # some still running
+            time.sleep(0.1)
+            continue
+        cpu_s += usage.ru_utime + usage.ru_stime
+    return cpu_s
 
 
 @dataclass
