@@ -134,6 +134,18 @@ def test_sigterm_saves_exits_75_and_the_requeued_run_is_bit_identical(tmp_path):
     assert_same_backbone(tmp_path / "straight", tmp_path / "preempted")
 
 
+@pytest.mark.slow
+def test_a_run_whose_stderr_is_gone_still_saves_and_exits_75(tmp_path):
+    """As a run started by ``accelerate launch``, which reads stderr through a pipe and dies of SIGUSR1 at once:
+    the stop line has no reader, the run has saved, and its exit status says so."""
+    [process] = start(tmp_path, "orphaned")
+    wait_for_step(tmp_path / "orphaned", 3, [process])
+    process.stderr.close()  # the pipe's reader is gone
+    process.send_signal(signal.SIGUSR1)
+    assert process.wait(timeout=120) == REQUEUE
+    assert sorted((tmp_path / "orphaned" / "checkpoints").glob("step-*"))
+
+
 @pytest.fixture(scope="module")
 def straight_two_processes(tmp_path_factory) -> Path:
     """A two-process run nobody interrupted, whichever way its processes are started (the same backbone)."""

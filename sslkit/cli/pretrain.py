@@ -59,14 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Preempted as stopped:  # train.stop_signals: saved; a batch script requeues on the exit status
         if os.environ.get("RANK", "0") == "0":
-            from sslkit.console import error_console
-
-            error_console.print(
-                f"{stopped}: saved {stopped.checkpoint}; continue with run.resume=auto "
-                f"(exit status {REQUEUE_EXIT_STATUS}: requeue)",
-                highlight=False,
-                soft_wrap=True,
-            )
+            say_stopped(f"{stopped}: saved {stopped.checkpoint}; continue with run.resume=auto "
+                        f"(exit status {REQUEUE_EXIT_STATUS}: requeue)")  # fmt: skip
         return REQUEUE_EXIT_STATUS
     except KeyboardInterrupt:  # Ctrl-C: a user's choice, not a crash; every checkpoint written so far is whole
         if os.environ.get("RANK", "0") == "0":  # one line, not one per process
@@ -75,6 +69,16 @@ def main(argv: list[str] | None = None) -> int:
             error_console.print(interrupted_message(cfg), highlight=False, soft_wrap=True)
         return 130
     return 0
+
+
+def say_stopped(line: str) -> None:
+    """The stop line on stderr, where stderr may be gone: ``accelerate launch`` reads its processes' stderr through
+    a pipe, and dies of SIGUSR1 (SLURM's signal) at once. The run has saved; its exit status, 75, must survive a
+    line nobody can read (rich answers a broken pipe by exiting with status 1: the line is written without it)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())  # nor may the interpreter's last flush fail
 
 
 def print_run_directory(run_dir) -> None:
