@@ -39,6 +39,10 @@ from sslkit.errors import UserError
 from sslkit.experiments.executor import Executor, Ran, error_line
 from sslkit.experiments.jobs import Job
 
+# The main thread waits in slices of this many seconds, not at once: the kernel may hand Ctrl-C (or SIGTERM) to
+# any thread of the process, and a main thread blocked in one long wait would never run Python's handler.
+SIGNAL_CHECK_S = 0.2
+
 
 def slot_environments(jobs: int, cpus: int, gpus: Sequence[str]) -> list[dict[str, str]]:
     """What each of ``jobs`` places running side by side adds to a job's environment: its share of the ``cpus``
@@ -81,6 +85,11 @@ class Processes:
     def ended(self, process: subprocess.Popen) -> None:
         with self._lock:
             self._running.pop(process.pid, None)
+
+    def running(self) -> bool:
+        """Whether any job's process is still running."""
+        with self._lock:
+            return bool(self._running)
 
     def signal_all(self, sig: signal.Signals) -> None:
         """Send ``sig`` to the process group of every running job, and start no other."""
@@ -208,7 +217,7 @@ class LocalExecutor(Executor):
                 if waiting:
                     raise ValueError(f"job {waiting[0].name} needs a job that comes after it, or itself")
                 return
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            done, _ = wait(running, timeout=SIGNAL_CHECK_S, return_when=FIRST_COMPLETED)
             for future in sorted(done, key=lambda f: order[running[f][0].name]):
                 job, place = running.pop(future)
                 free.append(place)
@@ -221,8 +230,10 @@ class LocalExecutor(Executor):
 def stop(processes: Processes, pool: ThreadPoolExecutor) -> None:
     """Ctrl-C: pass it on once to every running job and wait for them to stop; a second one kills them."""
     processes.signal_all(signal.SIGINT)
+    pool.shutdown(wait=False, cancel_futures=True)
     try:
-        pool.shutdown(wait=True, cancel_futures=True)
+        while processes.running():  # in slices, for the second Ctrl-C (SIGNAL_CHECK_S)
+            time.sleep(SIGNAL_CHECK_S)
     except KeyboardInterrupt:
         processes.signal_all(signal.SIGKILL)
-        pool.shutdown(wait=True)
+    pool.shutdown(wait=True)
