@@ -288,11 +288,16 @@ sys.exit(130 if records is None else 0)
 """
 
 
-def sweep(folder: Path, names: list[str], **env: str) -> subprocess.Popen:
-    """:data:`SWEEP` in a process of its own, over the jobs ``names``."""
+def sweep(folder: Path, names: list[str], ctrl_c_ignored: bool = False, **env: str) -> subprocess.Popen:
+    """:data:`SWEEP` in a process of its own, over the jobs ``names``; with ``ctrl_c_ignored``, started as a script
+    starts a command in the background (SIGINT ignored, which a child inherits)."""
     command = [sys.executable, "-c", SWEEP, str(folder), *names]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}  # no GPU to count: the runner needs no torch
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    disposition = signal.SIG_IGN if ctrl_c_ignored else signal.SIG_DFL
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, disposition),
+    )  # fmt: skip
 
 
 def wait_for(path: Path) -> int:
@@ -356,6 +361,17 @@ def test_ctrl_c_that_lands_on_another_thread_of_the_runner_still_stops_its_jobs(
     other = next(int(task.name) for task in tasks.iterdir() if int(task.name) != runner_process.pid)
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.syscall(TGKILL[os.uname().machine], runner_process.pid, other, signal.SIGINT) == 0
+    output, _ = runner_process.communicate(timeout=60)
+    assert runner_process.returncode == 130 and "interrupted" in output, output
+    assert not alive(slow)
+
+
+def test_a_runner_started_with_ctrl_c_ignored_still_stops_its_jobs(tmp_path):
+    """``nohup sslkit-ablate ... &`` from a script: the command and, through it, its jobs would inherit SIGINT
+    ignored, and the Ctrl-C that a SIGTERM passes on would stop none of them."""
+    runner_process = sweep(tmp_path, ["slow-1", "slow-2"], ctrl_c_ignored=True)
+    slow = wait_for(tmp_path / "slow-1.pid")
+    runner_process.send_signal(signal.SIGTERM)
     output, _ = runner_process.communicate(timeout=60)
     assert runner_process.returncode == 130 and "interrupted" in output, output
     assert not alive(slow)

@@ -181,7 +181,11 @@ class LocalExecutor(Executor):
         ended: Callable[[Job, Ran | None], bool],
     ) -> None:
         processes = Processes()
-        with stopping_as_ctrl_c(), ThreadPoolExecutor(self.jobs, thread_name_prefix="job") as pool:
+        # SIGINT too: a command started in the background of a script inherits it ignored, and so would every job
+        # it starts (an ignored signal stays ignored across exec), which the Ctrl-C passed on would then not stop.
+        # Handled here, it is at its default in the jobs.
+        stops = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+        with stopping_as_ctrl_c(stops), ThreadPoolExecutor(self.jobs, thread_name_prefix="job") as pool:
             try:
                 self.dispatch(jobs, pool, lambda job, place: run_process(job, logs, place, processes), started, ended)
             except KeyboardInterrupt:
