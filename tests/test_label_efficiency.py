@@ -415,6 +415,7 @@ def test_mistakes_fail_before_anything_runs(tmp_path, argv, words):
             ["--labels", "50", "--fixmatch", "--fixmatch-recipe", "fashion_mnist_fixmatch"],
             ["run fixmatch-n50-s0: data.name=fashion_mnist", "--fixmatch-recipe"],
         ),
+        (["--labels", "50", "--fixmatch-override", "train.epochs=20"], ["--fixmatch-override", "without --fixmatch"]),
     ],
 )
 def test_budget_selection_and_fixmatch_mistakes_fail_before_anything_runs(tmp_path, argv, words):
@@ -450,6 +451,7 @@ def make_plan(tmp_path: Path, **changes) -> le.Plan:
         overrides=["train.threads=2"],
         pretrain_overrides=["train.epochs=7"],
         finetune_overrides=["train.epochs=5"],
+        fixmatch_overrides=[],
         fixmatch_recipe=None,
         budgets=[Budget(fraction=0.01), Budget(fraction=1.0)],
         selections=["balanced"],
@@ -574,9 +576,8 @@ def test_a_scratch_recipe_of_its_own_sets_the_scratch_runs_and_their_longer_epoc
 
 def test_labels_chosen_by_a_strategy_are_embedded_once_selected_per_seed_and_given_to_every_road(tmp_path):
     budgets = [Budget(count=50), Budget(count=1000)]  # 1000: every label of POOL
-    plan = make_plan(
-        tmp_path, budgets=budgets, selections=["balanced", "typiclust"], fixmatch_recipe=Path("/r/fm.yaml")
-    )
+    fixmatch_at_length = {"fixmatch_recipe": Path("/r/fm.yaml"), "fixmatch_overrides": ["train.epochs=20"]}
+    plan = make_plan(tmp_path, budgets=budgets, selections=["balanced", "typiclust"], **fixmatch_at_length)
     runs = le.plan_runs(plan)
     assert [r.name for r in runs] == [
         "pretrain",
@@ -635,8 +636,9 @@ def test_labels_chosen_by_a_strategy_are_embedded_once_selected_per_seed_and_giv
         assert f"data.label_subset={label_file}" in by[f"{kind}-typiclust-n50-s4"].command
         assert "select-typiclust-n50-s4" in by[f"{kind}-typiclust-n50-s4"].needs
     fixmatch, from_scratch = by["fixmatch-typiclust-n50-s4"], by["fixmatch-scratch-typiclust-n50-s4"]
-    assert fixmatch.command[3:7] == ["/r/fm.yaml", "train.threads=2", "train.epochs=5", f"run.init_from={pre}"]
-    assert from_scratch.command[6] == "run.init_from=null"
+    at_length = ["/r/fm.yaml", "train.threads=2", "train.epochs=5", "train.epochs=20"]  # --fixmatch-override last
+    assert fixmatch.command[3:8] == [*at_length, f"run.init_from={pre}"]
+    assert from_scratch.command[3:8] == [*at_length, "run.init_from=null"]
     assert (fixmatch.needs, from_scratch.needs) == (
         ("pretrain", "select-typiclust-n50-s4"),
         ("select-typiclust-n50-s4",),
@@ -644,6 +646,7 @@ def test_labels_chosen_by_a_strategy_are_embedded_once_selected_per_seed_and_giv
     student = by["fixmatch-distill-typiclust-n50-s4"]  # taught by FixMatch's run, on the same labels
     assert f"method.teacher={tmp_path / 'runs' / 'fixmatch-typiclust-n50-s4'}" in student.command
     assert student.needs == ("pretrain", "fixmatch-typiclust-n50-s4", "select-typiclust-n50-s4")
+    assert "train.epochs=20" not in student.command  # the distill recipe's own epochs
 
     # 50 labels drawn class-balanced: 5 of each of the 10 classes, for the probes as for the trained runs
     assert by["frozen-n50-s3"].command[5:-2] == [

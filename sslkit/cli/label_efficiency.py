@@ -4,7 +4,7 @@
         [--select balanced,random,kmeans,typiclust,probcover,kcenter] [--fixmatch] [--pretrained RUN_DIR]
         [--finetune-recipe R] [--distill-recipe R] [--no-distill] [--fixmatch-recipe R]
         [--scratch-recipe R] [--scratch-factor 3] [--epochs B=E,...] [--launcher "..."] [--jobs N]
-        [--pretrain-override K=V ...] [--finetune-override K=V ...]
+        [--pretrain-override K=V ...] [--finetune-override K=V ...] [--fixmatch-override K=V ...]
         [key.sub=value ...]
     sslkit-label-efficiency quickstart --fractions 0.05,0.1,1 --seeds 3 train.threads=2
     sslkit-label-efficiency quickstart --fractions 0.05,0.1,1 --seeds 3 --jobs 2 train.threads=1
@@ -148,6 +148,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="an override for the fine-tune, distill, FixMatch and scratch runs only (repeatable), e.g. "
         "train.epochs=5",
     )
+    parser.add_argument(
+        "--fixmatch-override",
+        dest="fixmatch_overrides",
+        action="append",
+        default=[],
+        metavar="KEY=V",
+        help="an override for the two FixMatch runs only (repeatable, after --finetune-override), e.g. "
+        "train.epochs=20",
+    )
     # Intermixed: overrides may come before or after the --options, as users type them.
     return parser.parse_intermixed_args(argv)
 
@@ -176,6 +185,7 @@ def plan_from(args: argparse.Namespace) -> label_efficiency.Plan:
         overrides=args.overrides,
         pretrain_overrides=args.pretrain_overrides,
         finetune_overrides=args.finetune_overrides,
+        fixmatch_overrides=args.fixmatch_overrides,
     )
 
 

@@ -54,7 +54,8 @@ The fine-tune, distill and FixMatch recipes default to the bundled ``<dataset>_f
 ``_distill`` / ``_fixmatch`` (``fashion_mnist_*`` for data.name=fashion_mnist, ``quickstart_*``
 otherwise). Seeds are s, s+1, ... from the recipe's ``run.seed``. Overrides after RECIPE apply to every
 run (``train.threads=2``); ``--pretrain-override`` to the pretraining only, ``--finetune-override`` to
-the fine-tune, distill, FixMatch and scratch runs only (``train.epochs=5``). Every run is its own
+the fine-tune, distill, FixMatch and scratch runs only (``train.epochs=5``), ``--fixmatch-override`` to
+the two FixMatch runs only (``train.epochs=20``: FixMatch at four times its recipe's length). Every run is its own
 subprocess, the user's command:
 
     python -m sslkit.cli.pretrain RECIPE <overrides> run.output_dir=OUT/runs run.name=pretrain run.resume=auto
@@ -179,6 +180,7 @@ class Plan(Experiment):
     overrides: list[str]
     pretrain_overrides: list[str]
     finetune_overrides: list[str]
+    fixmatch_overrides: list[str]  # after finetune_overrides, for the FixMatch runs only
     budgets: list[Budget]
     selections: list[str]
     seeds: list[int]
@@ -303,6 +305,7 @@ def plan_label_efficiency(
     overrides: Sequence[str] = (),
     pretrain_overrides: Sequence[str] = (),
     finetune_overrides: Sequence[str] = (),
+    fixmatch_overrides: Sequence[str] = (),
 ) -> Plan:
     """The comparison resolved and checked, every run's config validated, before anything runs.
 
@@ -322,7 +325,8 @@ def plan_label_efficiency(
         epochs: fine-tune and scratch epochs at a budget instead of the recipe's, e.g. ``{1: 3}`` or ``"1=3"``.
         launcher: a prefix for multi-process runs, e.g. ``"accelerate launch --cpu --num_processes 2"``.
         overrides: for every run; ``pretrain_overrides`` for the pretraining only, ``finetune_overrides``
-            for the fine-tune, distill, FixMatch and scratch runs only.
+            for the fine-tune, distill, FixMatch and scratch runs only, ``fixmatch_overrides`` for the two
+            FixMatch runs only (after ``finetune_overrides``), e.g. ``["train.epochs=20"]``.
 
     Raises:
         UserError: a bad budget, selection, seed count, factor, override or recipe; a budget the labelled
@@ -331,7 +335,8 @@ def plan_label_efficiency(
     """
     if epochs is not None and not isinstance(epochs, str):
         epochs = ",".join(f"{budget}={count}" for budget, count in epochs.items())
-    overrides, pretrain_overrides, finetune_overrides = map(list, (overrides, pretrain_overrides, finetune_overrides))
+    overrides, pretrain_overrides = list(overrides), list(pretrain_overrides)
+    finetune_overrides, fixmatch_overrides = list(finetune_overrides), list(fixmatch_overrides)
     budgets = parse_budgets(joined(fractions), joined(labels))
     selections = parse_selections(joined(select))
     if seeds < 1:
@@ -341,6 +346,9 @@ def plan_label_efficiency(
     check_overrides(overrides, "override")
     check_overrides(pretrain_overrides, "--pretrain-override")
     check_overrides(finetune_overrides, "--finetune-override", ("run.seed",))
+    check_overrides(fixmatch_overrides, "--fixmatch-override", ("run.seed",))
+    if fixmatch_overrides and not fixmatch:
+        raise UserError("--fixmatch-override has nothing to apply to without --fixmatch (no FixMatch runs)")
     if pretrained is not None and pretrain_overrides:
         raise UserError("--pretrain-override has nothing to apply to with --pretrained (no pretraining runs)")
     recipe = find_recipe(recipe)  # a bundled recipe's name becomes its file: the runs get a path
@@ -375,6 +383,7 @@ def plan_label_efficiency(
         overrides=overrides,
         pretrain_overrides=pretrain_overrides,
         finetune_overrides=finetune_overrides,
+        fixmatch_overrides=fixmatch_overrides,
         budgets=budgets,
         selections=selections,
         seeds=[base.run.seed + i for i in range(seeds)],
@@ -506,13 +515,13 @@ def road_runs(plan: Plan, labels: LabelSet, pre: Path, needs_pre: tuple[str, ...
         needs = (*needs_pre, finetune)  # the distill recipe keeps its own epochs: not --epochs
         runs.append(trained("distill", plan.distill_recipe, plan.finetune_overrides, needs, **teacher))
     if plan.fixmatch_recipe is not None and partial:  # its own epochs too: passes over every training image
-        recipe, overrides = plan.fixmatch_recipe, plan.finetune_overrides
+        recipe, overrides = plan.fixmatch_recipe, [*plan.finetune_overrides, *plan.fixmatch_overrides]
         runs.append(trained("fixmatch", recipe, overrides, needs_pre, **{"run.init_from": pre}))
         if plan.distill_recipe is not None:
             fixmatch = labels.run_name("fixmatch")
             teacher = {"method.teacher": runs_dir / fixmatch, "run.init_from": pre}
             needs = (*needs_pre, fixmatch)
-            runs.append(trained("fixmatch-distill", plan.distill_recipe, overrides, needs, **teacher))
+            runs.append(trained("fixmatch-distill", plan.distill_recipe, plan.finetune_overrides, needs, **teacher))
         runs.append(trained("fixmatch-scratch", recipe, overrides, (), **{"run.init_from": "null"}))
     # Random weights: run.init_from=null, in case the fine-tune recipe names a start of its own.
     runs.append(trained("scratch", plan.scratch_recipe, own, (), **{"run.init_from": "null"}))
@@ -591,7 +600,7 @@ def check_batch(run: Run, cfg: Config, plan: Plan) -> None:
         if batch * mu > plan.pool.images:
             raise UserError(
                 f"run {run.name}: a FixMatch step draws train.batch_size x method.mu = {batch} x {mu} unlabelled "
-                f"images, more than the {plan.pool.images} of {plan.pool.dataset}; --finetune-override "
+                f"images, more than the {plan.pool.images} of {plan.pool.dataset}; --fixmatch-override "
                 f"train.batch_size={plan.pool.images // mu}, or another --fixmatch-recipe"
             )
         return
@@ -634,6 +643,7 @@ def header(plan: Plan) -> dict:
         "overrides": plan.overrides,
         "pretrain_overrides": plan.pretrain_overrides,
         "finetune_overrides": plan.finetune_overrides,
+        "fixmatch_overrides": plan.fixmatch_overrides,
         "fractions": [b.text for b in plan.budgets if b.fraction is not None],
         "labels": [b.count for b in plan.budgets if b.count is not None],
         "select": plan.selections,
