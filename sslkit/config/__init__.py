@@ -37,6 +37,7 @@ import torch
 from rich.console import Console
 
 from sslkit import datasets, losses, methods, models, optim
+from sslkit.datasets.retrieval import READERS as RETRIEVAL_DATASETS
 from sslkit.errors import UserError
 from sslkit.schema import (
     BUNDLED_RECIPES,
@@ -238,6 +239,25 @@ def _check_label_subset(section, prefix: str, source: str) -> None:
         )
 
 
+def _check_validation(cfg: Config, source: str) -> None:
+    """``data.val_fraction`` in (0, 1), on data whose labelled training split holds every class it is measured on."""
+    fraction, data = cfg.data.val_fraction, cfg.data
+    if fraction is None:
+        return
+    if not 0 < fraction < 1:
+        raise UserError(f"{source}: 'data.val_fraction' must be in (0, 1) (0.1 holds out 10%), got {fraction}")
+    for used, key in (
+        (bool(data.holdout_classes), "data.holdout_classes (their retrieval reads the test split)"),
+        (data.name in RETRIEVAL_DATASETS or data.class_split is not None, "class-disjoint data"),
+        (cfg.eval.data.name is not None or cfg.eval.data.root is not None, "eval.data"),
+    ):
+        if used:
+            raise UserError(
+                f"{source}: data.val_fraction holds out labelled training images of the classes it evaluates; it "
+                f"cannot be combined with {key}: drop one of the two"
+            )
+
+
 def _check_label_file(data, source: str) -> None:
     """``data.label_subset`` (a label file) names the labelled images: not with a fraction or a count per class."""
     if data.label_subset is not None and (data.label_fraction is not None or data.labels_per_class is not None):
@@ -338,6 +358,7 @@ def validate(cfg: Config, source: str = "recipe") -> None:
                 f"data.name=imagefolder and data.image_size null (the retrieval benchmarks cub200, cars196, sop and "
                 f"inshop have their own class split)"
             )
+    _check_validation(cfg, source)
     if cfg.data.sampler == "m_per_class" and cfg.data.name == "webdataset":
         raise UserError(
             f"{source}: data.sampler=m_per_class needs labelled images, and tar shards are unlabelled; "

@@ -68,8 +68,11 @@ def spec_for(cfg, for_evaluation: bool = False) -> LabelSpec:
     return LabelSpec(fraction, per_class, cfg.run.seed if d.label_seed is None else d.label_seed, file)
 
 
-def choose(labels: torch.Tensor, spec: LabelSpec, candidates: torch.Tensor | None = None) -> torch.Tensor:
-    """Sorted indices of ``k`` images of every class present among ``candidates`` (default: every image).
+def choose(
+    labels: torch.Tensor, spec: LabelSpec, candidates: torch.Tensor | None = None, counted: int | None = None
+) -> torch.Tensor:
+    """Sorted indices of ``k`` images of every class present among ``candidates`` (default: every image): ``k`` is
+    ``spec.per_class``, or ``spec.fraction`` of ``counted`` images (default: the candidates) over the classes.
 
     Raises:
         UserError: unlabelled images (-1) among the candidates, or a class with fewer than ``k`` images.
@@ -85,7 +88,8 @@ def choose(labels: torch.Tensor, spec: LabelSpec, candidates: torch.Tensor | Non
             f"{len(pool)} images have no label; train on data.train_split=train or drop data.label_fraction"
         )
     classes, counts = torch.unique(pool, return_counts=True)
-    k = spec.per_class if spec.per_class is not None else max(1, round(spec.fraction * len(pool) / len(classes)))
+    counted = len(pool) if counted is None else counted
+    k = spec.per_class if spec.per_class is not None else max(1, round(spec.fraction * counted / len(classes)))
     smallest = int(counts.min())
     if k > smallest:
         key = "data.labels_per_class" if spec.per_class is not None else "data.label_fraction"
@@ -182,10 +186,17 @@ def _check_chosen_among(record: dict, what: str, count: int, dataset: str) -> No
 
 
 def labelled_subset(
-    labels: torch.Tensor, spec: LabelSpec, candidates: torch.Tensor, saved: Path | None, dataset: str = "the dataset"
+    labels: torch.Tensor,
+    spec: LabelSpec,
+    candidates: torch.Tensor,
+    saved: Path | None,
+    dataset: str = "the dataset",
+    counted: int | None = None,
+    kept_out: str = "the classes data.holdout_classes keeps out of training",
 ):
-    """The indices of ``spec``'s subset: read back from ``saved`` when it holds this spec, else chosen (or read
-    from the label file ``spec.file``, checked against ``labels`` of ``dataset``'s labelled split).
+    """The indices of ``spec``'s subset: read back from ``saved`` when it holds this spec, else chosen among
+    ``candidates`` (a fraction of ``counted`` images: :func:`choose`), or read from the label file ``spec.file``,
+    checked against ``labels`` of ``dataset``'s labelled split and refused where it names images of ``kept_out``.
 
     Returns None when the spec keeps every label.
     """
@@ -196,12 +207,12 @@ def labelled_subset(
         indices = read_label_file(Path(spec.file), labels, dataset)
         if not bool(torch.isin(indices, candidates).all()):
             raise UserError(
-                f"data.label_subset '{spec.file}' labels images of the classes data.holdout_classes keeps out of "
-                f"training; drop them from the file, or hold out other classes"
+                f"data.label_subset '{spec.file}' labels images of {kept_out}; drop them from the file, or keep "
+                f"other images out"
             )
         return indices
     if indices is None:
-        return choose(labels, spec, candidates)
+        return choose(labels, spec, candidates, counted)
     if not bool(torch.isin(indices, candidates).all()):
         raise UserError(
             f"{saved} names images outside this run's labelled training split; it belongs to another dataset: "

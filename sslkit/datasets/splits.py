@@ -6,7 +6,8 @@ Four roles, all from the recipe's ``data`` section:
 - ``memory``: the labelled training split (or its labelled subset: ``data.label_fraction``,
   ``data.labels_per_class``, or the images a label file names, ``data.label_subset``), the kNN
   memory and the linear probe's training set;
-- ``test``: the labelled test split every accuracy is measured on;
+- ``test``: the labelled test split every accuracy is measured on (with ``data.val_fraction``: the
+  training images it holds out, :mod:`sslkit.datasets.validation`, and the test split is not read);
 - ``unseen``: with ``data.holdout_classes``, those classes of the test split, kept out of the
   other three and used for retrieval among classes never trained on (the CUB / Cars protocol).
 
@@ -39,6 +40,7 @@ from sslkit.datasets.build import build_dataset
 from sslkit.datasets.folders import ImageFiles, has_labelled_splits, labelled_folder
 from sslkit.datasets.label_subset import FILE_NAME, LabelSpec, labelled_subset, spec_for
 from sslkit.datasets.retrieval import READERS as RETRIEVAL_READERS
+from sslkit.datasets.validation import validation_rows, without
 from sslkit.errors import UserError
 
 
@@ -89,10 +91,13 @@ def build_splits(
     if _separate_evaluation(cfg):
         return _splits_with_evaluation_set(cfg, train_split, run_dir, for_evaluation)
     load = lambda split: build_dataset(d.name, split, d.root, d.download, d.image_size)  # noqa: E731
-    train_set, test_set = load(train_split), load("test")
+    train_set = load(train_split)
     info = train_set.info
     # The kNN memory and the linear probe need labels: the labelled "train" split.
     labelled = train_set if train_split == "train" else load("train")
+    if d.val_fraction is not None:
+        return _splits_with_validation(cfg, train_set, labelled, run_dir, for_evaluation, labelled_training)
+    test_set = load("test")
     if len(set(d.holdout_classes)) >= info.num_classes:
         raise UserError(
             f"data.holdout_classes holds out all {info.num_classes} classes of {d.name}, leaving none to train on; "
@@ -117,6 +122,27 @@ def build_splits(
     else:
         train = seen(train_set)  # another split (STL-10's unlabelled images): no label of the subset is in it
     return Splits(train, memory, seen(test_set), unseen, info, subset, spec)
+
+
+def _splits_with_validation(cfg, train_set, labelled, run_dir: Path | None, for_evaluation, labelled_training):
+    """``data.val_fraction``: the held-out training images in the test set's place, out of every other role."""
+    d = cfg.data
+    held = validation_rows(labelled.labels, d.val_fraction)
+    rows = without(torch.arange(len(labelled)), held)
+    saved = run_dir / FILE_NAME if run_dir is not None else None
+    kept_out = f"the validation split data.val_fraction={d.val_fraction} holds out"
+    spec = spec_for(cfg, for_evaluation)
+    subset = labelled_subset(labelled.labels, spec, rows, saved, d.name, counted=len(labelled), kept_out=kept_out)
+    validation, same_split = labelled.subset(held), train_set is labelled
+    if subset is None:
+        train = train_set.subset(rows) if same_split else train_set
+        return Splits(train, labelled.subset(rows), validation, None, train_set.info)
+    memory = labelled.subset(subset)
+    if labelled_training:
+        train = memory
+    else:  # another split (STL-10's unlabelled images) holds none of the held-out images
+        train = _keep_labels_of(train_set, subset).subset(rows) if same_split else train_set
+    return Splits(train, memory, validation, None, train_set.info, subset, spec)
 
 
 def _keep_labels_of(dataset, indices: torch.Tensor):

@@ -110,6 +110,11 @@ def announce(cfg: Config, run_dir: Path, accelerator: Accelerator, notes: list[s
             f"labels: {len(splits.subset)} labelled training images, {splits.subset_spec.describe()} "
             f"(indices in {label_subset.FILE_NAME}); the kNN memory and linear probe use only these"
         )
+    if cfg.data.val_fraction is not None and splits.test is not None:
+        notes.append(
+            f"data.val_fraction={cfg.data.val_fraction}: every accuracy is measured on {len(splits.test)} training "
+            f"images held out of training (the same in every run), not on the test split"
+        )
     if cfg.method.name == "finetune" and not cfg.run.init_from:
         notes.append("method.name=finetune without run.init_from trains from scratch (random init)")
     print_config(flatten(to_dict(cfg)), _defaults(cfg), f"sslkit pretrain — {run_dir}", str(run_dir / "config.yaml"))

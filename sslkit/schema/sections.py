@@ -73,6 +73,11 @@ class DataConfig:
         labels_per_class: Keep this many labelled images of every class instead (``null``: see
             ``label_fraction``; set at most one of the two).
         label_seed: The seed that picks the labelled subset; ``null``: ``run.seed``.
+        val_fraction: Hold out this fraction (0 < f < 1) of every class of the labelled training split, the same
+            images in every run, and measure every accuracy on them instead of the test split (which is then not
+            read): a validation split for choosing settings (``sslkit-tune --validation``). The held-out images
+            are trained on by no stream and are in no labelled subset; ``label_fraction`` still counts the whole
+            split (0.01 of Fashion-MNIST: 600 labels). ``null``: evaluate on the test split.
         label_subset: Keep the labels of the images this label file names instead: ``sslkit-select``'s output
             (images chosen from their embeddings), or a run's ``label_subset.json``; its indices are into the
             labelled training split, and a file chosen on another dataset or split is refused. Used as
@@ -115,6 +120,7 @@ class DataConfig:
     labels_per_class: int | None = None
     label_seed: int | None = None
     label_subset: str | None = None
+    val_fraction: float | None = None
     max_size: int | None = None
     on_corrupt: str = "skip"
     decode: str = "auto"
