@@ -122,6 +122,7 @@ def test_a_workers_command_line_reads_back_as_the_command_was_given(tmp_path):
         sampler="random",
         pruner="hyperband",
         seed=3,
+        validation=0.1,
         out=odd,
         storage="postgresql://me:secret@db.example/optuna",
         study="my study",
@@ -137,6 +138,7 @@ def test_a_workers_command_line_reads_back_as_the_command_was_given(tmp_path):
         5,
     )
     assert (again.sampler, again.pruner, again.seed, again.direction) == ("random", "hyperband", 3, "maximize")
+    assert again.validation == 0.1
     assert plan.place.shown() == "postgresql://me:***@db.example/optuna"
 
 
@@ -190,6 +192,9 @@ def test_the_commands_mistakes_are_one_line_before_torch_or_optuna_is_imported(t
         (["--search", "run.output_dir=choice:a,b"], "'run.output_dir=choice:a,b': sslkit-tune sets run.output_dir"),
         (["--search", "loss.name=choice:ntxent,nosuch"], "loss.name=choice:ntxent,nosuch: with loss.name=nosuch:"),
         (["--search", "method.name=choice:simclr,finetune"], NO_CLASSIFIER),
+        (["--validation", "1"], "--validation must be in (0, 1), a fraction of the training images"),
+        (["data.val_fraction=0.1"], "sslkit-tune holds out data.val_fraction for the trials only: give --validation"),
+        (["--validation", "0.1", "data.holdout_classes=[9]"], "cannot be combined with data.holdout_classes"),
     ],
 )
 def test_what_the_recipe_shows_wrong_is_one_line_before_any_trial(tmp_path, argv, words):
@@ -334,10 +339,10 @@ def test_the_epochs_of_a_growing_metrics_file_are_read_once_each_and_again_after
 # --------------------------------------------------------------------------- the end of a study
 
 
-def finished_study(tmp_path: Path, search: list[str], trials: list[dict]):
+def finished_study(tmp_path: Path, search: list[str], trials: list[dict], **options):
     """A plan of ``search`` on the quick start (30 epochs) and its study, holding ``trials`` (create_trial's
     keywords, the distributions the plan's)."""
-    plan = plan_tuning(QUICKSTART, search, trials=len(trials), out=tmp_path / "tuned")
+    plan = plan_tuning(QUICKSTART, search, trials=len(trials), out=tmp_path / "tuned", **options)
     study = plan.open_study(create=True)
     distributions = {
         space.key: FloatDistribution(space.low, space.high, log=space.kind == "log") for space in plan.spaces
@@ -345,6 +350,19 @@ def finished_study(tmp_path: Path, search: list[str], trials: list[dict]):
     for keywords in trials:
         study.add_trial(create_trial(distributions=distributions, **keywords))
     return plan, study
+
+
+def test_with_a_validation_split_the_trials_hold_it_out_and_the_best_recipe_does_not(tmp_path):
+    plan, study = finished_study(tmp_path, [LR], [{"params": {"optim.lr": 2e-3}, "value": 0.9}], validation=0.2)
+    trial = plan.trial_job("trial-0000", {"optim.lr": 2e-3}).argv
+    assert trial.index("data.val_fraction=0.2") < trial.index("optim.lr=0.002")
+    tune_report.write_best_recipe(plan, study.best_trial, plan.out / "best.yaml")
+    best = plan.out / "best.yaml"
+    assert load_config(best).data.val_fraction is None and load_config(best).optim.lr == 2e-3
+    assert "measured on data.val_fraction=0.2 of the training images" in best.read_text()
+    other = plan_tuning(QUICKSTART, [LR], trials=1, out=tmp_path / "tuned")  # the same study, on the test split
+    with pytest.raises(UserError, match="was run with data.val_fraction=0.2, this command gives data.val_fraction"):
+        other.open_study(create=True)
 
 
 def test_the_end_of_a_study_tabulates_its_trials_writes_the_best_recipe_and_draws_it(tmp_path):

@@ -1,7 +1,8 @@
 """``sslkit-tune``: tune a recipe's settings with Optuna, trials of pretraining runs pruned on their online kNN.
 
     sslkit-tune RECIPE --search KEY=SPACE [--search ...] [--metric M] [--trials N] [--jobs N] [--sampler tpe|random]
-                [--pruner median|hyperband|none] [--seed S] [--storage URL] [--study NAME] [--out DIR] [key=value ...]
+                [--pruner median|hyperband|none] [--seed S] [--validation F] [--storage URL] [--study NAME]
+                [--out DIR] [key=value ...]
     sslkit-tune quickstart --search optim.lr=log:1e-4,1e-2 --trials 8 --jobs 2
     sslkit-tune fashion_mnist_scratch --search optim.lr=log:1e-3,1 --search optim.weight_decay=log:1e-5,1e-2 \\
                 --search train.epochs=int:10,60,10 --metric finetune_top1 --trials 24 --jobs 2 train.knn_every_epochs=2
@@ -65,6 +66,7 @@ def plan_from(args: argparse.Namespace):
         sampler=args.sampler,
         pruner=args.pruner,
         seed=args.seed,
+        validation=args.validation,
         out=args.out,
         storage=args.storage,
         study=args.study,

@@ -71,6 +71,14 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
     parser.add_argument(
+        "--validation",
+        type=float,
+        default=None,
+        metavar="F",
+        help="measure the trials on this fraction of every class of the training images, held out of training "
+        "(data.val_fraction), not on the test split; best.yaml trains on them all and measures on the test split",
+    )
+    parser.add_argument(
         "--storage",
         default=None,
         metavar="URL",
@@ -103,6 +111,7 @@ def build_argv(
     sampler: str = "tpe",
     pruner: str = "median",
     seed: int = 0,
+    validation: float | None = None,
     storage: str | None = None,
 ) -> list[str]:
     """The arguments of worker ``worker`` of the study ``study`` in ``out`` (every keyword is the option of its
@@ -114,6 +123,7 @@ def build_argv(
         "sampler": sampler,
         "pruner": pruner,
         "seed": seed,
+        "validation": validation,
         "out": out,
         "study": study,
         "storage": storage,

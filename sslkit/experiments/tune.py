@@ -53,10 +53,11 @@ from sslkit.experiments.executor import Executor, Ran
 from sslkit.experiments.experiment import Outcome, interrupted
 from sslkit.experiments.jobs import Job
 from sslkit.experiments.runs import PLACE_KEYS, refuse_reserved
-from sslkit.experiments.tune_plan import Plan
+from sslkit.experiments.tune_plan import Plan, validation_overrides
 from sslkit.experiments.tune_space import check_metric_name, parse_search
 from sslkit.experiments.tune_storage import Place, counted, fail_abandoned
 
+VALIDATION_KEYS = ("data.val_fraction",)  # --validation's: the trials', not best.yaml's
 STOPPED_ATTR = "stopped"  # a study attribute: the line that stopped every worker (a metric no run records)
 POLL_S = 2.0  # how often the command reads the study for its progress
 CLASSIFIER_METRICS = ("finetune_top1", "head_top1")
@@ -76,6 +77,7 @@ def plan_tuning(
     sampler: str = "tpe",
     pruner: str = "median",
     seed: int = 0,
+    validation: float | None = None,
     out: str | Path | None = None,
     storage: str | None = None,
     study: str | None = None,
@@ -89,6 +91,8 @@ def plan_tuning(
         metric: what the trials maximize, as the runs' ``results.json`` names it.
         trials: the study's trials, every worker together.
         workers: the workers the command starts (``--jobs``).
+        validation: measure the trials on this fraction of the training images held out (``data.val_fraction``),
+            not on the test split; ``best.yaml`` leaves it out.
         out: the output directory (default ``<run.output_dir>/tune-<recipe>-<searched keys>``).
         storage: an Optuna RDB URL; None: the journal file ``OUT/study.journal``.
         study: the study's name in the storage (default: the output directory's name).
@@ -108,17 +112,24 @@ def plan_tuning(
             f"--pruner {pruner} compares the trials' online kNN top-1, which a good run raises: it needs --direction "
             "maximize; give --pruner none to minimize"
         )
+    if validation is not None and not 0 < validation < 1:
+        raise UserError(
+            f"--validation must be in (0, 1), a fraction of the training images (e.g. 0.1), got {validation}"
+        )
     spaces = parse_search(search)
     keep_out = "sslkit-tune sets {key} for every trial; use --out DIR instead"
     refuse_reserved(overrides, PLACE_KEYS, "override", keep_out)
     refuse_reserved([f"{space.key}={space.text()}" for space in spaces], PLACE_KEYS, "--search", keep_out)
+    held_out = "sslkit-tune holds out {key} for the trials only: give --validation F instead"
+    refuse_reserved([*overrides, *(f"{s.key}={s.text()}" for s in spaces)], VALIDATION_KEYS, "override", held_out)
     recipe = find_recipe(recipe).resolve()  # the runs get a path
-    base = load_config(recipe, overrides)
+    trial_overrides = [*overrides, *validation_overrides(validation)]
+    base = load_config(recipe, trial_overrides)
     refuse_unrecorded(metric, base, "the recipe")
     for space in spaces:
         for override in space.overrides():
             try:
-                cfg = load_config(recipe, [*overrides, override])
+                cfg = load_config(recipe, [*trial_overrides, override])
             except UserError as error:
                 raise UserError(f"--search {space.key}={space.text()}: with {override}: {error}") from None
             refuse_unrecorded(metric, cfg, override)
@@ -136,6 +147,7 @@ def plan_tuning(
         sampler=sampler,
         pruner=pruner,
         seed=seed,
+        validation=validation,
         place=Place(out, storage, study or out.name),
         base=json.loads(json.dumps(shared)),  # as the storage gives it back: lists, not tuples
         epochs=base.train.epochs,
@@ -208,8 +220,9 @@ def intro(plan: Plan, done: int, workers: int, retried: list[int]) -> str:
     """The line before the first trial: what is tuned, how, where, and how far the study is."""
     searched = ", ".join(f"{space.key}={space.text()}" for space in plan.spaces)
     line = (
-        f"tuning {plan.recipe.name}: {searched}; {plan.direction} {plan.metric}, {plan.sampler} sampler, "
-        f"{plan.pruner} pruner; study '{plan.place.name}' in {plan.place.shown()}"
+        f"tuning {plan.recipe.name}: {searched}; {plan.direction} {plan.metric}"
+        + ("" if plan.validation is None else f" on data.val_fraction={plan.validation} of the training images")
+        + f", {plan.sampler} sampler, {plan.pruner} pruner; study '{plan.place.name}' in {plan.place.shown()}"
     )
     line += f"; {done} of {plan.trials} trials done" if done else f"; {plan.trials} trials"
     if workers:

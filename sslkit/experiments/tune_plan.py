@@ -39,6 +39,8 @@ class Plan:
         sampler: ``tpe`` or ``random``.
         pruner: ``median``, ``hyperband`` or ``none``.
         seed: the sampler's seed.
+        validation: ``data.val_fraction`` of every trial (``--validation``): the trials are measured on training
+            images held out of training, not the test split; None: on the test split.
         place: the study's storage and name.
         base: the recipe with the overrides, flattened, but for the searched keys and where runs go: what the
             study's trials share.
@@ -58,6 +60,7 @@ class Plan:
     sampler: str
     pruner: str
     seed: int
+    validation: float | None
     place: Place
     base: dict[str, Any]
     epochs: int
@@ -78,8 +81,13 @@ class Plan:
         run_dir = self.out / "trials" / run
         searched = [f"{key}={override_value(value)}" for key, value in values.items()]
         place = [f"run.output_dir={self.out / 'trials'}", f"run.name={run}", "run.resume=auto"]
-        argv = pretrain.build_argv(self.recipe, [*self.overrides, *searched, *place])
+        argv = pretrain.build_argv(self.recipe, [*self.trial_overrides, *searched, *place])
         return Job(run, pretrain.MODULE, tuple(argv), run_dir / "results.json", shown=(self.metric,))
+
+    @property
+    def trial_overrides(self) -> list[str]:
+        """What every trial's run is given before its values: the overrides, and the validation split."""
+        return [*self.overrides, *validation_overrides(self.validation)]
 
     def worker_jobs(self, count: int) -> list[Job]:
         """``count`` workers of the study, as the executor starts them."""
@@ -109,6 +117,7 @@ class Plan:
             sampler=self.sampler,
             pruner=self.pruner,
             seed=self.seed,
+            validation=self.validation,
             storage=self.place.url,
         )
 
@@ -166,6 +175,11 @@ class Plan:
             sampler = self.new_sampler(worker, len(study.get_trials(deepcopy=False)))
             study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=self.new_pruner())
         return study
+
+
+def validation_overrides(fraction: float | None) -> list[str]:
+    """``--validation F`` as the trials' override."""
+    return [] if fraction is None else [f"data.val_fraction={fraction}"]
 
 
 def claim(study: optuna.Study, plan: Plan) -> None:

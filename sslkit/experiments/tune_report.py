@@ -158,6 +158,11 @@ def write_best_recipe(plan: Plan, trial: FrozenTrial, path: Path) -> None:
         f"# The best trial of {plan.place.name} (sslkit-tune): trial {trial.number}, {plan.metric} {trial.value:.4f}\n"
         f"# {plan.recipe.name} with {' '.join(given)}\n"
     )
+    if plan.validation is not None:
+        header += (
+            f"# The trials were measured on data.val_fraction={plan.validation} of the training images, held out; "
+            f"this recipe trains on them all and measures on the test split\n"
+        )
     path.write_text(header + yaml.safe_dump(merged, sort_keys=False))
 
 
