@@ -20,6 +20,7 @@ from sslkit.command_lines import tune as tune_lines
 from sslkit.errors import UserError
 from sslkit.experiments import runner
 from sslkit.experiments.jobs import Job
+from sslkit.experiments.tune_pruner import ScheduleMedianPruner
 from sslkit.experiments.tune_space import Space, override_value
 from sslkit.experiments.tune_storage import Place
 
@@ -144,11 +145,9 @@ class Plan:
             return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
 
     def new_pruner(self) -> optuna.pruners.BasePruner:
-        return {
-            "median": optuna.pruners.MedianPruner,
-            "hyperband": optuna.pruners.HyperbandPruner,
-            "none": optuna.pruners.NopPruner,
-        }[self.pruner]()
+        if self.pruner == "median":
+            return ScheduleMedianPruner(lambda trial: trial.params.get("train.epochs", self.epochs))
+        return {"hyperband": optuna.pruners.HyperbandPruner, "none": optuna.pruners.NopPruner}[self.pruner]()
 
     def open_study(self, create: bool, worker: int | None = None) -> optuna.Study:
         """The study, created when ``create`` and missing, and checked against this plan (:meth:`attributes`),
