@@ -1,4 +1,4 @@
-"""Terminal output with rich: the resolved config, result tables, one-line errors."""
+"""Terminal output with rich: the resolved config, result tables, one-line errors; whole lines in a log."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 
 console = Console()
+# Into a log file or a pipe, each printed line goes whole: rich would fold it at 80 columns, mid-word inside a
+# long path, and grep or a parser of the log would miss it. A terminal keeps rich's wrapping at its width.
+console.soft_wrap = not console.is_terminal
 error_console = Console(stderr=True)
 
 

@@ -1,6 +1,9 @@
-"""Terminal output: tables too wide for a log's 80 columns keep their numbers whole."""
+"""Terminal output: tables too wide for a log's 80 columns keep their numbers whole, and so do its lines."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 from rich.table import Table
@@ -88,3 +91,10 @@ def test_under_accelerate_launch_a_users_mistake_says_how_to_leave_out_the_launc
     print_user_error(ValueError("train.epochs must be int"))
     line = capsys.readouterr().err.strip()
     assert line.startswith("error: train.epochs must be int (accelerate launch") and "accelerate launch -q" in line
+
+
+def test_a_long_line_into_a_log_stays_one_line():
+    path = "/runs/" + "a-long-folder-name/" * 8 + "checkpoints"
+    script = f"from sslkit.console import console; console.print('resumed from {path}', highlight=False)"
+    printed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60).stdout
+    assert printed == f"resumed from {path}\n"  # a pipe, as a log file: not folded at 80 columns

@@ -130,7 +130,7 @@ def test_sigterm_saves_exits_75_and_the_requeued_run_is_bit_identical(tmp_path):
 
     resumed = pretrain_here(tmp_path, "run.name=preempted", "run.resume=auto", *COMMON[len(TINY) :])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resumed from {tmp_path / 'preempted' / 'checkpoints'}" in resumed.stdout.replace("\n", "")
+    assert f"resumed from {tmp_path / 'preempted' / 'checkpoints'}" in resumed.stdout
     assert_same_backbone(tmp_path / "straight", tmp_path / "preempted")
 
 

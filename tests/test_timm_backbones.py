@@ -312,7 +312,7 @@ def test_a_vit_run_fine_tunes_from_init_from_and_evaluates(simclr_vit, tmp_path)
         *TINY_VIT,
         *finetune,
     )
-    assert f"backboneinitialisedfrom{simclr_vit}" in "".join(result.stdout.split())  # rich wraps long lines
+    assert f"backbone initialised from {simclr_vit}" in result.stdout
     assert "finetune_top1" in trained(tmp_path / "ft")["trained"]
     out = tmp_path / "eval.json"
     run(tmp_path, EVALUATE, str(simclr_vit), "--no-linear", "eval.knn_k=5", "--out", str(out))

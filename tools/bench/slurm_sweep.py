@@ -73,8 +73,7 @@ def steps_in_logs(folder: Path, suffix: str, pattern: str) -> dict[str, int]:
     the step)."""
     steps = {}
     for log in sorted((folder / "logs").glob(f"*{suffix}")):
-        # rich wraps a log's lines at its width, inside a long path too: the lines are joined as they were
-        if found := re.search(pattern, log.read_text(errors="replace").replace("\n", "")):
+        if found := re.search(pattern, log.read_text(errors="replace")):
             steps[log.name.removesuffix(suffix)] = int(found.group(1))
     return steps
 
