@@ -7,7 +7,7 @@
   :data:`FULL_KMEANS_MAX_CLUSTERS` clusters, as its code does.
 - :func:`spherical_kmeans`: Lloyd's iterations on cosine similarity, the centroids L2-normalised
   means, as SemDeDup clusters (:mod:`sslkit.embeddings.duplicates`): faiss'
-  ``Kmeans(spherical=True)`` where faiss is installed, else :func:`torch_spherical_kmeans`. Why not
+  ``Kmeans(spherical=True)`` where faiss is installed, else its torch form (the same iterations). Why not
   scikit-learn's ``KMeans`` there: it is Euclidean, not spherical, and its k-means++ start costs
   O(N K D log K), hours at a million items and a thousand clusters.
 
@@ -77,7 +77,7 @@ def assign(vectors: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor
     return nearest[:, 0], similarity[:, 0]
 
 
-def torch_spherical_kmeans(vectors: torch.Tensor, num_clusters: int, seed: int) -> torch.Tensor:
+def _torch_spherical_kmeans(vectors: torch.Tensor, num_clusters: int, seed: int) -> torch.Tensor:
     """Centroids by spherical k-means, as faiss' ``Kmeans(spherical=True)`` computes them: k distinct random
     items to start, at most :data:`MAX_POINTS_PER_CENTROID` items per cluster to learn from,
     :data:`KMEANS_ITERATIONS` iterations, an emptied cluster restarted at a random item (faiss splits
@@ -98,7 +98,7 @@ def torch_spherical_kmeans(vectors: torch.Tensor, num_clusters: int, seed: int) 
     return centroids
 
 
-def faiss_spherical_kmeans(vectors: torch.Tensor, num_clusters: int, seed: int) -> torch.Tensor:
+def _faiss_spherical_kmeans(vectors: torch.Tensor, num_clusters: int, seed: int) -> torch.Tensor:
     """Centroids by faiss' ``Kmeans(spherical=True)``, with the iterations and sample of the torch one.
 
     Shape:
@@ -129,5 +129,5 @@ def spherical_kmeans(
         raise ValueError(f"backend must be one of {', '.join(SPHERICAL_BACKENDS)}, got {backend!r}")
     if backend == "auto":
         backend = "faiss" if faiss_installed() else "torch"
-    learn = faiss_spherical_kmeans if backend == "faiss" else torch_spherical_kmeans
+    learn = _faiss_spherical_kmeans if backend == "faiss" else _torch_spherical_kmeans
     return *assign(vectors, learn(vectors, num_clusters, seed)), backend
