@@ -360,6 +360,7 @@ def test_with_a_validation_split_the_trials_hold_it_out_and_the_best_recipe_does
     best = plan.out / "best.yaml"
     assert load_config(best).data.val_fraction is None and load_config(best).optim.lr == 2e-3
     assert "measured on data.val_fraction=0.2 of the training images" in best.read_text()
+    assert tune_report.conclude(study, plan, {}).tables[0].title.endswith("knn_top1 on data.val_fraction=0.2")
     other = plan_tuning(QUICKSTART, [LR], trials=1, out=tmp_path / "tuned")  # the same study, on the test split
     with pytest.raises(UserError, match="was run with data.val_fraction=0.2, this command gives data.val_fraction"):
         other.open_study(create=True)

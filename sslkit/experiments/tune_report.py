@@ -108,7 +108,8 @@ def ranked(trials: list[FrozenTrial], direction: StudyDirection) -> list[FrozenT
 
 def best_table(best: list[FrozenTrial], plan: Plan) -> Table:
     """The best complete trials: their values, metric, epochs and cost."""
-    table = Table(title=f"best trials of {plan.place.name}: {plan.direction} {plan.metric}")
+    measured = "" if plan.validation is None else f" on data.val_fraction={plan.validation}"
+    table = Table(title=f"best trials of {plan.place.name}: {plan.direction} {plan.metric}{measured}")
     table.add_column("trial", justify="right")
     for space in plan.spaces:
         table.add_column(space.key, justify="right")
