@@ -83,3 +83,14 @@ def test_bad_validation_settings_are_one_line_each(overrides, words):
 def test_a_fraction_that_empties_a_class_is_refused():
     with pytest.raises(UserError, match="holds out 0 of the 4 training images of class 1"):
         validation_rows(torch.tensor([0] * 100 + [1] * 4), 0.1)
+
+
+def test_an_unlabelled_folder_has_nothing_to_hold_out(tmp_path):
+    from PIL import Image
+
+    for i in range(4):
+        Image.new("RGB", (20, 16), (i * 40, 0, 0)).save(tmp_path / f"{i}.png")
+    with pytest.raises(UserError, match="data.val_fraction holds out labelled training images, and imagefolder at"):
+        build_splits(
+            load_config("simclr", ["data.name=imagefolder", f"data.root={tmp_path}", "data.val_fraction=0.1"])
+        )

@@ -165,6 +165,11 @@ def _splits_with_evaluation_set(cfg, train_split: str, run_dir: Path | None, for
     """Training data from ``data``, kNN memory and test set from ``eval.data`` (None without one)."""
     d, e = cfg.data, cfg.eval.data
     train_set = build_dataset(d.name, train_split, d.root, d.download, d.image_size, d.max_size)
+    if d.val_fraction is not None:
+        raise UserError(
+            f"data.val_fraction holds out labelled training images, and {d.name} at {d.root} has no labels; drop "
+            f"it, or train on labelled folders (root/train/<class>/ and root/test/<class>/)"
+        )
     if d.holdout_classes:
         raise UserError(
             "data.holdout_classes needs the training data's own labelled splits; "

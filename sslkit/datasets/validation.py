@@ -25,27 +25,19 @@ from sslkit.errors import UserError
 SEED = 0  # the validation images of one dataset are the same in every run that holds them out
 
 
-def validation_rows(labels: torch.Tensor, fraction: float, candidates: torch.Tensor | None = None) -> torch.Tensor:
-    """Sorted indices of ``round(fraction * n_c)`` images of every class ``c`` among ``candidates`` (default:
-    every image), drawn at random with :data:`SEED`.
+def validation_rows(labels: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Sorted indices of ``round(fraction * n_c)`` images of every class ``c`` of a labelled split, drawn at random
+    with :data:`SEED`.
 
     Raises:
-        UserError: unlabelled images among the candidates, or a class that would keep none of its images for
-            training (or give none to validation).
+        UserError: a class that would keep none of its images for training (or give none to validation).
 
     Shape:
-        labels: (N,) int64; candidates: (M,) int64 indices into ``labels``; returns (V,) int64.
+        labels: (N,) int64, every one a class; returns (V,) int64.
     """
-    candidates = torch.arange(len(labels)) if candidates is None else candidates
-    pool = labels[candidates]
-    if bool((pool < 0).any()):
-        raise UserError(
-            f"data.val_fraction needs a labelled training split, but {int((pool < 0).sum())} of its {len(pool)} "
-            f"images have no label; drop data.val_fraction or train on data.train_split=train"
-        )
     generator = torch.Generator().manual_seed(SEED)
     held = []
-    for c, count in zip(*(t.tolist() for t in torch.unique(pool, return_counts=True))):
+    for c, count in zip(*(t.tolist() for t in torch.unique(labels, return_counts=True))):
         k = round(fraction * count)
         if not 0 < k < count:
             raise UserError(
@@ -53,7 +45,7 @@ def validation_rows(labels: torch.Tensor, fraction: float, candidates: torch.Ten
                 f"{'none to validate on' if k == 0 else 'none to train on'}; give a fraction that keeps some of "
                 f"every class on both sides, e.g. 0.1"
             )
-        members = candidates[pool == c]
+        members = (labels == c).nonzero().flatten()
         held.append(members[torch.randperm(count, generator=generator)[:k]])
     return torch.cat(held).sort().values
 
