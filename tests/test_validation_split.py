@@ -94,3 +94,14 @@ def test_an_unlabelled_folder_has_nothing_to_hold_out(tmp_path):
         build_splits(
             load_config("simclr", ["data.name=imagefolder", f"data.root={tmp_path}", "data.val_fraction=0.1"])
         )
+
+
+def test_stl10_holds_out_train_images_and_refuses_to_train_on_them(tmp_path):
+    from test_data import write_stl10
+
+    write_stl10(tmp_path, n_train=40, n_unlabeled=6)  # 40 labelled images, 4 of each class
+    stl = ["data.name=stl10", f"data.root={tmp_path}", "data.val_fraction=0.25", "augment.image_size=32"]
+    unlabelled = build_splits(load_config("simclr", [*stl, "data.train_split=unlabeled"]))
+    assert len(unlabelled.train) == 6 and len(unlabelled.test) == 10 and len(unlabelled.memory) == 30
+    with pytest.raises(UserError, match="data.train_split=train\\+unlabeled trains on them"):
+        build_splits(load_config("simclr", [*stl, "data.train_split=train+unlabeled"]))

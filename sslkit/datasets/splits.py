@@ -127,6 +127,11 @@ def build_splits(
 def _splits_with_validation(cfg, train_set, labelled, run_dir: Path | None, for_evaluation, labelled_training):
     """``data.val_fraction``: the held-out training images in the test set's place, out of every other role."""
     d = cfg.data
+    if train_set is not labelled and "train" in d.train_split:
+        raise UserError(
+            f"data.val_fraction holds out images of the train split, and data.train_split={d.train_split} trains on "
+            f"them; give data.train_split=train or unlabeled"
+        )
     held = validation_rows(labelled.labels, d.val_fraction)
     rows = without(torch.arange(len(labelled)), held)
     saved = run_dir / FILE_NAME if run_dir is not None else None
