@@ -66,8 +66,8 @@ def parser() -> argparse.ArgumentParser:
         "--pruner",
         choices=PRUNERS,
         default="median",
-        help="stops a trial whose online kNN (train.knn_every_epochs) falls behind the others' at the same epoch: "
-        "median (default), hyperband, none",
+        help="stops a trial whose online kNN (train.knn_every_epochs) falls behind the finished trials' at the same "
+        "fraction of their schedules: median (default), hyperband, none",
     )
     parser.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
     parser.add_argument(

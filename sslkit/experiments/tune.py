@@ -17,8 +17,9 @@ random, and its trials run by workers (:mod:`sslkit.experiments.tune_worker`) th
 executor, ``--jobs`` of them (each one trial at a time, on its share of the machine); they share the study, and
 a worker of another command on another machine (``--storage URL``) joins it alike. A worker watches its run's
 ``metrics.jsonl``: every epoch's online kNN (``train.knn_every_epochs``) is reported to the trial, and a trial
-the pruner stops (``--pruner median``: below the median of the trials before it at the same epoch) gets the run's
-stop signal (``train.stop_signals``: it saves and exits). The pruner compares kNN top-1, which rises as a run
+the pruner stops (``--pruner median``: below the median of the finished trials at the same fraction of their
+schedules, :mod:`sslkit.experiments.tune_pruner`) gets the run's stop signal (``train.stop_signals``: it saves
+and exits). The pruner compares kNN top-1, which rises as a run
 gets better: it needs ``--direction maximize``.
 
 Everything is checked before a trial runs: every space against the recipe (each bound and choice loads as a
