@@ -111,9 +111,11 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
     run(tmp_path, "tracked", "train.max_steps=2", *common)
     run(tmp_path, "tracked", "train.max_steps=4", "run.resume=auto", *common)
     run_id = (tmp_path / "tracked" / "wandb_id.txt").read_text().strip()
-    # W&B's offline folders are offline-run-<time>-<id>: one per start, both with the run's id
+    # W&B's offline folders are offline-run-<time>-<id>, with -<n> added when two starts share a second:
+    # one per start, both with the run's id
     folders = sorted((tmp_path / "tracked" / "wandb").glob("offline-run-*"))
-    assert len(folders) == 2 and all(f.name.endswith("-" + run_id) for f in folders), folders
+    named = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?")
+    assert len(folders) == 2 and all(named.fullmatch(f.name) for f in folders), folders
 
 
 @pytest.mark.slow
