@@ -1,6 +1,6 @@
 """Write tests/durations.json, each test file's seconds, from a pytest JUnit report.
 
-    python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --junitxml=report.xml
+    python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --junitxml=report.xml
     python tools/test_durations.py report.xml
 
 ``tests/conftest.py`` runs the files longest first: pytest-xdist hands each file to the next free
