@@ -8,7 +8,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -98,24 +97,26 @@ def test_every_candidate_is_timed_each_repeat_in_a_varying_order(bench):
     assert values == {"matmul3": 0.0, "sslkit": 0.0, "peer": 0.0} and errors == {}
 
 
-def test_a_block_times_consecutive_calls_and_records_the_time_per_call(bench):
-    calls = []
+def test_a_block_times_consecutive_calls_and_records_the_time_per_call(bench, monkeypatch):
+    # The steps advance a clock of the test's own rather than sleeping: a sleep on a busy machine oversleeps by
+    # milliseconds, which would change the block's length that is tested here.
+    clock, calls = [0.0], []
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
 
     def step(name, seconds):
         def run():
             calls.append(name)
-            time.sleep(seconds)
+            clock[0] += seconds
             return 0.0
 
         return run
 
     steps = {"short": step("short", 0.002), "long": step("long", 0.03)}
     times, _, _ = bench.median_times(steps, repeats=3, block_s=0.02)
-    # two warm-up calls each (the second sets the block), then blocks: ~10 short calls, 1 long
+    # two warm-up calls each (the second sets the block), then blocks: 10 short calls, 1 long, in every repeat
     timed = calls[4:]
-    assert timed.count("long") == 3 and 3 * 5 <= timed.count("short") <= 3 * 12
-    assert timed.count("short") % 3 == 0  # the same block length every repeat
-    assert 0.002 <= times["short"] < 0.01 and times["long"] >= 0.03  # time per call, not per block
+    assert timed.count("long") == 3 and timed.count("short") == 3 * 10
+    assert times["short"] == pytest.approx(0.002) and times["long"] == pytest.approx(0.03)  # per call, not block
 
 
 @pytest.mark.slow
