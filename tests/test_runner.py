@@ -20,7 +20,7 @@ import yaml
 
 from sslkit.errors import UserError
 from sslkit.experiments import runner
-from sslkit.experiments.executor import error_line
+from sslkit.experiments.executor import Ran, error_line
 from sslkit.experiments.experiment import finished, interrupted
 from sslkit.experiments.jobs import Job, command_line
 from sslkit.experiments.local import LocalExecutor
@@ -185,6 +185,17 @@ def test_previous_times_take_the_records_and_the_saved_times(tmp_path):
     }
 
 
+def test_a_stopped_jobs_cost_is_added_to_its_next_parts():
+    ran = Ran(0, None, wall_s=10.0, cpu_s=4.0)
+    assert runner.cost_after(None, ran) == {"wall_s": 10.0, "cpu_s": 4.0}
+    # an earlier run that ended (finished or failed) is not part of this one
+    assert runner.cost_after({"wall_s": 7.0, "cpu_s": 3.0}, ran) == {"wall_s": 10.0, "cpu_s": 4.0}
+    stopped = {"wall_s": 7.0, "cpu_s": 3.0, runner.STOPPED: True}
+    assert runner.cost_after(stopped, ran) == {"wall_s": 17.0, "cpu_s": 7.0}
+    assert runner.cost_after({**stopped, "cpu_s": None}, ran) == {"wall_s": 17.0, "cpu_s": None}  # not known
+    assert runner.cost_after({**stopped, runner.STOPPED: False}, ran) == {"wall_s": 10.0, "cpu_s": 4.0}
+
+
 BUSY = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass"
 
 
@@ -263,8 +274,9 @@ def test_jobs_at_once_are_at_least_one_and_a_calibration_runs_alone_on_a_runs_sh
 
 # The runner in a process of its own, as a command runs it: jobs "slow-*" wait until they are stopped (unless
 # QUICK is set), "ignores" ignores SIGINT too, "last" waits for a free place; the exit status is the outcome's.
+# The times are kept in times.json, as an experiment keeps them with its tables, and the records in records.json.
 SWEEP = """
-import os, sys
+import json, os, sys
 from pathlib import Path
 from sslkit.experiments import runner
 from sslkit.experiments.experiment import interrupted
@@ -283,7 +295,12 @@ WAITS = (
 names = sys.argv[2:]
 jobs = [Job(n, "run_code", (WAITS, str(out / f"{n}.json"), "ignore" if n == "ignores" else ""), out / f"{n}.json")
         for n in names]
-records = runner.run_jobs(jobs, out, {}, lambda records: None, "points", LocalExecutor(len(names) - 1))
+times_file = out / "times.json"
+times = json.loads(times_file.read_text()) if times_file.exists() else {}
+def keep(records):
+    times_file.write_text(json.dumps(times))
+    (out / "records.json").write_text(json.dumps(records))
+records = runner.run_jobs(jobs, out, times, keep, "points", LocalExecutor(len(names) - 1))
 sys.exit(130 if records is None else 0)
 """
 
@@ -327,15 +344,26 @@ def test_ctrl_c_stops_every_running_job_and_the_same_command_continues(tmp_path)
     output, _ = runner_process.communicate(timeout=60)
     assert runner_process.returncode == 130 and "interrupted: the same command continues" in output, output
     assert not alive(ignores) and not (tmp_path / "last.pid").exists()  # nothing started after Ctrl-C
+    stopped = json.loads((tmp_path / "times.json").read_text())  # what the stopped jobs had cost, kept
+    assert set(stopped) == {"slow-1", "ignores"} and all(stopped[name][runner.STOPPED] for name in stopped)
+    assert all(stopped[name]["wall_s"] > 0 and stopped[name]["cpu_s"] > 0 for name in stopped)
 
     again = sweep(tmp_path, names, QUICK="1")  # the same command, its jobs now quick
     output, _ = again.communicate(timeout=120)
     assert again.returncode == 0, output
     assert all((tmp_path / f"{name}.json").is_file() for name in names)
+    records = {r["name"]: r for r in json.loads((tmp_path / "records.json").read_text())}
+    times = json.loads((tmp_path / "times.json").read_text())
+    for name in stopped:  # both parts: the stopped one and the one that finished
+        assert records[name]["wall_s"] > stopped[name]["wall_s"] and records[name]["cpu_s"] > stopped[name]["cpu_s"]
+        assert times[name] == {key: records[name][key] for key in ("wall_s", "cpu_s")}
     (tmp_path / "slow-1.pid").unlink()
     third = sweep(tmp_path, names, QUICK="1")
     output, _ = third.communicate(timeout=120)
     assert third.returncode == 0 and output.count("done, skipped") == 3 and not (tmp_path / "slow-1.pid").exists()
+    skipped = {r["name"]: r for r in json.loads((tmp_path / "records.json").read_text())}
+    for name in names:  # the skipped jobs keep their cost, both parts
+        assert skipped[name]["wall_s"] == records[name]["wall_s"] and runner.STOPPED not in skipped[name]
 
 
 def test_sigterm_to_the_runner_stops_its_jobs_as_ctrl_c_does(tmp_path):

@@ -190,7 +190,7 @@ time.sleep(120)
 def run_in_thread(executor: SlurmExecutor, jobs: list[Job], logs: Path, ended: list) -> threading.Thread:
     runner = threading.Thread(
         target=executor.run,
-        args=(jobs, logs, lambda job: None, lambda job, ran: ended.append((job.name, ran)) or True),
+        args=(jobs, logs, lambda job: None, lambda job, ran: ended.append((job.name, ran)) or True, lambda *_: None),
     )
     runner.start()
     return runner

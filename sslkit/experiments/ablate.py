@@ -423,7 +423,7 @@ class Plan(Experiment):
         }
 
     def write_tables(self, records: list[dict], times: dict[str, dict]) -> list[dict]:
-        return write_tables(self.out, records, self.keys, self.header())
+        return write_tables(self.out, records, self.keys, {**self.header(), "times": times})
 
     def conclusion(self, records: list[dict], summary: list[dict]) -> Outcome:
         """The summary table (its headline metrics; the CSV files have them all) and the plots."""

@@ -46,13 +46,16 @@ class Executor(ABC):
         logs: Path,
         started: Callable[[Job], None],
         ended: Callable[[Job, Ran | None], bool],
+        stopped: Callable[[Job, Ran], None],
     ) -> None:
         """Run ``jobs``, each job's stdout and stderr to ``logs/<name>.out`` and ``.err``.
 
         A job's ``needs`` among ``jobs`` come before it; a need that is not among them has finished. ``started``
         and ``ended`` are called in the caller's thread, as each job starts and ends: ``ended(job, ran)`` says
         whether the job succeeded, and ``ended(job, None)`` tells of a job not started because a job it needs
-        failed (which fails the jobs that need it in turn).
+        failed (which fails the jobs that need it in turn). When Ctrl-C stops the jobs, ``stopped(job, ran)``
+        tells what each running job had cost by then, where the executor can know it (the same command continues
+        the job later, and its cost is then both parts).
 
         Raises:
             KeyboardInterrupt: Ctrl-C; every job that ran has stopped.

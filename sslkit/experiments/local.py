@@ -31,7 +31,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,17 +179,25 @@ class LocalExecutor(Executor):
         logs: Path,
         started: Callable[[Job], None],
         ended: Callable[[Job, Ran | None], bool],
+        stopped: Callable[[Job, Ran], None],
     ) -> None:
         processes = Processes()
+        running: dict[Future, tuple[Job, int]] = {}  # filled by dispatch: what Ctrl-C stops
         # SIGINT too: a command started in the background of a script inherits it ignored, and so would every job
         # it starts (an ignored signal stays ignored across exec), which the Ctrl-C passed on would then not stop.
         # Handled here, it is at its default in the jobs.
         stops = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
         with stopping_as_ctrl_c(stops), ThreadPoolExecutor(self.jobs, thread_name_prefix="job") as pool:
+
+            def run_on(job: Job, place: dict[str, str]) -> Ran | None:
+                return run_process(job, logs, place, processes)
+
             try:
-                self.dispatch(jobs, pool, lambda job, place: run_process(job, logs, place, processes), started, ended)
+                self.dispatch(jobs, pool, run_on, started, ended, running)
             except KeyboardInterrupt:
                 stop(processes, pool)
+                for job, ran in stopped_runs(running):
+                    stopped(job, ran)
                 raise
 
     def dispatch(
@@ -199,12 +207,17 @@ class LocalExecutor(Executor):
         run_on: Callable[[Job, dict[str, str]], Ran | None],
         started: Callable[[Job], None],
         ended: Callable[[Job, Ran | None], bool],
+        running: dict[Future, tuple[Job, int]],
     ) -> None:
         """Start each job on ``pool`` as ``run_on(job, place)`` once a place is free and the jobs it needs have
-        ended well, the first ready in ``jobs``' order; report each as it ends (:meth:`Executor.run`)."""
+        ended well, the first ready in ``jobs``' order; report each as it ends (:meth:`Executor.run`).
+
+        ``running``: an empty dict this fills with the running jobs, each with its place, by future, and empties
+        as it reports them: once Ctrl-C has come, the jobs it holds are those not reported.
+        """
         places, order = self.environments(), {job.name: index for index, job in enumerate(jobs)}
         waiting, unfinished, failed = list(jobs), set(order), set()
-        free, running = list(range(self.jobs)), {}
+        free = list(range(self.jobs))
         while waiting or running:
             for job in list(waiting):
                 if any(need in failed for need in job.needs):
@@ -229,6 +242,13 @@ class LocalExecutor(Executor):
                 if not ended(job, future.result()):  # a Ran: a job is not reported once Ctrl-C came
                     failed.add(job.name)
             free.sort()
+
+
+def stopped_runs(running: dict[Future, tuple[Job, int]]) -> list[tuple[Job, Ran]]:
+    """The jobs that were running when Ctrl-C came, each with what it ran (all have ended, as :func:`stop` waits
+    for them); not those it came before they started, nor one whose process could not be started."""
+    done = [(job, future) for future, (job, _) in running.items() if future.done() and not future.cancelled()]
+    return [(job, future.result()) for job, future in done if future.exception() is None and future.result()]
 
 
 def stop(processes: Processes, pool: ThreadPoolExecutor) -> None:

@@ -6,7 +6,9 @@ A job whose result file holds its metrics is skipped ("done, skipped"); the othe
 starts and ends, and never learns where. A job that fails is recorded with its error line, the jobs that need
 it are recorded as not run, and the others go on; a pretraining run that runs again continues from its last
 checkpoint (``run.resume=auto``). The caller's tables are rewritten after every job, in the jobs' order
-whatever order they ended in, and Ctrl-C stops every running job where the same command continues them.
+whatever order they ended in, and Ctrl-C stops every running job where the same command continues them. A job
+stopped and continued costs what both parts cost: what it had cost when Ctrl-C stopped it is kept with the
+experiment's times (marked :data:`STOPPED`), and added to the next part's when that ends.
 
 A job's record holds its ``name``, the experiment's own ``fields``, ``status`` (ok or failed), whether it was
 ``skipped``, its ``error``, its cost (``wall_s``, ``cpu_s``: :data:`~sslkit.experiments.jobs.TIMES`), its
@@ -31,6 +33,17 @@ from sslkit.experiments.executor import Executor, Ran
 from sslkit.experiments.jobs import TIMES, Job
 from sslkit.schema import flatten
 
+STOPPED = "stopped"  # in a job's times: the cost of its part that Ctrl-C stopped, which its next part adds to
+
+
+def cost_after(earlier: dict | None, ran: Ran) -> dict[str, float | None]:
+    """A job's :data:`TIMES` once ``ran`` has ended: its own, plus those of the job's stopped parts before it
+    (``earlier``, the job's times, counts only when marked :data:`STOPPED`). A CPU time not known is None."""
+    if not (earlier and earlier.get(STOPPED)):
+        return {"wall_s": ran.wall_s, "cpu_s": ran.cpu_s}
+    cpu_s = None if earlier.get("cpu_s") is None else earlier["cpu_s"] + ran.cpu_s
+    return {"wall_s": earlier["wall_s"] + ran.wall_s, "cpu_s": cpu_s}
+
 
 def record_of(job: Job, **changes: Any) -> dict:
     """A record of ``job``: that of a job that succeeded without being timed, with ``changes``."""
@@ -49,13 +62,14 @@ def record_of(job: Job, **changes: Any) -> dict:
     return {**record, **changes}
 
 
-def ran_record(job: Job, ran: Ran) -> dict:
-    """The record of a job that ran: its metrics when it wrote its result, else failed with its error line."""
+def ran_record(job: Job, ran: Ran, cost: dict[str, float | None]) -> dict:
+    """The record of a job that ran, at ``cost`` (its :data:`TIMES`): its metrics when it wrote its result, else
+    failed with its error line."""
     metrics = job.finished_metrics() if ran.status == 0 else None
     if metrics is None:
         error = ran.error or f"finished without writing {job.result.name}"
-        return record_of(job, status="failed", error=error, wall_s=ran.wall_s, cpu_s=ran.cpu_s)
-    return record_of(job, metrics=metrics, wall_s=ran.wall_s, cpu_s=ran.cpu_s)
+        return record_of(job, status="failed", error=error, **cost)
+    return record_of(job, metrics=metrics, **cost)
 
 
 def run_jobs(
@@ -72,7 +86,7 @@ def run_jobs(
     Args:
         out: the experiment's folder; the jobs' logs go to ``out/logs``.
         previous: the :data:`~sslkit.experiments.jobs.TIMES` of jobs an earlier invocation ran, by name (skipped
-            jobs keep theirs); updated with every job that runs.
+            jobs keep theirs); updated with every job that runs, and with those Ctrl-C stops (:data:`STOPPED`).
         noun: what the jobs are to the user ("points", "runs"), for the progress bar and the messages.
 
     Returns:
@@ -114,8 +128,12 @@ def run_jobs(
             return add(job, record_of(job, status="failed", error=f"not run: {blocked} failed"))
         running.remove(job.name)
         progress.update(task, current=", ".join(running))
-        previous[job.name] = {"wall_s": ran.wall_s, "cpu_s": ran.cpu_s}
-        return add(job, ran_record(job, ran))
+        previous[job.name] = cost_after(previous.get(job.name), ran)
+        return add(job, ran_record(job, ran, previous[job.name]))
+
+    def stopped(job: Job, ran: Ran) -> None:
+        # A job that wrote its result just before Ctrl-C came has finished: the next command skips it.
+        previous[job.name] = {**cost_after(previous.get(job.name), ran), STOPPED: job.finished_metrics() is None}
 
     try:
         with progress:
@@ -124,9 +142,11 @@ def run_jobs(
                 if (metrics := job.finished_metrics()) is None:
                     waiting.append(job)
                 else:
-                    add(job, record_of(job, skipped=True, metrics=metrics, **previous.get(job.name, {})))
-            executor.run(waiting, out / "logs", started, ended)
+                    times = {key: value for key, value in previous.get(job.name, {}).items() if key in TIMES}
+                    add(job, record_of(job, skipped=True, metrics=metrics, **times))
+            executor.run(waiting, out / "logs", started, ended, stopped)
     except KeyboardInterrupt:
+        after_each(in_order())  # the stopped jobs' cost so far, kept with the times
         console.print(
             f"interrupted: the same command continues (finished {noun} are skipped, the stopped ones resume from "
             f"their last checkpoint); results so far in {out}",

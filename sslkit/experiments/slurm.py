@@ -183,7 +183,10 @@ class SlurmExecutor(Executor):
         logs: Path,
         started: Callable[[Job], None],
         ended: Callable[[Job, Ran | None], bool],
+        stopped: Callable[[Job, Ran], None],
     ) -> None:
+        """As :meth:`Executor.run`; Ctrl-C cancels the tasks, whose cost so far SLURM does not hand back: none is
+        reported ``stopped``, and a task requeued at its time limit reports the cost of its last part alone."""
         import submitit
 
         executor = submitit.SlurmExecutor(folder=logs / "slurm", max_num_timeout=1000)

@@ -202,7 +202,8 @@ def run_tuning(plan: Plan, executor: Executor) -> Outcome:
 
         try:
             with Watch(plan, study):
-                executor.run(plan.worker_jobs(workers), plan.out / "logs", lambda job: None, ended)
+                # A worker's cost is its trials' (tune_report): nothing to keep of a stopped one here.
+                executor.run(plan.worker_jobs(workers), plan.out / "logs", lambda job: None, ended, lambda *_: None)
         except KeyboardInterrupt:
             console.print(
                 f"interrupted: the same command continues the study (stopped trials are retried, each from its "
