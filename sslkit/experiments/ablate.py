@@ -70,7 +70,15 @@ from sslkit.experiments.local import LocalExecutor
 from sslkit.experiments.report import PLOT_HINT, new_figure
 from sslkit.experiments.runs import PLACE_KEYS, refuse_reserved
 from sslkit.experiments.stats import mean_std
-from sslkit.experiments.tables import csv_number, error_bars, mean_std_text, save_plot, seeds_text, write_csv
+from sslkit.experiments.tables import (
+    csv_number,
+    error_bars,
+    mean_std_text,
+    save_plot,
+    seeds_text,
+    write_csv,
+    write_json,
+)
 from sslkit.schema.reading import find_variants
 
 PLOTTED_METRICS = ("knn_top1", "linear_top1")
@@ -310,7 +318,7 @@ def write_tables(out: Path, records: list[dict], keys: list[str], header: dict) 
             for r in records
         ),
     )
-    (out / "results.json").write_text(json.dumps({**header, "points": records}, indent=2))
+    write_json(out / "results.json", {**header, "points": records})
     summary = summarize(records, keys)
     numbers = [f"{m}_{s}" for m in metrics for s in ("mean", "std")]
     counts = ["n_ok", "n_failed"]

@@ -46,7 +46,6 @@ and of the training both go into the table, so that a point slowed down shows.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -65,7 +64,7 @@ from sslkit.experiments.jobs import TIMES, Job
 from sslkit.experiments.local import LocalExecutor
 from sslkit.experiments.runs import SAME_AS_PRETRAINED, Run, first_difference, refuse_reserved, trained_run
 from sslkit.experiments.stats import mean_std
-from sslkit.experiments.tables import csv_number, mean_std_text, seeds_text, write_csv
+from sslkit.experiments.tables import csv_number, mean_std_text, seeds_text, write_csv, write_json
 
 METRICS = ("knn_top1", "linear_top1", "finetune_top1")
 # Set by this tool for every run besides what every trained run is given: the budget, and the seeds.
@@ -452,7 +451,7 @@ def write_tables(out: Path, rows: list[dict], records: list[dict], header: dict)
         columns,
         ([csv_number(line.get(c)) if c in numbers else line.get(c, "") for c in columns] for line in cells),
     )
-    (out / "results.json").write_text(json.dumps({**header, "points": rows, "runs": records}, indent=2))
+    write_json(out / "results.json", {**header, "points": rows, "runs": records})
     summary = summarize(rows)
     keys = [f"{key}_{s}" for key in (*METRICS, *SPEEDS) for s in ("mean", "std")]
     write_csv(

@@ -22,7 +22,6 @@ images that makes). Two sets of gains are paired by seed:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from sslkit.experiments.label_budgets import BALANCED, EVERY_LABEL
 from sslkit.experiments.report import new_figure
 from sslkit.experiments.roads import PRETRAINING, ROADS, SELECTION_ROADS, UNLABELLED, colour, column_header, plotted
 from sslkit.experiments.stats import mean_std, paired_difference
-from sslkit.experiments.tables import csv_number, error_bars, mean_std_text, save_plot, write_csv
+from sslkit.experiments.tables import csv_number, error_bars, mean_std_text, save_plot, write_csv, write_json
 
 PLOT_FILE = "label_efficiency.png"
 
@@ -232,7 +231,7 @@ def write_tables(out: Path, records: list[dict], header: dict, long_runs: bool =
             for r in rows
         ),
     )
-    (out / "points.json").write_text(json.dumps({**header, "runs": records, "points": rows}, indent=2))
+    write_json(out / "points.json", {**header, "runs": records, "points": rows})
     summary = summarize(rows)
     means = ["top1_mean", "top1_std", *(f"{key}_mean" for key in TIMES)]
     budget_csv(out / "summary.csv", summary, ["road", "n_ok", "n_failed"], means)

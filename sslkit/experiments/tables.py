@@ -3,7 +3,8 @@
 The ablation, the label-efficiency comparison and the recipe comparison write their results the
 same way: a CSV file holds six significant digits and leaves a missing figure empty; the terminal
 shows ``mean ± std`` over seeds and how many seeds succeeded; a plot draws the mean with one
-standard deviation as its error bar.
+standard deviation as its error bar. The files are rewritten after every job, and a second Ctrl-C may
+come while they are: each is written whole or not at all (:mod:`sslkit.files`).
 
 >>> mean_std_text(0.81234, 0.0123)
 '0.8123 ± 0.0123'
@@ -16,10 +17,13 @@ standard deviation as its error bar.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from sslkit.files import written_whole
 
 
 def csv_number(value: float | None) -> str:
@@ -28,11 +32,18 @@ def csv_number(value: float | None) -> str:
 
 
 def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """Write a CSV file: a header of ``columns``, then one line per row."""
-    with open(path, "w", newline="") as f:
+    """Write a CSV file, whole or not at all: a header of ``columns``, then one line per row."""
+    with written_whole(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
         writer.writerows(rows)
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write ``value`` as an indented JSON file, whole or not at all."""
+    text = json.dumps(value, indent=2)
+    with written_whole(path) as tmp:
+        tmp.write_text(text)
 
 
 def mean_std_text(mean: float | None, std: float | None, digits: int = 4) -> str:

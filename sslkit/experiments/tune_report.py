@@ -19,7 +19,6 @@ what it did, so it saved about (E / e - 1) times its CPU seconds (the final eval
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,9 +34,10 @@ from rich.text import Text
 from sslkit.config import replace_recipe_labels, replace_recipe_loss
 from sslkit.experiments.experiment import Outcome
 from sslkit.experiments.report import PLOT_HINT, new_figure
-from sslkit.experiments.tables import csv_number, save_plot, write_csv
+from sslkit.experiments.tables import csv_number, save_plot, write_csv, write_json
 from sslkit.experiments.tune_space import override_value
 from sslkit.experiments.tune_storage import ERROR_ATTR, RUN_ATTR, counted
+from sslkit.files import written_whole
 from sslkit.schema import apply_overrides, read_yaml
 
 if TYPE_CHECKING:
@@ -164,7 +164,9 @@ def write_best_recipe(plan: Plan, trial: FrozenTrial, path: Path) -> None:
             f"# The trials were measured on data.val_fraction={plan.validation} of the training images, held out; "
             f"this recipe trains on them all and measures on the test split\n"
         )
-    path.write_text(header + yaml.safe_dump(merged, sort_keys=False))
+    text = header + yaml.safe_dump(merged, sort_keys=False)
+    with written_whole(path) as tmp:  # a recipe sslkit-pretrain may be reading: the old one or the new, whole
+        tmp.write_text(text)
 
 
 def write_tables(trials: list[FrozenTrial], plan: Plan, best: FrozenTrial | None) -> None:
@@ -201,7 +203,7 @@ def write_tables(trials: list[FrozenTrial], plan: Plan, best: FrozenTrial | None
         "seed": plan.seed,
         "best": None if best is None else {"number": best.number, "value": best.value, "values": best.params},
     }
-    (plan.out / "results.json").write_text(json.dumps({**header, "trials": records}, indent=2))
+    write_json(plan.out / "results.json", {**header, "trials": records})
 
 
 def plot_history(trials: list[FrozenTrial], plan: Plan, path: Path) -> bool:
