@@ -155,7 +155,7 @@ def test_a_task_that_saves_on_slurms_signal_is_requeued_and_finishes(one_node_sl
     ended: list[Ran | None] = []
     runner = threading.Thread(
         target=SlurmExecutor().run,
-        args=([job], tmp_path / "logs", lambda job: None, lambda job, ran: ended.append(ran) or True),
+        args=([job], tmp_path / "logs", lambda job: None, lambda job, ran: ended.append(ran) or True, lambda *_: None),
     )
     runner.start()
     deadline = time.monotonic() + 60
@@ -163,6 +163,7 @@ def test_a_task_that_saves_on_slurms_signal_is_requeued_and_finishes(one_node_sl
     while not (log.exists() and "training" in log.read_text()):
         assert time.monotonic() < deadline, "the task never started"
         time.sleep(0.2)
+    time.sleep(2)  # the first part trains two seconds at least
     [job_id] = [path.name.split("_")[0] for path in (tmp_path / "logs" / "slurm").glob("*_submitted.pkl")]
     signalled = one_node_slurm.run("scancel", "--signal=USR1", job_id)
     assert signalled.returncode == 0, signalled.stderr
@@ -172,6 +173,9 @@ def test_a_task_that_saves_on_slurms_signal_is_requeued_and_finishes(one_node_sl
     assert ran is not None and ran.status == 0, ran
     assert one_node_slurm.job(int(job_id))["Restarts"] == "1"
     assert json.loads(job.result.read_text())["results"]["trained"]["knn_top1"] == 1.0
+    # the part that ended reports the cost of both: the first part's, which it kept, and its own
+    first = json.loads((tmp_path / "logs" / "slurm" / "point.cost.json").read_text())
+    assert first["wall_s"] >= 2 and ran.wall_s > first["wall_s"] and ran.cpu_s > first["cpu_s"] > 0
 
 
 SAVES_ON_SIGTERM = """\
@@ -281,6 +285,7 @@ def test_a_job_runs_after_the_job_it_needs_and_not_after_one_that_failed(one_nod
         tmp_path / "logs",
         lambda job: None,
         lambda job, ran: ended.setdefault(job.name, None if ran is None else ran.status) == 0,
+        lambda *_: None,
     )
     assert ended == {"embed": 0, "broken": 1, "select": 0, "after-broken": None}
     assert (tmp_path / "select.json").exists() and not (tmp_path / "after-broken.json").exists()
@@ -303,8 +308,8 @@ def test_a_task_ends_once_the_processes_its_launcher_left_have_ended(tmp_path):
     """A task is requeued (and so its processes killed) only after every process of it has ended."""
     script = tmp_path / "launcher.py"
     script.write_text(LEAVES_A_SAVING_PROCESS)
-    saved, out, err = (str(tmp_path / name) for name in ("saved", "task.out", "task.err"))
-    task = f"SlurmJobRun([{sys.executable!r}, {str(script)!r}, {saved!r}], {out!r}, {err!r})"
+    saved, out, err, cost = (str(tmp_path / name) for name in ("saved", "task.out", "task.err", "cost.json"))
+    task = f"SlurmJobRun([{sys.executable!r}, {str(script)!r}, {saved!r}], {out!r}, {err!r}, {cost!r})"
     # In a process of its own: the task adopts whatever its command leaves, and waits for all its children.
     check = f"from sslkit.experiments.slurm import SlurmJobRun; import os; ran = {task}()\n"
     check += f"print(os.path.exists({saved!r}), ran.status)"

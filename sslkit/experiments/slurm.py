@@ -5,18 +5,19 @@ that needs others is submitted once they have ended well, so that SLURM holds no
 failed. Each array task runs the job's command (:class:`SlurmJobRun`), its stdout and stderr appended to
 ``logs/<name>.out`` and ``.err``; submitit's own files go to ``logs/slurm``.
 
-Before the time limit SLURM sends every process of a task SIGUSR1 (``--signal=USR1@120``): a pretraining run
-saves and exits with 75 (``sslkit.loop.signals``), and the task requeues itself (``scontrol requeue``), as
+Before the time limit SLURM sends every process of a task SIGUSR1 (``--signal=USR1@120``): a pretraining run saves
+and exits with 75 (``sslkit.loop.signals``), and the task requeues itself (``scontrol requeue``), as
 docs/cluster.md's batch script does; the requeued task runs the same command, which continues from the saved
-checkpoint (``run.resume=auto``, in every pretraining job's argv). A status of 138 (128 + SIGUSR1: the signal
-came before the first step or after the last) requeues too, once every process of the task has ended: a launcher
-that dies of the signal at once (``accelerate launch --cpu``, torchrun) leaves its training processes saving,
-and the task adopts and waits for them (:func:`adopt_orphans`). A task stopped by ``scancel`` (SIGTERM) saves as well and
-is not requeued: it ends as a failed job, and the sweep run again continues it. The runner polls ``squeue`` and hears of each job as
-its task leaves the queue; Ctrl-C cancels every submitted task (``scancel``), and the same command submits again
-what has not finished, which resumes from its checkpoint. A command that ended otherwise (killed, its terminal
-closed) leaves its tasks to SLURM: each submitted job's task id is kept in ``logs/slurm/tasks.json``, and the same
-command run again waits for those still queued or running instead of submitting them twice.
+checkpoint (``run.resume=auto``, in every pretraining job's argv), and reports the cost of every part. A status of
+138 (128 + SIGUSR1: the signal came before the first step or after the last) requeues too, once every process of
+the task has ended: a launcher that dies of the signal at once (``accelerate launch --cpu``, torchrun) leaves its
+training processes saving, and the task adopts and waits for them (:func:`adopt_orphans`). A task stopped by
+``scancel`` (SIGTERM) saves as well and is not requeued: it ends as a failed job, and the sweep run again continues
+it. The runner polls ``squeue`` and hears of each job as its task leaves the queue; Ctrl-C cancels every submitted
+task (``scancel``), and the same command submits again what has not finished, which resumes from its checkpoint. A
+command that ended otherwise (killed, its terminal closed) leaves its tasks to SLURM: each submitted job's task id
+is kept in ``logs/slurm/tasks.json``, and the same command run again waits for those still queued or running
+instead of submitting them twice.
 
 Resources come from flags or a YAML file (:func:`slurm_settings`): partition, time, GPUs and CPUs per job, any
 other ``#SBATCH`` line. submitit is imported only where the executor is used (``pip install "sslkit[slurm]"``).
@@ -60,13 +61,19 @@ SETTINGS = ("partition", "time", "gpus", "cpus", "options")  # the keys of --slu
 @dataclass
 class SlurmJobRun:
     """What a job's array task runs: its command, its output appended to its logs, requeued when it saved on
-    SLURM's signal. Pickled by submitit, so it holds plain values only."""
+    SLURM's signal. Pickled by submitit, so it holds plain values only.
+
+    ``cost``: a JSON file that holds what the task's parts before a requeue cost (wall and CPU seconds), so that
+    the part that ends reports the whole task's cost, not its own alone.
+    """
 
     command: list[str]
     out: str
     err: str
+    cost: str
 
     def __call__(self) -> Ran:
+        earlier = earlier_cost(Path(self.cost))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if "SLURM_CPUS_PER_TASK" in env:  # torch's threads: the task's CPUs, not the node's (unless set)
             env.setdefault("OMP_NUM_THREADS", env["SLURM_CPUS_PER_TASK"])
@@ -87,11 +94,22 @@ class SlurmJobRun:
             cpu_s = usage.ru_utime + usage.ru_stime + wait_for_orphans(ORPHANS_WAIT_S)
         # Requeued only at the time limit's signal: a run stopped by scancel's SIGTERM saved, and stays cancelled
         # (the sweep run again continues it).
+        wall_s, cpu_s = earlier["wall_s"] + time.perf_counter() - start, earlier["cpu_s"] + cpu_s
         if time_is_up and status in (REQUEUE_EXIT_STATUS, -signal.SIGUSR1, 128 + signal.SIGUSR1):
+            with written_whole(self.cost) as tmp:
+                tmp.write_text(json.dumps({"wall_s": wall_s, "cpu_s": cpu_s}))
             subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
             os._exit(REQUEUE_EXIT_STATUS)  # no result for submitit: the requeued task gives it
         error = None if status == 0 else error_line(Path(self.err).read_text(errors="replace"), status)
-        return Ran(status, error, time.perf_counter() - start, cpu_s)
+        return Ran(status, error, wall_s, cpu_s)
+
+
+def earlier_cost(path: Path) -> dict[str, float]:
+    """What a task's parts before its requeue cost (:attr:`SlurmJobRun.cost`); nothing before its first part."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"wall_s": 0.0, "cpu_s": 0.0}
 
 
 def adopt_orphans() -> None:
@@ -185,8 +203,8 @@ class SlurmExecutor(Executor):
         ended: Callable[[Job, Ran | None], bool],
         stopped: Callable[[Job, Ran], None],
     ) -> None:
-        """As :meth:`Executor.run`; Ctrl-C cancels the tasks, whose cost so far SLURM does not hand back: none is
-        reported ``stopped``, and a task requeued at its time limit reports the cost of its last part alone."""
+        """As :meth:`Executor.run`; a task requeued at its time limit reports the cost of all its parts. Ctrl-C
+        cancels the tasks, whose cost so far SLURM does not hand back: none is reported ``stopped``."""
         import submitit
 
         executor = submitit.SlurmExecutor(folder=logs / "slurm", max_num_timeout=1000)
@@ -239,10 +257,11 @@ def submit(executor, jobs: list[Job], logs: Path) -> list:
     logs.mkdir(parents=True, exist_ok=True)
     runs = []
     for job in jobs:
-        out, err = logs / f"{job.name}.out", logs / f"{job.name}.err"
+        out, err, cost = logs / f"{job.name}.out", logs / f"{job.name}.err", logs / "slurm" / f"{job.name}.cost.json"
         out.write_text("")
         err.write_text("")
-        runs.append(SlurmJobRun(job.command(), str(out), str(err)))
+        cost.unlink(missing_ok=True)  # an earlier submission's, whose cost its own end reported
+        runs.append(SlurmJobRun(job.command(), str(out), str(err), str(cost)))
     try:
         with executor.batch():
             tasks = [executor.submit(run) for run in runs]
