@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -23,6 +24,22 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def accelerate_cpu_launcher(
+    port: int | None = 0, *, machines: int = 1, machine_rank: int = 0, quiet: bool = False
+) -> list[str]:
+    """``accelerate launch --cpu`` of two processes in all, every setting spelled out so that no accelerate config
+    file of the machine's is read: on ``machines`` machines (127.0.0.1 plays each) with ``--machine_rank``; the
+    processes meet on ``port`` (0: a free one; None: no ``--main_process_port``, the launcher picks)."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", *(["--quiet"] if quiet else []), "--cpu"]
+    command += ["--num_processes", "2", "--num_machines", str(machines), "--mixed_precision", "no"]
+    command += ["--dynamo_backend", "no"]
+    if machines > 1:
+        command += ["--machine_rank", str(machine_rank), "--main_process_ip", "127.0.0.1"]
+    if port is not None:
+        command += ["--main_process_port", str(port or _free_port())]
+    return command
 
 
 # Dozens of tests start two processes each. Spawned, every process imports torch and sslkit again (about 2.5

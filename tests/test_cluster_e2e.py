@@ -17,13 +17,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from dist_utils import _free_port
+from dist_utils import _free_port, accelerate_cpu_launcher
 from safetensors.torch import load_file
 from test_preemption_e2e import COMMON, finish, start
 from test_pretrain_e2e import QUICKSTART, TINY, env, pretrain_here
@@ -47,10 +46,8 @@ def trained(tmp_path, name: str, world: int, *overrides: str) -> dict[str, torch
 
 def launch(tmp_path, name: str, port: int, machines: int, machine_rank: int = 0) -> subprocess.Popen:
     """``accelerate launch --cpu`` of two processes in all, on ``machines`` machines (this one plays each)."""
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--cpu", "--num_processes", "2"]
-    command += ["--num_machines", str(machines), "--machine_rank", str(machine_rank)]
-    command += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "sslkit.cli.pretrain", str(QUICKSTART)]
+    command = accelerate_cpu_launcher(port, machines=machines, machine_rank=machine_rank, quiet=True)
+    command += ["-m", "sslkit.cli.pretrain", str(QUICKSTART)]
     command += [f"run.output_dir={tmp_path}", f"run.name={name}", *COMMON, *SAME_EVERYWHERE]
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), start_new_session=True

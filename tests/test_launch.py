@@ -24,6 +24,7 @@ from subprocess import PIPE  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from dist_utils import accelerate_cpu_launcher  # noqa: E402
 
 from sslkit.loop.launch import _option_given, cpu_threads  # noqa: E402
 
@@ -133,9 +134,7 @@ def test_two_runs_of_two_cpu_processes_side_by_side_meet_on_ports_of_their_own(t
     without ``--main_process_port`` each run's processes meet on a free port, not both on Accelerate's 29500."""
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
-    launcher = [*ACCELERATE, "--cpu", "--num_processes", "2", "--num_machines", "1"]
-    launcher += ["--mixed_precision", "no", "--dynamo_backend", "no"]
-    started = [launcher + [str(script)] for _ in range(2)]
+    started = [[*accelerate_cpu_launcher(port=None), str(script)] for _ in range(2)]
     runs = [subprocess.Popen(command, stdout=PIPE, stderr=PIPE, text=True, cwd=tmp_path) for command in started]
     outputs = [run.communicate(timeout=180) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], [stderr[-2000:] for _, stderr in outputs]

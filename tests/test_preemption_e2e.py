@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_utils import _free_port
+from dist_utils import _free_port, accelerate_cpu_launcher
 from safetensors.torch import load_file
 from test_pretrain_e2e import PRETRAIN, QUICKSTART, TINY, env, pretrain_here
 
@@ -165,8 +165,7 @@ def test_a_signal_to_one_of_two_processes_stops_both_after_one_step_and_the_resu
 def launcher_of_two(name: str) -> list[str]:
     """``accelerate launch --cpu --num_processes 2`` or ``torchrun --nproc_per_node 2``, on a free port."""
     if name == "accelerate":
-        return [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-                "--main_process_port", str(_free_port())]  # fmt: skip
+        return accelerate_cpu_launcher()
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port())]
 
 

@@ -207,25 +207,9 @@ def test_evaluate_weights_of_another_width_name_the_first_mismatch_in_one_line(t
 @pytest.mark.slow
 def test_a_mistake_in_two_processes_is_the_workers_line_and_their_exit_code(tmp_path):
     """torchrun's ChildFailedError traceback (about 45 lines) followed the workers' one-line error."""
-    from dist_utils import _free_port
+    from dist_utils import accelerate_cpu_launcher
 
-    launcher = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--quiet",
-        "--cpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(_free_port()),
-    ]
+    launcher = accelerate_cpu_launcher(quiet=True)
     result = pretrain(tmp_path, "run.name=bad", "train.bogus=1", launcher=launcher, timeout=120)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -238,24 +222,9 @@ def test_a_mistake_in_two_processes_is_the_workers_line_and_their_exit_code(tmp_
 @pytest.mark.slow
 def test_two_processes_with_accelerate_launch(tmp_path):
     """Per-process BatchNorm; test_cluster_e2e.py launches two processes with model.sync_batchnorm=true."""
-    from dist_utils import _free_port
+    from dist_utils import accelerate_cpu_launcher
 
-    launcher = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(_free_port()),
-    ]  # not 29500: another run may hold it
+    launcher = accelerate_cpu_launcher()  # on a free port, not 29500: another run may hold it
     compare = ["eval.compare_random_init=true", "eval.linear_epochs=0"]
     result = pretrain(
         tmp_path,

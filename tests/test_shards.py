@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -133,14 +132,12 @@ json.dump({{"batches": len(loader), "epochs": epochs}}, open(f"{out}/rank{{state
 
 @pytest.mark.slow
 def test_two_processes_with_two_workers_each_see_every_sample_once_an_epoch(tmp_path, pattern):
-    from dist_utils import _free_port
+    from dist_utils import accelerate_cpu_launcher
 
     script = tmp_path / "reader.py"
     script.write_text(READER.format(tests=str(ROOT / "tests"), pattern=pattern, out=str(tmp_path)))
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2"]
-    launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    launcher += ["--main_process_port", str(_free_port())]
-    result = subprocess.run([*launcher, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    command = [*accelerate_cpu_launcher(), str(script)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["batches"] == ranks[1]["batches"] == 8  # every process takes the same number of steps
