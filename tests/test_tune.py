@@ -27,9 +27,10 @@ from sslkit.cli import tune as tune_cli
 from sslkit.config import load_config
 from sslkit.errors import UserError
 from sslkit.experiments import tune_report, tune_storage
+from sslkit.experiments.jobs import Job
 from sslkit.experiments.tune import plan_tuning
 from sslkit.experiments.tune_space import Space, check_in_schema, check_metric_name, override_value, parse_space
-from sslkit.experiments.tune_worker import EpochValues
+from sslkit.experiments.tune_worker import EpochValues, Objective
 from sslkit.schema import find_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -314,6 +315,42 @@ def test_a_run_that_outlives_its_worker_keeps_its_trial_alive_until_it_ends(tmp_
     while (failed := tune_storage.fail_abandoned(study, place, start_grace_s=0)) == [] and time.monotonic() < deadline:
         time.sleep(0.2)  # the killed orphan's lock goes once the kernel has reaped it
     assert failed == [0]
+
+
+WRITES_ITS_METRIC = """
+import json, pathlib, sys
+result = pathlib.Path(sys.argv[1])
+result.parent.mkdir(parents=True, exist_ok=True)
+result.write_text(json.dumps({"results": {"trained": {"knn_top1": 0.5}}}))
+"""
+
+
+def test_a_trials_lock_is_held_until_the_study_records_how_it_ended(tmp_path, monkeypatch):
+    """Let go when the run ends, the lock would leave a moment in which the trial is RUNNING and its lock free: a
+    worker looking for abandoned trials then would fail it and run it again, and its own worker could not record
+    its end (two workers whose trials end together)."""
+    plan = plan_tuning(QUICKSTART, [LR], out=tmp_path / "study", overrides=["train.epochs=1"])
+    study = plan.open_study(create=True)
+    (tmp_path / "writes_its_metric.py").write_text(WRITES_ITS_METRIC)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+
+    def quick_job(run: str, values: dict) -> Job:  # a run that ends at once with its metric, for the pretraining
+        result = plan.out / "trials" / run / "results.json"
+        return Job(run, "writes_its_metric", (str(result),), result)
+
+    monkeypatch.setattr(plan, "trial_job", quick_job)
+    objective, held = Objective(plan), []
+
+    def recorded(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:  # once the study has its end
+        with tune_storage.lock_if_free(plan.out, "trial-0000") as free:
+            held.append((trial.state, not free))
+
+    study.optimize(objective, n_trials=1, callbacks=[recorded])
+    assert held == [(TrialState.COMPLETE, True)] and study.trials[0].value == 0.5
+    objective.release()
+    assert tune_storage.fail_abandoned(study, plan.place, start_grace_s=0) == []
+    with tune_storage.lock_if_free(plan.out, "trial-0000") as free:
+        assert free
 
 
 # --------------------------------------------------------------------------- a run's epochs

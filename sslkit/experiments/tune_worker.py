@@ -103,11 +103,12 @@ class Objective:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.stopped: int | None = None  # the number of the trial Ctrl-C or a stop signal ended
+        self.lock: int | None = None  # the trial's run's lock, held until its state is recorded (release)
 
     def __call__(self, trial: optuna.Trial) -> float:
         self.stopped = None
         run = trial.user_attrs.get(RUN_ATTR) or run_name(trial.number)  # a retry continues its trial's run
-        lock = take_lock(self.plan.out, run)  # first: the run inherits it, and it says the trial lives
+        self.lock = lock = take_lock(self.plan.out, run)  # first: the run inherits it, and it says the trial lives
         try:
             trial.set_user_attr(RUN_ATTR, run)
             values = {space.key: space.suggest(trial) for space in self.plan.spaces}
@@ -118,10 +119,15 @@ class Objective:
         except KeyboardInterrupt:
             self.stopped = trial.number
             raise
-        finally:
-            os.close(lock)
         trial.set_user_attr("epochs", epochs)
         return self.outcome(trial, ran, pruned_at, job.finished_metrics())
+
+    def release(self) -> None:
+        """Let go of the last trial's lock, once Optuna has recorded how the trial ended: until then the trial is
+        RUNNING, and another worker that found its lock free would fail it as abandoned and run it again."""
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
 
     def watched(self, trial: optuna.Trial, job: Job, lock: int) -> tuple[Ran, int | None, int]:
         """Run ``job``, reporting its epochs to ``trial`` and stopping it when the pruner says so; returns how it
@@ -217,7 +223,10 @@ def run_worker(plan: Plan, index: int) -> int:
                 if step == "wait":
                     time.sleep(WAIT_S)
                 else:
-                    study.optimize(objective, n_trials=1, catch=(RunFailed,))
+                    try:
+                        study.optimize(objective, n_trials=1, catch=(RunFailed,))
+                    finally:
+                        objective.release()  # the trial's state is recorded (or its worker stops)
                     ran += 1
                 fail_abandoned(study, plan.place)
         except (KeyboardInterrupt, RunStopped) as stop:
