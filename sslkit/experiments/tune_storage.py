@@ -16,11 +16,12 @@ live one depends on the storage:
 - RDB: Optuna's heartbeat. Every worker records one for its trial every :data:`HEARTBEAT_S` seconds; a trial
   without one for :data:`GRACE_S` seconds is failed (and retried) by the next worker that asks for a trial.
 - journal: Optuna has no heartbeat for it, so a lock stands for one. The worker holds an exclusive ``flock`` on
-  ``OUT/locks/<run>.lock`` while it runs a trial, and the trial's training process inherits it: the kernel releases
-  the lock only once both have exited, kill -9 included, at once. A RUNNING trial whose lock is free (and which
-  started :data:`START_GRACE_S` seconds ago or more: its worker takes the lock once it has it) is failed and
-  retried (:func:`fail_abandoned`). The same lock keeps a retry from starting while an orphaned run still
-  trains in its folder. On a shared filesystem, ``flock`` needs working locks there (NFSv4 has them).
+  ``OUT/locks/<run>.lock`` while it runs a trial (until the study has recorded how the trial ended), and the
+  trial's training process inherits it: the kernel releases the lock only once both have exited, kill -9 included,
+  at once. A RUNNING trial whose lock is free (and which started :data:`START_GRACE_S` seconds ago or more: its
+  worker takes the lock once it has it) is failed and retried (:func:`fail_abandoned`). The same lock keeps a retry
+  from starting while an orphaned run still trains in its folder. On a shared filesystem, ``flock`` needs working
+  locks there (NFSv4 has them).
 
 >>> RUN_ATTR, Place(Path("out"), None, "s").shown()
 ('run', 'out/study.journal')
